@@ -1,0 +1,24 @@
+"""CEM layers and their Llama baselines. Each maps the residual stream h (B, J, D) to h' (B, J, D)."""
+
+from .cem_attention import KQ_DIAGONALS, CEMAttention
+from .cem_mlp import MLP_ENERGIES, CEMMLP, silu_integral
+from .llama import POSITIONS, GatedMLP, LlamaAttention
+from .norm import RMSNorm
+from .precond import PRECONDITIONERS, Preconditioner, make_preconditioner
+from .reuse import Reuse
+
+__all__ = [
+    "CEMAttention",
+    "CEMMLP",
+    "GatedMLP",
+    "KQ_DIAGONALS",
+    "LlamaAttention",
+    "MLP_ENERGIES",
+    "POSITIONS",
+    "PRECONDITIONERS",
+    "Preconditioner",
+    "RMSNorm",
+    "Reuse",
+    "make_preconditioner",
+    "silu_integral",
+]

@@ -1,0 +1,144 @@
+"""CEM attention: T gradient steps on the interaction energy (paper eq. 1-5, 12; DESIGN.md, attention).
+
+    ε(u | ĥ_{1:i}) = - τ Σ_k log Σ_{j<=i} exp( β_kj·u / τ + b_kij ),   β_kj = (W_Q^kᵀ W_K^k + diag(d_k)) ĥ_j
+
+Each step x <- x + η Σ_k P_k W_Q^kᵀ o^k with o^k = Σ_j softmax_j(logit_kij) k_j^k: queries come from
+u = norm(x), keys (= values) from the fixed context ĥ = norm(h), the output projection is W_Qᵀ.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from ._checks import check_choice, check_heads, check_residual
+from .functional import alibi_slopes, position_bias
+from .norm import RMSNorm
+from .precond import make_preconditioner
+from .steps import DescentLayer
+
+KQ_DIAGONALS = ("none", "shared", "per_head")
+
+
+class CEMAttention(DescentLayer):
+    """Weight-tied attention as `steps` descent steps on the interaction energy (Alg. 1, MHA subroutine).
+
+    `w_k` gives keys and values, `w_q` queries and (transposed) the output projection; head k owns rows
+    k*d:(k+1)*d of both. `kq_diag` is the diagonal d_k of A_k (initialised to 0), `self_bias` s_k the learned
+    self-attention offset of the ALiBi bias, `precond` the per-head preconditioners P_k (None = identity).
+    `exact_gradient=True` keeps the value-side diagonal term Σ_k d_k ∘ Σ_j p_kij ĥ_j that Algorithm 1 drops.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        n_heads: int,
+        *,
+        steps: int = 1,
+        step_size: float = 1.0,
+        kq_diag: str = "shared",
+        precond: str = "identity",
+        precond_rank: int = 4,
+        exact_gradient: bool = False,
+        learn_step_size: bool = False,
+        backend: str = "auto",
+        eps: float = 1e-6,
+    ) -> None:
+        super().__init__(steps, step_size, learn_step_size)
+        check_heads(dim, n_heads)
+        check_choice("kq_diag", kq_diag, KQ_DIAGONALS)
+        self.dim, self.n_heads, self.head_dim = dim, n_heads, dim // n_heads
+        self.exact_gradient = exact_gradient
+        self.backend = backend
+        self.norm = RMSNorm(dim, eps)
+        self.w_q = nn.Linear(dim, dim, bias=False)
+        self.w_k = nn.Linear(dim, dim, bias=False)
+        diag_shape = {"none": None, "shared": (dim,), "per_head": (n_heads, dim)}[kq_diag]
+        self.kq_diag = None if diag_shape is None else nn.Parameter(torch.zeros(diag_shape))
+        self.self_bias = nn.Parameter(torch.zeros(n_heads))
+        self.precond = make_preconditioner(precond, n_heads, dim, precond_rank)
+
+    def _heads(self, x: Tensor) -> Tensor:
+        """(B, J, D) -> (B, K, J, d)."""
+        b, j, _ = x.shape
+        return x.view(b, j, self.n_heads, self.head_dim).transpose(1, 2)
+
+    def _diag_query(self, u: Tensor) -> Tensor | None:
+        """d ∘ u: (B, J, D) for a shared diagonal, (B, K, J, D) per head, None without one."""
+        if self.kq_diag is None:
+            return None
+        if self.kq_diag.dim() == 1:
+            return u * self.kq_diag
+        return u.unsqueeze(1) * self.kq_diag[None, :, None, :]
+
+    def _attend(self, q: Tensor, k: Tensor, qd: Tensor | None, hn: Tensor | None, q_start: int, v: Tensor | None):
+        from ..kernels import cem_attention  # the dispatcher: eager, sdpa, flex or the fused Triton kernel
+
+        slopes = alibi_slopes(self.n_heads, q.device)
+        return cem_attention(q, k, qd, hn, slopes, self.self_bias, q_start=q_start, v=v, backend=self.backend)
+
+    def direction(self, u: Tensor, k: Tensor, hn: Tensor | None, q_start: int = 0) -> Tensor:
+        """The descent direction Σ_k P_k (W_Q^kᵀ o^k [+ d_k ∘ Σ_j p_kij ĥ_j]) = -P ∇_u ε at u (B, J, D)."""
+        q = self._heads(self.w_q(u))
+        value_diag = self.exact_gradient and self.kq_diag is not None
+        v = torch.cat([k, hn.unsqueeze(1).expand(-1, self.n_heads, -1, -1)], dim=-1) if value_diag else None
+        o = self._attend(q, k, self._diag_query(u), hn, q_start, v)
+        o, o_hn = (o[..., : self.head_dim], o[..., self.head_dim :]) if value_diag else (o, None)
+        if self.precond is None and not value_diag:
+            return o.transpose(1, 2).flatten(2) @ self.w_q.weight  # Σ_k W_Q^kᵀ o^k in one matmul
+        w = self.w_q.weight.view(self.n_heads, self.head_dim, self.dim)
+        y = torch.einsum("bkjd,kdD->bjkD", o, w)  # per-head W_Q^kᵀ o^k, (B, J, K, D)
+        if value_diag:
+            diag = self.kq_diag if self.kq_diag.dim() == 2 else self.kq_diag.expand(self.n_heads, -1)
+            y = y + diag * o_hn.transpose(1, 2)
+        if self.precond is not None:
+            y = self.precond(y)
+        return y.sum(dim=2)
+
+    def context(self, h: Tensor, cache=None) -> tuple[Tensor, Tensor | None, Tensor, int]:
+        """Normalised input ĥ, keys k = W_K ĥ (B, K, J, d) and context ĥ (only if a diagonal needs it).
+
+        With a cache (one `CacheSlot`) the new keys are appended and the whole context is returned, with the
+        absolute position of the first new token.
+        """
+        hn = self.norm(h)
+        k = self._heads(self.w_k(hn))
+        ctx = hn if self.kq_diag is not None else None
+        if cache is None:
+            return hn, k, ctx, 0
+        q_start = cache.length
+        stored = cache.update(k=k, **({"hn": ctx} if ctx is not None else {}))
+        return hn, stored["k"], stored.get("hn"), q_start
+
+    def forward(self, h: Tensor, cache=None) -> Tensor:
+        """x^(0) = h, x^(t+1) = x^(t) + η direction(norm(x^(t))); returns x^(T) (B, J, D)."""
+        check_residual(h, self.dim, "CEMAttention")
+        hn, k, ctx, q_start = self.context(h, cache)
+        x = h
+        for t in range(self.steps):
+            u = hn if t == 0 else self.norm(x)
+            x = x + self.step() * self.direction(u, k, ctx, q_start)
+        return x
+
+    def energy(self, u: Tensor, h: Tensor) -> Tensor:
+        """ε(u_i | ĥ_{1:i}) for every position i, shape (B, J): the energy the forward pass descends."""
+        check_residual(u, self.dim, "CEMAttention.energy")
+        check_residual(h, self.dim, "CEMAttention.energy")
+        hn = self.norm(h)
+        tau = math.sqrt(self.head_dim)
+        scores = self._heads(self.w_q(u)) @ self._heads(self.w_k(hn)).transpose(-1, -2)
+        qd = self._diag_query(u)
+        if qd is not None:
+            scores = scores + (qd if qd.dim() == 4 else qd.unsqueeze(1)) @ hn.unsqueeze(1).transpose(-1, -2)
+        logits = scores / tau + position_bias(alibi_slopes(self.n_heads, u.device), self.self_bias, 0, u.shape[1], h.shape[1], u.dtype)
+        return -tau * torch.logsumexp(logits, dim=-1).sum(dim=1)
+
+    def extra_repr(self) -> str:
+        diag = "none" if self.kq_diag is None else ("shared" if self.kq_diag.dim() == 1 else "per_head")
+        precond = "identity" if self.precond is None else f"rank {self.precond.rank}"
+        return (
+            f"dim={self.dim}, n_heads={self.n_heads}, steps={self.steps}, step_size={self.step_size}, "
+            f"kq_diag={diag}, precond={precond}, exact_gradient={self.exact_gradient}"
+        )

@@ -1,0 +1,106 @@
+"""CEM MLP: T gradient steps on the element-wise energy (paper eq. 6-11, 13; DESIGN.md, gated MLP).
+
+    ξ(u | ĥ_i) = - γ_i · φ(V u),   γ_i = W ĥ_i,   φ(z) = ∫_0^z SiLU
+    x <- x + η P V^T (γ_i ∘ SiLU(V u)),   u = norm(x)
+
+The convex variant of App. B uses ξ = -|γ| · φ(sign(γ) ∘ V u), whose step is η P Vᵀ(γ ∘ SiLU(sign(γ) ∘ V u)).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ._checks import check_choice, check_positive_int, check_residual
+from .norm import RMSNorm
+from .precond import make_preconditioner
+from .steps import DescentLayer
+
+MLP_ENERGIES = ("gated", "convex")
+
+
+def silu_integral(z: Tensor, nodes: int = 32) -> Tensor:
+    """φ(z) = ∫_0^z SiLU(t) dt by Gauss-Legendre quadrature on [0, z] (smooth integrand: float64-exact)."""
+    x, w = np.polynomial.legendre.leggauss(nodes)
+    x = torch.as_tensor(x, dtype=z.dtype, device=z.device)
+    w = torch.as_tensor(w, dtype=z.dtype, device=z.device)
+    t = z.unsqueeze(-1) * (x + 1) / 2
+    return z / 2 * (w * F.silu(t)).sum(-1)
+
+
+def sign_ste(g: Tensor) -> Tensor:
+    """sign(g) in the forward pass; straight-through (hardtanh) gradient in the backward pass (App. B)."""
+    soft = F.hardtanh(g)
+    return torch.sign(g).detach() + soft - soft.detach()
+
+
+class CEMMLP(DescentLayer):
+    """Weight-tied gated MLP as `steps` descent steps on the element-wise energy (Alg. 1, MLP subroutine).
+
+    `w_gate` is W (the gate γ = W ĥ, computed once from the input), `w_up` is V (up projection; its
+    transpose is the down projection), `precond` P_mlp (None = identity). `energy="convex"` selects the
+    convex energy of App. B (sign through a straight-through estimator).
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        hidden_dim: int,
+        *,
+        steps: int = 1,
+        step_size: float = 1.0,
+        precond: str = "identity",
+        precond_rank: int = 16,
+        energy: str = "gated",
+        learn_step_size: bool = False,
+        eps: float = 1e-6,
+    ) -> None:
+        super().__init__(steps, step_size, learn_step_size)
+        check_positive_int("dim", dim)
+        check_positive_int("hidden_dim", hidden_dim)
+        check_choice("energy", energy, MLP_ENERGIES)
+        self.dim, self.hidden_dim, self.convex = dim, hidden_dim, energy == "convex"
+        self.norm = RMSNorm(dim, eps)
+        self.w_gate = nn.Linear(dim, hidden_dim, bias=False)
+        self.w_up = nn.Linear(dim, hidden_dim, bias=False)
+        self.precond = make_preconditioner(precond, 1, dim, precond_rank)
+
+    def direction(self, u: Tensor, gamma: Tensor) -> Tensor:
+        """P Vᵀ(γ ∘ SiLU(V u)) = -P ∇_u ξ (convex: SiLU(sign(γ) ∘ V u)), shape (B, J, D)."""
+        z = self.w_up(u)
+        if self.convex:
+            z = sign_ste(gamma) * z
+        y = (gamma * F.silu(z)) @ self.w_up.weight  # Vᵀ(...): the down projection is the tied Vᵀ
+        if self.precond is not None:
+            y = self.precond(y.unsqueeze(-2)).squeeze(-2)
+        return y
+
+    def forward(self, h: Tensor, cache=None) -> Tensor:
+        """x^(0) = h, x^(t+1) = x^(t) + η direction(norm(x^(t))); returns x^(T). `cache` is unused."""
+        check_residual(h, self.dim, "CEMMLP")
+        hn = self.norm(h)
+        gamma = self.w_gate(hn)
+        x = h
+        for t in range(self.steps):
+            u = hn if t == 0 else self.norm(x)
+            x = x + self.step() * self.direction(u, gamma)
+        return x
+
+    def energy(self, u: Tensor, h: Tensor) -> Tensor:
+        """ξ(u_i | ĥ_i) for every position, shape (B, J)."""
+        check_residual(u, self.dim, "CEMMLP.energy")
+        check_residual(h, self.dim, "CEMMLP.energy")
+        gamma = self.w_gate(self.norm(h))
+        z = self.w_up(u)
+        if self.convex:
+            return -(gamma.abs() * silu_integral(torch.sign(gamma) * z)).sum(-1)
+        return -(gamma * silu_integral(z)).sum(-1)
+
+    def extra_repr(self) -> str:
+        precond = "identity" if self.precond is None else f"rank {self.precond.rank}"
+        return (
+            f"dim={self.dim}, hidden_dim={self.hidden_dim}, steps={self.steps}, step_size={self.step_size}, "
+            f"precond={precond}, energy={'convex' if self.convex else 'gated'}"
+        )

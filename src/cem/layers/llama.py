@@ -1,0 +1,80 @@
+"""The Llama baselines: pre-norm multi-head attention (RoPE or ALiBi) and the SwiGLU gated MLP."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ._checks import check_choice, check_heads, check_positive_int, check_residual
+from .functional import alibi_slopes, apply_rope, causal_mask, position_bias, rope_tables
+from .norm import RMSNorm
+
+POSITIONS = ("rope", "alibi")
+
+
+class LlamaAttention(nn.Module):
+    """h + W_O MHA(norm(h)) with separate W_Q, W_K, W_V, W_O (paper eq. before (1)); RoPE or ALiBi."""
+
+    def __init__(self, dim: int, n_heads: int, position: str = "rope", *, rope_theta: float = 10000.0, eps: float = 1e-6) -> None:
+        super().__init__()
+        check_heads(dim, n_heads)
+        check_choice("position", position, POSITIONS)
+        if position == "rope" and (dim // n_heads) % 2:
+            raise ValueError(f"RoPE needs an even head width, got {dim // n_heads} (dim {dim}, n_heads {n_heads})")
+        self.dim, self.n_heads, self.head_dim = dim, n_heads, dim // n_heads
+        self.position, self.rope_theta = position, rope_theta
+        self.norm = RMSNorm(dim, eps)
+        self.w_q = nn.Linear(dim, dim, bias=False)
+        self.w_k = nn.Linear(dim, dim, bias=False)
+        self.w_v = nn.Linear(dim, dim, bias=False)
+        self.w_o = nn.Linear(dim, dim, bias=False)
+
+    def _heads(self, x: Tensor) -> Tensor:
+        b, j, _ = x.shape
+        return x.view(b, j, self.n_heads, self.head_dim).transpose(1, 2)
+
+    def forward(self, h: Tensor, cache=None) -> Tensor:
+        """h + W_O concat_k softmax(q k^T / sqrt(d) + bias) v, causal; keys and values cached if asked."""
+        check_residual(h, self.dim, "LlamaAttention")
+        hn = self.norm(h)
+        q, k, v = self._heads(self.w_q(hn)), self._heads(self.w_k(hn)), self._heads(self.w_v(hn))
+        start = 0 if cache is None else cache.length
+        if self.position == "rope":
+            cos, sin = rope_tables(self.head_dim, torch.arange(start, start + h.shape[1], device=h.device), self.rope_theta)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if cache is not None:
+            stored = cache.update(k=k, v=v)
+            k, v = stored["k"], stored["v"]
+        n_q, n_k = q.shape[-2], k.shape[-2]
+        if self.position == "alibi":
+            mask = position_bias(alibi_slopes(self.n_heads, h.device), None, start, n_q, n_k, q.dtype)
+        elif start == 0:
+            mask = None  # full causal forward: the fused is_causal path
+        else:
+            mask = causal_mask(start, n_q, n_k, h.device)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
+        return h + self.w_o(o.transpose(1, 2).flatten(2))
+
+
+class GatedMLP(nn.Module):
+    """h + W_d (W_g ĥ ∘ SiLU(W_u ĥ)), the SwiGLU MLP in the paper's notation (eq. 6; W_g linear, W_u in SiLU).
+
+    In Hugging Face Llama naming, `w_up` here is `gate_proj` (the branch through the activation) and
+    `w_gate` is `up_proj`.
+    """
+
+    def __init__(self, dim: int, hidden_dim: int, *, eps: float = 1e-6) -> None:
+        super().__init__()
+        check_positive_int("dim", dim)
+        check_positive_int("hidden_dim", hidden_dim)
+        self.dim, self.hidden_dim = dim, hidden_dim
+        self.norm = RMSNorm(dim, eps)
+        self.w_gate = nn.Linear(dim, hidden_dim, bias=False)
+        self.w_up = nn.Linear(dim, hidden_dim, bias=False)
+        self.w_down = nn.Linear(hidden_dim, dim, bias=False)
+
+    def forward(self, h: Tensor, cache=None) -> Tensor:
+        check_residual(h, self.dim, "GatedMLP")
+        hn = self.norm(h)
+        return h + self.w_down(self.w_gate(hn) * F.silu(self.w_up(hn)))

@@ -1,0 +1,125 @@
+"""One config dataclass for every model cem builds, with named size presets and architectures."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, fields
+
+from ..layers import KQ_DIAGONALS, MLP_ENERGIES, POSITIONS, PRECONDITIONERS
+from ..layers._checks import check_choice, check_heads, check_positive_int
+
+LAYER_KINDS = ("llama", "cem")
+
+
+@dataclass
+class ModelConfig:
+    """A decoder language model: embeddings, `n_layers` blocks (attention then MLP, each pre-norm
+    residual), a final RMSNorm and an untied output head (as Llama and the paper's Table 1 counts)."""
+
+    vocab_size: int = 32000
+    dim: int = 768
+    n_layers: int = 12
+    n_heads: int = 12
+    hidden_dim: int = 2048
+    context: int = 2048
+    # attention sublayer
+    attn: str = "llama"  # "llama" | "cem"
+    position: str = "rope"  # Llama attention only: "rope" | "alibi" (CEM attention always uses ALiBi)
+    attn_steps: int = 1
+    attn_step_size: float = 1.0
+    kq_diag: str = "shared"  # "none" | "shared" | "per_head"
+    attn_precond: str = "identity"  # "identity" | "diag" | "diag_lowrank"
+    attn_precond_rank: int = 4
+    exact_gradient: bool = False
+    attn_backend: str = "auto"  # "auto" | "eager" | "sdpa" | "flex" | "triton"
+    attn_reuse: int = 1  # plain layer reuse of the attention sublayer (Llama control for recursion)
+    # MLP sublayer
+    mlp: str = "llama"  # "llama" | "cem"
+    mlp_steps: int = 1
+    mlp_step_size: float = 1.0
+    mlp_precond: str = "identity"
+    mlp_precond_rank: int = 16
+    mlp_energy: str = "gated"  # "gated" | "convex" (App. B)
+    mlp_width_mult: float = 1.0  # 1.5 gives the parameter-matched CEM MLP (m' = 1.5 m)
+    mlp_reuse: int = 1
+    # shared
+    learn_step_size: bool = False
+    norm_eps: float = 1e-6
+    init_std: float = 0.02
+    tie_embeddings: bool = False
+
+    def __post_init__(self) -> None:
+        check_heads(self.dim, self.n_heads)
+        for name in ("vocab_size", "n_layers", "hidden_dim", "context", "attn_steps", "mlp_steps", "attn_reuse", "mlp_reuse"):
+            check_positive_int(name, getattr(self, name))
+        check_choice("attn", self.attn, LAYER_KINDS)
+        check_choice("mlp", self.mlp, LAYER_KINDS)
+        check_choice("position", self.position, POSITIONS)
+        check_choice("kq_diag", self.kq_diag, KQ_DIAGONALS)
+        check_choice("attn_precond", self.attn_precond, PRECONDITIONERS)
+        check_choice("mlp_precond", self.mlp_precond, PRECONDITIONERS)
+        check_choice("mlp_energy", self.mlp_energy, MLP_ENERGIES)
+        if self.mlp_width_mult <= 0:
+            raise ValueError(f"mlp_width_mult must be > 0, got {self.mlp_width_mult}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    @property
+    def mlp_hidden(self) -> int:
+        """Intermediate width m (times mlp_width_mult, rounded to a multiple of 8)."""
+        if self.mlp_width_mult == 1:
+            return self.hidden_dim
+        return int(math.ceil(self.hidden_dim * self.mlp_width_mult / 8)) * 8
+
+    def replace(self, **overrides) -> "ModelConfig":
+        """A copy with some fields changed (validated); unknown keys raise ValueError."""
+        unknown = sorted(set(overrides) - {f.name for f in fields(self)})
+        if unknown:
+            raise ValueError(f"unknown model config key(s): {', '.join(unknown)}")
+        return dataclasses.replace(self, **overrides)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ModelConfig":
+        return cls().replace(**d)
+
+
+# Sizes: the paper's Table 1 (vocab 32,000, context 2,048) plus a 256M on the same line, and small presets
+# for CPU work. 256M is ours: width 1024 with 16 heads of 64 (the 134M head width), MLP 2752 ≈ 8/3·D,
+# 15 layers, which gives 255.9M parameters for Llama with untied 32k embeddings.
+SIZES: dict[str, dict] = {
+    "86M": dict(dim=672, n_layers=8, n_heads=8, hidden_dim=1792),
+    "108M": dict(dim=672, n_layers=12, n_heads=12, hidden_dim=1792),
+    "134M": dict(dim=768, n_layers=12, n_heads=12, hidden_dim=2048),
+    "162M": dict(dim=864, n_layers=12, n_heads=12, hidden_dim=2304),
+    "256M": dict(dim=1024, n_layers=15, n_heads=16, hidden_dim=2752),
+    # CPU presets (vocab set by the tokenizer at training time)
+    "tiny": dict(dim=64, n_layers=2, n_heads=4, hidden_dim=176, context=128, vocab_size=512),
+    "small": dict(dim=128, n_layers=4, n_heads=4, hidden_dim=352, context=256, vocab_size=512),
+    "medium": dict(dim=256, n_layers=6, n_heads=8, hidden_dim=688, context=256, vocab_size=8192),
+}
+
+# Architectures: which sublayers are CEM, and the paper's variants of them.
+ARCHS: dict[str, dict] = {
+    "llama": dict(attn="llama", mlp="llama"),
+    "llama-alibi": dict(attn="llama", mlp="llama", position="alibi"),
+    "llama-reuse": dict(attn="llama", mlp="llama", attn_reuse=2, mlp_reuse=2),
+    "cem-attn": dict(attn="cem", mlp="llama"),
+    "cem-mlp": dict(attn="llama", mlp="cem"),
+    "cem-mlp-matched": dict(attn="llama", mlp="cem", mlp_width_mult=1.5),
+    "cem": dict(attn="cem", mlp="cem"),
+    # the paper's best full-CEM setting (§4.3): T = 2 and diagonal-plus-low-rank preconditioners
+    "cem-t2": dict(attn="cem", mlp="cem", attn_steps=2, mlp_steps=2, attn_precond="diag_lowrank", mlp_precond="diag_lowrank"),
+}
+
+
+def model_config(size: str = "small", arch: str = "llama", **overrides) -> ModelConfig:
+    """The config of a named size and architecture, with field overrides."""
+    check_choice("preset", size, tuple(SIZES))
+    check_choice("arch", arch, tuple(ARCHS))
+    return ModelConfig().replace(**SIZES[size]).replace(**ARCHS[arch]).replace(**overrides)

@@ -1,0 +1,81 @@
+"""Incremental decoding with the cache: prefill the prompt once, then one token per forward pass."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def sample_next(
+    logits: Tensor,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """One token id per row of `logits` (B, vocab): greedy at temperature 0, else top-k / nucleus sampling."""
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    logits = logits.float() / temperature
+    if top_k is not None:
+        if top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {top_k}")
+        kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None:
+        if not 0 < top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        drop = probs.cumsum(-1) - probs > top_p  # keep the smallest prefix whose mass reaches top_p
+        logits = logits.scatter(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
+    probs = torch.softmax(logits, dim=-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+@torch.no_grad()
+def generate(
+    model,
+    prompt_ids: Tensor,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    steps: int | None = None,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """Prompt (B, J) or (J,) followed by `max_new_tokens` sampled ids; `steps` overrides the recursion T of
+    every CEM layer for this call only (the test-time compute knob)."""
+    squeeze = prompt_ids.dim() == 1
+    ids = prompt_ids.unsqueeze(0) if squeeze else prompt_ids
+    model.check_ids(ids)
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    total = ids.shape[1] + max_new_tokens
+    if total > model.config.context:
+        raise ValueError(
+            f"sequence too long: prompt {ids.shape[1]} + max_new_tokens {max_new_tokens} = {total} > context {model.config.context}"
+        )
+    layers = model.descent_layers()
+    saved = [m.steps for m in layers]
+    was_training = model.training
+    model.eval()
+    try:
+        if steps is not None:
+            model.set_steps(steps)
+        cache = model.new_cache(total)
+        logits = model(ids, cache=cache)[:, -1]
+        out = [ids]
+        for i in range(max_new_tokens):
+            nxt = sample_next(logits, temperature, top_k, top_p, generator).unsqueeze(-1)
+            out.append(nxt)
+            if i < max_new_tokens - 1:
+                logits = model(nxt, cache=cache)[:, -1]
+    finally:
+        for m, s in zip(layers, saved):
+            m.steps = s
+        model.train(was_training)
+    result = torch.cat(out, dim=1)
+    return result.squeeze(0) if squeeze else result

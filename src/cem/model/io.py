@@ -1,0 +1,78 @@
+"""Save and load a model as a directory holding `config.json` and `model.safetensors`."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from .config import ModelConfig
+from .lm import LanguageModel
+
+FORMAT = "cem-model-v1"
+
+
+def save_pretrained(model: LanguageModel, directory: str | Path) -> Path:
+    """Write `config.json` and `model.safetensors` into `directory`, atomically (temp dir, then rename)."""
+    directory = Path(directory)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+    try:
+        config = {"format": FORMAT, **model.config.to_dict()}
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+        if model.config.tie_embeddings:
+            state.pop("head.weight")
+        save_file(state, tmp / "model.safetensors", metadata={"format": FORMAT})
+        for name in ("config.json", "model.safetensors"):
+            os.replace(tmp / name, _ensure_dir(directory) / name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return directory
+
+
+def _ensure_dir(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def load_config(directory: str | Path) -> ModelConfig:
+    """The `ModelConfig` stored in `directory/config.json`."""
+    path = Path(directory) / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"no model config at {path} (expected a directory written by save_pretrained)")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"corrupted model config {path}: {e}") from None
+    data.pop("format", None)
+    return ModelConfig.from_dict(data)
+
+
+def load_pretrained(directory: str | Path, map_location: str | torch.device = "cpu") -> LanguageModel:
+    """Rebuild the model from `config.json` and load `model.safetensors` (all tensors must match)."""
+    cfg = load_config(directory)
+    path = Path(directory) / "model.safetensors"
+    if not path.is_file():
+        raise FileNotFoundError(f"no weights at {path}")
+    try:
+        state = load_file(path, device=str(map_location))
+    except (SafetensorError, OSError) as e:
+        raise ValueError(f"corrupted weights file {path}: {e}") from None
+    model = LanguageModel(cfg)
+    if cfg.tie_embeddings:
+        state["head.weight"] = state["embed.weight"]
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    found = {k: tuple(v.shape) for k, v in state.items()}
+    if expected != found:
+        diff = sorted(k for k in expected.keys() | found.keys() if expected.get(k) != found.get(k))
+        details = ", ".join(f"{k}: config {expected.get(k)} vs file {found.get(k)}" for k in diff[:3])
+        raise ValueError(f"weights in {path} do not match the config ({len(diff)} tensors differ; {details})")
+    model.load_state_dict(state)
+    return model.to(map_location)

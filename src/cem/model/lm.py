@@ -1,0 +1,146 @@
+"""The decoder language model: blocks that mix any attention kind with any MLP kind."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..layers import CEMMLP, CEMAttention, GatedMLP, LlamaAttention, Reuse, RMSNorm
+from ..layers.steps import DescentLayer
+from .cache import Cache
+from .config import ModelConfig
+
+
+def build_attention(cfg: ModelConfig) -> nn.Module:
+    """The attention sublayer of `cfg`: CEM (eq. 12 with recursion) or Llama, optionally reused."""
+    if cfg.attn == "cem":
+        layer = CEMAttention(
+            cfg.dim,
+            cfg.n_heads,
+            steps=cfg.attn_steps,
+            step_size=cfg.attn_step_size,
+            kq_diag=cfg.kq_diag,
+            precond=cfg.attn_precond,
+            precond_rank=cfg.attn_precond_rank,
+            exact_gradient=cfg.exact_gradient,
+            learn_step_size=cfg.learn_step_size,
+            backend=cfg.attn_backend,
+            eps=cfg.norm_eps,
+        )
+    else:
+        layer = LlamaAttention(cfg.dim, cfg.n_heads, cfg.position, eps=cfg.norm_eps)
+    return Reuse(layer, cfg.attn_reuse) if cfg.attn_reuse > 1 else layer
+
+
+def build_mlp(cfg: ModelConfig) -> nn.Module:
+    """The MLP sublayer of `cfg`: CEM (eq. 13 with recursion) or SwiGLU, optionally reused."""
+    if cfg.mlp == "cem":
+        layer = CEMMLP(
+            cfg.dim,
+            cfg.mlp_hidden,
+            steps=cfg.mlp_steps,
+            step_size=cfg.mlp_step_size,
+            precond=cfg.mlp_precond,
+            precond_rank=cfg.mlp_precond_rank,
+            energy=cfg.mlp_energy,
+            learn_step_size=cfg.learn_step_size,
+            eps=cfg.norm_eps,
+        )
+    else:
+        layer = GatedMLP(cfg.dim, cfg.mlp_hidden, eps=cfg.norm_eps)
+    return Reuse(layer, cfg.mlp_reuse) if cfg.mlp_reuse > 1 else layer
+
+
+class Block(nn.Module):
+    """h -> mlp(attn(h)); each sublayer carries its own norm and residual (Alg. 1, main block)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.attn = build_attention(cfg)
+        self.mlp = build_mlp(cfg)
+
+    def forward(self, h: Tensor, cache=None) -> Tensor:
+        return self.mlp(self.attn(h, cache=cache))
+
+
+class LanguageModel(nn.Module):
+    """Token embedding, `n_layers` blocks, final RMSNorm, output head; `forward(ids) -> logits`."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        self.apply(self._init_weights)
+        if cfg.tie_embeddings:
+            self.head.weight = self.embed.weight
+
+    def _init_weights(self, module: nn.Module) -> None:
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=self.config.init_std)
+
+    def check_ids(self, ids: Tensor, start: int = 0) -> None:
+        """Raise ValueError unless `ids` is a (batch, seq) integer tensor of in-vocabulary ids that fits the context."""
+        if ids.dim() != 2:
+            raise ValueError(f"token ids must have shape (batch, seq), got shape {tuple(ids.shape)}")
+        if ids.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
+            raise ValueError(f"token ids must be an integer tensor, got dtype {ids.dtype}")
+        if ids.shape[1] == 0:
+            raise ValueError("token ids are empty: need at least one token")
+        if start + ids.shape[1] > self.config.context:
+            raise ValueError(
+                f"sequence too long: {start + ids.shape[1]} tokens > the model's context of {self.config.context}"
+            )
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < 0 or hi >= self.config.vocab_size:
+            bad = lo if lo < 0 else hi
+            raise ValueError(f"token id {bad} is outside the vocabulary [0, {self.config.vocab_size})")
+
+    def forward(self, ids: Tensor, cache: Cache | None = None) -> Tensor:
+        """Logits (B, J, vocab) of the next token at every position; with a cache, only for the new ids."""
+        self.check_ids(ids, 0 if cache is None else cache.length)
+        h = self.embed(ids)
+        for i, block in enumerate(self.blocks):
+            h = block(h, cache=None if cache is None else cache.slot(f"blocks.{i}.attn"))
+        return self.head(self.norm(h))
+
+    def loss(self, ids: Tensor, targets: Tensor) -> Tensor:
+        """Mean next-token cross-entropy in nats."""
+        logits = self(ids)
+        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+    def new_cache(self, max_len: int | None = None) -> Cache:
+        """An empty decoding cache for up to `max_len` (default: the context) positions."""
+        return Cache(max_len or self.config.context)
+
+    def descent_layers(self) -> list[DescentLayer]:
+        """Every CEM layer (attention and MLP), whose `steps` and `step_size` are test-time knobs."""
+        return [m for m in self.modules() if isinstance(m, DescentLayer)]
+
+    def set_steps(self, steps: int | None = None, attn_steps: int | None = None, mlp_steps: int | None = None) -> None:
+        """Change the recursion depth T of CEM layers on a built or trained model (no retraining)."""
+        for m in self.descent_layers():
+            new = attn_steps if isinstance(m, CEMAttention) else mlp_steps
+            if new is None:
+                new = steps
+            if new is not None:
+                m.steps = new
+
+    @torch.no_grad()
+    def generate(
+        self,
+        prompt_ids: Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        steps: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> Tensor:
+        """Sample continuations with the cache; see `cem.model.generate.generate`."""
+        from .generate import generate
+
+        return generate(self, prompt_ids, max_new_tokens, temperature, top_k, top_p, steps, generator)

@@ -1,0 +1,81 @@
+"""Cached decoding equals the full forward pass, for every attention kind; cache sizes per token."""
+
+import pytest
+import torch
+
+from cem.model import LanguageModel, model_config
+
+VARIANTS = {
+    "llama-rope": dict(arch="llama"),
+    "llama-alibi": dict(arch="llama-alibi"),
+    "llama-reuse": dict(arch="llama-reuse"),
+    "cem-nodiag": dict(arch="cem", kq_diag="none"),
+    "cem-shared": dict(arch="cem", kq_diag="shared"),
+    "cem-perhead": dict(arch="cem", kq_diag="per_head", attn_precond="diag_lowrank"),
+    "cem-exact": dict(arch="cem", kq_diag="shared", exact_gradient=True),
+    "cem-eager": dict(arch="cem", attn_backend="eager"),
+}
+
+
+def build(variant, steps):
+    kw = dict(VARIANTS[variant])
+    arch = kw.pop("arch")
+    torch.manual_seed(0)
+    model = LanguageModel(model_config("tiny", arch, vocab_size=61, attn_steps=steps, mlp_steps=steps, **kw)).double()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "kq_diag" in name or "self_bias" in name:
+                p.normal_(0, 0.3)  # off the zero init, so the terms matter
+    return model.eval()
+
+
+@pytest.mark.parametrize("steps", [1, 2])
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_cached_logits_equal_full_forward(variant, steps):
+    model = build(variant, steps)
+    ids = torch.randint(0, 61, (2, 13))
+    with torch.no_grad():
+        full = model(ids)
+        cache = model.new_cache(20)
+        parts = [model(ids[:, :5], cache=cache)]  # prefill, then chunks of 1, 3, then ones
+        parts.append(model(ids[:, 5:6], cache=cache))
+        parts.append(model(ids[:, 6:9], cache=cache))
+        parts += [model(ids[:, t : t + 1], cache=cache) for t in range(9, 13)]
+    torch.testing.assert_close(torch.cat(parts, dim=1), full, rtol=1e-10, atol=1e-10)
+
+
+def test_generate_matches_greedy_full_forward():
+    model = build("cem-perhead", 2)
+    prompt = torch.randint(0, 61, (2, 4))
+    out = model.generate(prompt, 6, temperature=0)
+    ids = prompt
+    with torch.no_grad():
+        for _ in range(6):
+            ids = torch.cat([ids, model(ids)[:, -1].argmax(-1, keepdim=True)], dim=1)
+    assert torch.equal(out, ids)
+
+
+def test_generate_steps_override_is_temporary():
+    model = build("cem-shared", 1)
+    prompt = torch.randint(0, 61, (5,))
+    out = model.generate(prompt, 3, temperature=0.8, top_k=10, top_p=0.9, steps=3, generator=torch.Generator().manual_seed(1))
+    assert out.shape == (8,) and torch.equal(out[:5], prompt)
+    assert {m.steps for m in model.descent_layers()} == {1}
+
+
+def cache_bytes(arch, **kw):
+    model = LanguageModel(model_config("tiny", arch, vocab_size=61, **kw))
+    cache = model.new_cache(8)
+    with torch.no_grad():
+        model(torch.zeros(1, 3, dtype=torch.long), cache=cache)
+    return cache.bytes_per_token()
+
+
+def test_cache_bytes_per_token():
+    cfg = model_config("tiny", "llama")
+    per_layer = cfg.dim * 4  # float32
+    assert cache_bytes("llama") == 2 * per_layer * cfg.n_layers  # keys and values
+    assert cache_bytes("cem", kq_diag="none") == per_layer * cfg.n_layers  # keys only: they are the values
+    assert cache_bytes("cem", kq_diag="shared") == 2 * per_layer * cfg.n_layers  # keys + normalised context
+    assert cache_bytes("llama-reuse") == 4 * per_layer * cfg.n_layers
+    assert cache_bytes("cem", kq_diag="none", attn_steps=3) == per_layer * cfg.n_layers  # recursion reuses keys

@@ -1,0 +1,66 @@
+"""Bad input raises a clear ValueError that names the problem."""
+
+import pytest
+import torch
+
+from cem.layers import CEMMLP, CEMAttention, GatedMLP, LlamaAttention, Reuse
+from cem.model import LanguageModel, model_config
+
+
+@pytest.mark.parametrize(
+    "build,match",
+    [
+        (lambda: CEMAttention(10, 3), "divisible"),
+        (lambda: LlamaAttention(10, 4), "divisible"),
+        (lambda: CEMAttention(12, 3, kq_diag="full"), "unknown kq_diag 'full'"),
+        (lambda: CEMAttention(12, 3, precond="newton"), "unknown precond 'newton'"),
+        (lambda: CEMMLP(12, 8, precond="newton"), "unknown precond"),
+        (lambda: CEMMLP(12, 8, energy="quadratic"), "unknown energy"),
+        (lambda: LlamaAttention(12, 3, position="learned"), "unknown position 'learned'"),
+        (lambda: CEMAttention(12, 3, steps=0), "steps must be an integer >= 1"),
+        (lambda: CEMMLP(12, 8, steps=-1), "steps must be"),
+        (lambda: Reuse(GatedMLP(12, 8), 0), "times must be"),
+        (lambda: model_config("13M"), "unknown preset '13M'"),
+        (lambda: model_config("tiny", "mamba"), "unknown arch 'mamba'"),
+        (lambda: model_config("tiny", "cem", attn_step=2), "unknown model config key"),
+    ],
+)
+def test_bad_construction(build, match):
+    with pytest.raises(ValueError, match=match):
+        build()
+
+
+def test_steps_setter_validates():
+    layer = CEMAttention(12, 3)
+    with pytest.raises(ValueError, match="steps"):
+        layer.steps = 0
+
+
+@pytest.mark.parametrize("layer", [CEMAttention(12, 3), CEMMLP(12, 8), LlamaAttention(12, 3), GatedMLP(12, 8)])
+def test_bad_layer_input(layer):
+    with pytest.raises(ValueError, match="rank 2"):
+        layer(torch.randn(4, 12))
+    with pytest.raises(ValueError, match="width 12"):
+        layer(torch.randn(2, 4, 10))
+    with pytest.raises(ValueError, match="floating-point"):
+        layer(torch.ones(2, 4, 12, dtype=torch.long))
+
+
+def test_bad_token_ids():
+    model = LanguageModel(model_config("tiny", "cem", vocab_size=50, context=16))
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        model(torch.tensor([[1, 2, 50]]))
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        model(torch.tensor([[-1, 2]]))
+    with pytest.raises(ValueError, match="sequence too long: 17 tokens > the model's context of 16"):
+        model(torch.zeros(1, 17, dtype=torch.long))
+    with pytest.raises(ValueError, match="shape"):
+        model(torch.zeros(17, dtype=torch.long))
+    with pytest.raises(ValueError, match="integer"):
+        model(torch.zeros(1, 3))
+    with pytest.raises(ValueError, match="sequence too long"):
+        model.generate(torch.zeros(1, 10, dtype=torch.long), 7)
+    cache = model.new_cache()
+    model(torch.zeros(1, 10, dtype=torch.long), cache=cache)
+    with pytest.raises(ValueError, match="sequence too long"):
+        model(torch.zeros(1, 7, dtype=torch.long), cache=cache)

@@ -1,0 +1,84 @@
+"""Models: presets, parameter ratios of the paper, causality, gradients, bf16, test-time steps."""
+
+import pytest
+import torch
+
+from cem.model import ARCHS, LanguageModel, model_config, parameter_breakdown
+
+
+def tiny(arch="cem", **kw):
+    torch.manual_seed(0)
+    return LanguageModel(model_config("tiny", arch, vocab_size=97, **kw))
+
+
+def breakdown(size, arch, **kw):
+    with torch.device("meta"):
+        return parameter_breakdown(LanguageModel(model_config(size, arch, **kw)))
+
+
+def test_paper_table1_sizes():
+    for size, millions in [("86M", 86), ("108M", 108), ("134M", 134), ("162M", 162), ("256M", 256)]:
+        total = breakdown(size, "llama")["total"]
+        assert abs(total / 1e6 - millions) < 1.5, (size, total)
+
+
+def test_parameter_ratios_134m():
+    llama = breakdown("134M", "llama")
+    cem_attn = breakdown("134M", "cem-attn")
+    cem_mlp = breakdown("134M", "cem-mlp")
+    full = breakdown("134M", "cem")
+    matched = breakdown("134M", "cem-mlp-matched")
+    assert cem_attn["attention"] / llama["attention"] == pytest.approx(0.5, abs=0.01)
+    assert cem_mlp["mlp"] / llama["mlp"] == pytest.approx(2 / 3, abs=0.01)
+    assert matched["mlp"] / llama["mlp"] == pytest.approx(1.0, abs=0.01)
+    assert full["embeddings"] == llama["embeddings"] and full["head"] == llama["head"]
+    assert full["total"] == llama["total"] - llama["attention"] + cem_attn["attention"] - llama["mlp"] + cem_mlp["mlp"]
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_causal_and_gradients_reach_every_parameter(arch):
+    model = tiny(arch, attn_precond="diag_lowrank", mlp_precond="diag_lowrank", attn_steps=2, mlp_steps=2)
+    with torch.no_grad():  # V = 0 at init would leave U without gradient: move off the init
+        for name, p in model.named_parameters():
+            if name.endswith("precond.v"):
+                p.normal_(0, 0.02)
+    ids = torch.randint(0, 97, (2, 12))
+    ids2 = ids.clone()
+    ids2[:, 7:] = (ids2[:, 7:] + 1) % 97
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids)[:, :7], model(ids2)[:, :7])
+    model.loss(ids[:, :-1], ids[:, 1:]).backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, name
+
+
+@pytest.mark.parametrize("arch", ["llama", "cem-t2"])
+def test_bf16_autocast_forward_backward(arch):
+    model = tiny(arch)
+    ids = torch.randint(0, 97, (2, 16))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = model.loss(ids[:, :-1], ids[:, 1:])
+    loss.backward()
+    assert torch.isfinite(loss)
+    fp32 = model.loss(ids[:, :-1], ids[:, 1:])
+    assert abs(loss.item() - fp32.item()) < 0.05
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+def test_steps_change_at_test_time():
+    model = tiny("cem")
+    ids = torch.randint(0, 97, (1, 10))
+    with torch.no_grad():
+        a = model(ids)
+        model.set_steps(3)
+        assert {m.steps for m in model.descent_layers()} == {3}
+        b = model(ids)
+        model.set_steps(attn_steps=1, mlp_steps=1)
+        torch.testing.assert_close(model(ids), a)
+    assert not torch.allclose(a, b)
+
+
+def test_initial_loss_is_near_uniform():
+    model = tiny("cem")
+    ids = torch.randint(0, 97, (4, 32))
+    assert model.loss(ids[:, :-1], ids[:, 1:]).item() == pytest.approx(torch.log(torch.tensor(97.0)).item(), abs=0.3)
