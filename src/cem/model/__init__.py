@@ -3,7 +3,7 @@
 from .cache import Cache, CacheSlot
 from .config import ARCHS, SIZES, ModelConfig, model_config
 from .generate import generate, sample_next
-from .io import load_config, load_pretrained, save_pretrained
+from .io import load_config, load_pretrained, save_pretrained, save_weights
 from .lm import Block, LanguageModel
 from .params import format_breakdown, parameter_breakdown
 
@@ -23,4 +23,5 @@ __all__ = [
     "parameter_breakdown",
     "sample_next",
     "save_pretrained",
+    "save_weights",
 ]

@@ -20,14 +20,19 @@ FORMAT = "cem-model-v1"
 
 def save_pretrained(model: LanguageModel, directory: str | Path) -> Path:
     """Write `config.json` and `model.safetensors` into `directory`, atomically (temp dir, then rename)."""
+    return save_weights(model.config, model.state_dict(), directory)
+
+
+def save_weights(cfg: ModelConfig, state_dict: dict, directory: str | Path) -> Path:
+    """`save_pretrained` from a config and a (full, unsharded) state dict, e.g. gathered from FSDP."""
     directory = Path(directory)
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
     try:
-        config = {"format": FORMAT, **model.config.to_dict()}
+        config = {"format": FORMAT, **cfg.to_dict()}
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-        if model.config.tie_embeddings:
+        state = {k: v.detach().contiguous().cpu() for k, v in state_dict.items()}
+        if cfg.tie_embeddings:
             state.pop("head.weight")
         save_file(state, tmp / "model.safetensors", metadata={"format": FORMAT})
         for name in ("config.json", "model.safetensors"):

@@ -1,0 +1,215 @@
+"""The `cem` command line: train, eval, generate, info (also `python -m cem`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+USER_ERRORS = (ValueError, FileNotFoundError)
+
+
+def _add_run_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--preset", help="model size: 86M, 108M, 134M, 162M, 256M, tiny, small, medium (default small)")
+    p.add_argument("--arch", help="llama, llama-alibi, llama-reuse, cem-attn, cem-mlp, cem-mlp-matched, cem, cem-t2 (default cem)")
+    p.add_argument("--data", help="corpus: python-stdlib (default), wikitext-2, tinyshakespeare, tinystories, enwik8, a path, or hf:NAME")
+    p.add_argument("--data-dir", help="where named corpora live (default $CEM_DATA_DIR, else ./data)")
+    p.add_argument("--tokenizer", help="byte (default), bpe:N, or a Hugging Face tokenizer name / path")
+    p.add_argument("--config", help="a YAML file of settings (flat keys or train:/model: sections)")
+    p.add_argument("overrides", nargs="*", help="key=value settings, e.g. lr=1e-3 attn_steps=2 kq_diag=per_head")
+
+
+def _run_config(args):
+    from .training import load_run_config
+
+    return load_run_config(
+        args.config,
+        args.overrides,
+        preset=args.preset,
+        arch=args.arch,
+        data=args.data,
+        data_dir=args.data_dir,
+        tokenizer=args.tokenizer,
+        **{k: getattr(args, k, None) for k in ("seed", "max_steps", "tokens", "batch_size", "grad_accum", "lr", "seq_len", "device", "compile")},
+    )
+
+
+def cmd_train(args) -> int:
+    from .training import Interrupted, train
+
+    run = _run_config(args)
+    t = run.train
+    if t.max_steps is None and t.tokens is None:
+        run.train.max_steps = 1200  # the embedded default: a few minutes on a 2-core CPU
+    out = Path(args.out or f"runs/{t.arch}-{t.preset}-{Path(t.data).name.replace(':', '_')}-s{t.seed}")
+    result = train(run, out, resume=args.resume, progress=not args.quiet, stop_at=args.stop_at)
+    if isinstance(result, Interrupted):
+        return 128 + result.signum if result.signum else 0
+    if args.quiet and int(os.environ.get("RANK", "0")) == 0:
+        print(json.dumps({k: result[k] for k in ("test_loss", "test_perplexity", "test_bits_per_byte")}))
+    return 0
+
+
+def _load_run(path: str):
+    """Model and tokenizer of a run directory (its checkpoint) or of a saved model directory."""
+    from .data import load_tokenizer
+    from .model import load_pretrained
+    from .training import find_checkpoint, verify_checkpoint
+
+    run_dir = Path(path)
+    if not run_dir.exists():
+        raise FileNotFoundError(f"no run or model directory at {run_dir}")
+    ckpt = find_checkpoint(run_dir)
+    model_dir = ckpt if ckpt is not None else run_dir
+    if ckpt is not None:
+        verify_checkpoint(ckpt)
+    tok_dir = run_dir / "tokenizer"
+    tokenizer = load_tokenizer(tok_dir) if tok_dir.exists() else None
+    return load_pretrained(model_dir), tokenizer, run_dir
+
+
+def cmd_eval(args) -> int:
+    from .data import build_split, load_corpus
+    from .model import parameter_breakdown
+    from .training.evaluate import evaluate
+    from .training.trainer import autocast_for, pick_device
+
+    model, tokenizer, run_dir = _load_run(args.ckpt)
+    if tokenizer is None:
+        raise ValueError(f"{run_dir} has no tokenizer/ directory; evaluate a run directory written by `cem train`")
+    if tokenizer.vocab_size != model.config.vocab_size:
+        raise ValueError(f"vocabulary mismatch: tokenizer has {tokenizer.vocab_size} symbols, model {model.config.vocab_size}")
+    run = json.loads((run_dir / "run.json").read_text()) if (run_dir / "run.json").exists() else {}
+    data = args.data or run.get("config", {}).get("train", {}).get("data", "python-stdlib")
+    device = pick_device(args.device)
+    split = build_split(load_corpus(data, args.data_dir), tokenizer, args.split)
+    seq_len = args.seq_len or model.config.context
+    metrics = evaluate(model.to(device), split, seq_len, args.batch_size, device, args.max_batches, autocast_for("auto", device))
+    metrics = {"data": data, "split": args.split, **metrics, "parameters": parameter_breakdown(model)}
+    if args.json:
+        print(json.dumps(metrics))
+    else:
+        print(f"{data} {args.split}: loss {metrics['loss']:.4f}, perplexity {metrics['perplexity']:.2f}, bits per byte {metrics['bits_per_byte']:.4f} ({metrics['tokens']} tokens)")
+    return 0
+
+
+def cmd_generate(args) -> int:
+    import torch
+
+    model, tokenizer, run_dir = _load_run(args.ckpt)
+    if tokenizer is None:
+        raise ValueError(f"{run_dir} has no tokenizer/ directory; generate from a run directory written by `cem train`")
+    ids = tokenizer.encode(args.prompt) or [tokenizer.eot_id]
+    gen = torch.Generator().manual_seed(args.seed)
+    out = model.generate(torch.tensor(ids), args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.steps, gen)
+    print(tokenizer.decode(out.tolist()))
+    return 0
+
+
+def cmd_info(args) -> int:
+    import torch
+
+    from .model import LanguageModel, format_breakdown, model_config, parameter_breakdown
+    from .model.flops import train_flops_per_token
+
+    if args.keys:
+        from dataclasses import fields
+
+        from .model import ModelConfig
+        from .training import TrainConfig
+
+        for cls in (TrainConfig, ModelConfig):
+            print(f"# {cls.__name__}")
+            for f in fields(cls):
+                print(f"{f.name} = {f.default!r}")
+        return 0
+    run = _run_config(args)
+    vocab = run.model_overrides.get("vocab_size") or (32000 if run.train.preset[0].isdigit() else 257)
+    cfg = run.model(vocab)
+    print(json.dumps({"train": run.to_dict()["train"], "model": cfg.to_dict()}, indent=2))
+    rows = {}
+    for name, c in (("llama", model_config(run.train.preset, "llama", vocab_size=vocab, context=cfg.context)), (run.train.arch, cfg)):
+        with torch.device("meta"):
+            rows[name] = parameter_breakdown(LanguageModel(c))
+    print(format_breakdown(rows))
+    print(f"training FLOPs per token: {train_flops_per_token(cfg):,}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="cem", description="Causal Energy Minimization language models")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("train", help="train a model (no arguments: a small CEM model on python-stdlib, minutes on a CPU)")
+    _add_run_args(p)
+    p.add_argument("--out", help="run directory (default runs/ARCH-PRESET-DATA-sSEED)")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--max-steps", type=int, dest="max_steps")
+    p.add_argument("--tokens", help="training tokens (e.g. 5e6) or 'chinchilla'")
+    p.add_argument("--batch-size", type=int, dest="batch_size")
+    p.add_argument("--grad-accum", type=int, dest="grad_accum")
+    p.add_argument("--lr", type=float)
+    p.add_argument("--seq-len", type=int, dest="seq_len")
+    p.add_argument("--device")
+    p.add_argument("--compile", action="store_const", const=True)
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
+    p.add_argument("--stop-at", type=int, dest="stop_at", help="stop after this step with a checkpoint (schedule unchanged)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar; print the final metrics as JSON")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("eval", help="evaluate a trained run on a split")
+    p.add_argument("--ckpt", required=True, help="run directory written by `cem train`")
+    p.add_argument("--data", help="corpus (default: the run's)")
+    p.add_argument("--data-dir")
+    p.add_argument("--split", default="test", choices=("train", "valid", "test"))
+    p.add_argument("--batch-size", type=int, default=8, dest="batch_size")
+    p.add_argument("--seq-len", type=int, dest="seq_len")
+    p.add_argument("--max-batches", type=int, dest="max_batches")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--json", action="store_true", help="print the metrics as one JSON line")
+    p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("generate", help="sample text from a trained run")
+    p.add_argument("--ckpt", required=True)
+    p.add_argument("--prompt", default="")
+    p.add_argument("--max-new-tokens", type=int, default=200, dest="max_new_tokens")
+    p.add_argument("--temperature", type=float, default=0.8)
+    p.add_argument("--top-k", type=int, default=None, dest="top_k")
+    p.add_argument("--top-p", type=float, default=0.95, dest="top_p")
+    p.add_argument("--steps", type=int, help="recursion steps T of every CEM layer (test-time compute)")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("info", help="print the resolved config and the parameter breakdown")
+    _add_run_args(p)
+    p.add_argument("--keys", action="store_true", help="list every setting with its default")
+    p.set_defaults(func=cmd_info, seed=None, max_steps=None, tokens=None, batch_size=None, grad_accum=None, lr=None, seq_len=None, device=None, compile=None)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    stray = [a for a in extra if a.startswith("-") or "=" not in a]
+    if stray or (extra and not hasattr(args, "overrides")):
+        parser.error(f"unrecognized arguments: {' '.join(stray or extra)}")
+    if extra:  # key=value settings written among the options
+        args.overrides = [*args.overrides, *extra]
+    try:
+        return args.func(args)
+    except USER_ERRORS as e:
+        print(f"cem {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except RuntimeError as e:
+        from .training import TrainingError
+
+        if isinstance(e, TrainingError):
+            print(f"cem {args.command}: error: {e}", file=sys.stderr)
+            return 1
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

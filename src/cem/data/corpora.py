@@ -1,0 +1,59 @@
+"""`load_corpus`: turn a corpus spec (a known name, a local path, or `hf:NAME[:CONFIG]`) into a `Corpus`."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from cem.data.corpus import SPLITS, Corpus
+from cem.data.hub import load_hf
+from cem.data.local import load_local
+from cem.data.named import (
+    load_enwik8,
+    load_python_stdlib,
+    load_tinyshakespeare,
+    load_tinystories,
+    load_wikitext2,
+)
+
+__all__ = ["KNOWN_CORPORA", "SPLITS", "Corpus", "load_corpus", "resolve_data_dir"]
+
+_LOADERS: dict[str, Callable[[Path], Corpus]] = {
+    "python-stdlib": lambda data_dir: load_python_stdlib(),
+    "wikitext-2": load_wikitext2,
+    "tinyshakespeare": load_tinyshakespeare,
+    "tinystories": load_tinystories,
+    "enwik8": load_enwik8,
+}
+KNOWN_CORPORA = tuple(_LOADERS)
+
+
+def resolve_data_dir(data_dir: str | Path | None = None) -> Path:
+    """The data directory: the argument, else `$CEM_DATA_DIR`, else `./data`."""
+    if data_dir is not None:
+        return Path(data_dir)
+    return Path(os.environ.get("CEM_DATA_DIR") or "data")
+
+
+def load_corpus(spec: str | Path, data_dir: str | Path | None = None, hf_max_docs: int = 100_000) -> Corpus:
+    """Load a corpus by spec.
+
+    `spec` is one of KNOWN_CORPORA (files looked up under `resolve_data_dir(data_dir)`),
+    a local `.txt`/`.jsonl`/`.parquet` file or a directory of them, or `hf:NAME[:CONFIG]`
+    for a Hugging Face dataset streamed for at most `hf_max_docs` documents per split.
+    """
+    spec = os.fspath(spec)
+    if spec in _LOADERS:
+        return _LOADERS[spec](resolve_data_dir(data_dir))
+    if spec.startswith("hf:"):
+        return load_hf(spec, hf_max_docs)
+    path = Path(spec).expanduser()
+    if path.exists():
+        return load_local(path)
+    if os.sep in spec or path.suffix:
+        raise FileNotFoundError(f"corpus path {spec!r} does not exist")
+    raise ValueError(
+        f"unknown corpus {spec!r}: use one of {', '.join(KNOWN_CORPORA)}, a path to a "
+        ".txt/.jsonl/.parquet file or a directory of them, or hf:NAME[:CONFIG]"
+    )

@@ -1,0 +1,58 @@
+"""Corpora streamed with Hugging Face `datasets`: `hf:NAME` or `hf:NAME:CONFIG` (NAME may be a local directory)."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable
+
+from cem.data.corpus import SPLITS, Corpus
+from cem.data.splitting import hash_split
+
+_VALID_NAMES = ("validation", "valid", "dev")
+VALID_FRAC = TEST_FRAC = 0.01
+
+
+def load_hf(spec: str, max_docs: int) -> Corpus:
+    """The `text` of the first `max_docs` rows per split of `datasets.load_dataset(NAME, CONFIG, streaming=True)`.
+
+    Splits: train <- "train"; valid <- "validation"/"valid"/"dev"; test <- "test". With only
+    one of valid/test, that split's documents are halved in order (first half valid). With
+    neither, train's documents are hashed 98/1/1 by index, like a local directory.
+    """
+    name, _, config = spec.removeprefix("hf:").partition(":")
+    if not name:
+        raise ValueError(f"expected 'hf:NAME' or 'hf:NAME:CONFIG', got {spec!r}")
+    if max_docs < 1:
+        raise ValueError(f"hf_max_docs must be at least 1, got {max_docs}")
+    import datasets  # imported here: slow to import and only needed for hf: corpora
+
+    streams = datasets.load_dataset(name, config or None, streaming=True)
+    if "train" not in streams:
+        raise ValueError(f"{spec}: dataset has no 'train' split (splits: {list(streams)})")
+    train = _take_text(streams["train"], max_docs, f"{spec} train")
+    valid_name = [s for s in _VALID_NAMES if s in streams][:1]
+    held_out_names = valid_name + (["test"] if "test" in streams else [])
+    held_out = [_take_text(streams[s], max_docs, f"{spec} {s}") for s in held_out_names]
+    if len(held_out) == 2:
+        splits = {"train": train, "valid": held_out[0], "test": held_out[1]}
+    elif len(held_out) == 1:
+        docs = held_out[0]
+        if len(docs) < 2:
+            raise ValueError(f"{spec}: the only held-out split has {len(docs)} document; need 2 to halve it")
+        half = (len(docs) + 1) // 2
+        splits = {"train": train, "valid": docs[:half], "test": docs[half:]}
+    else:
+        parts = hash_split([str(i) for i in range(len(train))], VALID_FRAC, TEST_FRAC, source=spec)
+        splits = {s: [train[i] for i in parts[s]] for s in SPLITS}
+    return Corpus(spec, splits)
+
+
+def _take_text(rows: Iterable[dict], max_docs: int, source: str) -> list[str]:
+    """The `text` field of the first `max_docs` rows."""
+    docs = []
+    for row in itertools.islice(rows, max_docs):
+        text = row.get("text")
+        if not isinstance(text, str):
+            raise ValueError(f"{source}: rows need a string field 'text' (fields: {sorted(row)})")
+        docs.append(text)
+    return docs

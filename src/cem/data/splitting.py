@@ -1,0 +1,32 @@
+"""Deterministic assignment of documents to train/valid/test by hashing their keys."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+
+def hash_split(
+    keys: Sequence[str], valid_frac: float, test_frac: float, source: str
+) -> dict[str, list[int]]:
+    """Indices of `keys` per split: rank keys by sha256, the lowest ranks go to test, then valid.
+
+    Test and valid get `max(1, round(n * frac))` items each, train the rest, so with at
+    least 3 keys every split is non-empty. Indices keep their original order within a split.
+    """
+    n = len(keys)
+    if n < 3:
+        raise ValueError(
+            f"{source}: has {n} document(s), but at least 3 are needed to split it into "
+            "train/valid/test; add documents or provide train/valid/test files"
+        )
+    order = sorted(range(n), key=lambda i: hashlib.sha256(keys[i].encode("utf-8")).digest())
+    n_test = max(1, round(n * test_frac))
+    n_valid = max(1, round(n * valid_frac))
+    if n_test + n_valid >= n:
+        raise ValueError(f"{source}: {n} documents are too few for the valid/test fractions")
+    return {
+        "train": sorted(order[n_test + n_valid :]),
+        "valid": sorted(order[n_test : n_test + n_valid]),
+        "test": sorted(order[:n_test]),
+    }

@@ -1,0 +1,48 @@
+"""Evaluation: mean next-token loss over a split, perplexity and bits per byte."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+import torch.nn.functional as F
+
+from ..data import TokenSplit, iter_eval_batches
+
+
+@torch.no_grad()
+def evaluate(
+    model: torch.nn.Module,
+    split: TokenSplit,
+    seq_len: int,
+    batch_size: int,
+    device: torch.device,
+    max_batches: int | None = None,
+    autocast: contextlib.AbstractContextManager | None = None,
+) -> dict:
+    """Loss (nats/token), perplexity exp(loss) and bits per byte = loss · tokens / (bytes · ln 2).
+
+    The bytes of the evaluated tokens are the split's bytes per token times the tokens evaluated, so bits
+    per byte compare across tokenizers (exact when the whole split is evaluated).
+    """
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    for x, y in iter_eval_batches(split.tokens, seq_len, batch_size, max_batches=max_batches):
+        x, y = x.to(device), y.to(device)
+        with autocast or contextlib.nullcontext():
+            logits = model(x)
+        total += F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), reduction="sum").item()
+        count += y.numel()
+    model.train(was_training)
+    if count == 0:
+        raise ValueError(f"split {split.name!r} has {split.n_tokens} tokens, fewer than one sequence of {seq_len + 1}")
+    loss = total / count
+    bytes_evaluated = split.n_bytes * count / split.n_tokens
+    return {
+        "loss": loss,
+        "perplexity": math.exp(min(loss, 700)),
+        "bits_per_byte": loss * count / (bytes_evaluated * math.log(2)),
+        "tokens": count,
+    }

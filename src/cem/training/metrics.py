@@ -1,0 +1,53 @@
+"""Metrics sinks of a run: `metrics.jsonl` and `metrics.csv` in the run directory, TensorBoard when
+installed, Weights & Biases when asked."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+
+class MetricsLogger:
+    """Append one record per call to every sink (main process only)."""
+
+    def __init__(self, run_dir: Path, tensorboard: bool = True, wandb_project: str | None = None, config: dict | None = None) -> None:
+        self.run_dir = Path(run_dir)
+        self.jsonl = open(self.run_dir / "metrics.jsonl", "a")
+        self.csv_path = self.run_dir / "metrics.csv"
+        self.tb = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self.tb = SummaryWriter(str(self.run_dir / "tensorboard"))
+            except ImportError:
+                pass
+        self.wandb = None
+        if wandb_project:
+            import wandb
+
+            self.wandb = wandb.init(project=wandb_project, dir=str(self.run_dir), config=config, resume="allow")
+
+    def log(self, step: int, **values: float) -> None:
+        record = {"step": step, **values}
+        self.jsonl.write(json.dumps(record) + "\n")
+        self.jsonl.flush()
+        new = not self.csv_path.exists()
+        with open(self.csv_path, "a", newline="") as f:
+            writer = csv.writer(f)
+            if new:
+                writer.writerow(["step", "key", "value"])
+            writer.writerows([step, k, v] for k, v in values.items())
+        if self.tb is not None:
+            for k, v in values.items():
+                self.tb.add_scalar(k, v, step)
+        if self.wandb is not None:
+            self.wandb.log(values, step=step)
+
+    def close(self) -> None:
+        self.jsonl.close()
+        if self.tb is not None:
+            self.tb.close()
+        if self.wandb is not None:
+            self.wandb.finish()
