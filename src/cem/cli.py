@@ -138,6 +138,31 @@ def cmd_info(args) -> int:
     return 0
 
 
+def cmd_experiment(args) -> int:
+    from .experiments import ALL_IDS, run_experiment, write_report
+
+    ids = ALL_IDS if args.id == "all" else (args.id,)
+    overrides = {}
+    if args.seeds:
+        overrides["seeds"] = tuple(int(s) for s in args.seeds.split(","))
+    if args.max_steps:
+        overrides["max_steps"] = args.max_steps
+    results = args.results or f"results/{args.scale}"
+    for exp_id in ids:
+        summary = run_experiment(exp_id, args.scale, results, args.data_dir, args.jobs, **overrides)
+        for f in summary["findings"]:
+            print(f"{exp_id}: [{f['verdict']}] {f['claim']} -- {f['evidence']}")
+    print(f"report: {write_report(results)}")
+    return 0
+
+
+def cmd_report(args) -> int:
+    from .experiments import write_report
+
+    print(write_report(args.results_dir))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cem", description="Causal Energy Minimization language models")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -181,6 +206,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, help="recursion steps T of every CEM layer (test-time compute)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("experiment", help="run one of the paper's experiments (or 'all') at a scale")
+    p.add_argument("id", help="fig2a, fig2b, fig2c, fig2d, fig3a, fig3b, fig3c, fig4, table3, positional, test-time, energy, or all")
+    p.add_argument("--scale", default="cpu", choices=("cpu", "gpu", "paper"))
+    p.add_argument("--results", help="results directory (default results/SCALE); finished runs there are skipped")
+    p.add_argument("--data-dir", dest="data_dir", help="where the scale's corpus lives (default $CEM_DATA_DIR, else ./data)")
+    p.add_argument("--jobs", type=int, default=1, help="runs trained in parallel (CPU: processes sharing the cores)")
+    p.add_argument("--seeds", help="comma-separated seeds (default: the scale's)")
+    p.add_argument("--max-steps", type=int, dest="max_steps", help="override the scale's steps per run")
+    p.set_defaults(func=cmd_experiment)
+
+    p = sub.add_parser("report", help="write RESULTS_DIR/report.md from experiment results")
+    p.add_argument("results_dir")
+    p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("info", help="print the resolved config and the parameter breakdown")
     _add_run_args(p)

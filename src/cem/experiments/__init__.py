@@ -1,0 +1,22 @@
+"""The paper's experiments (and three beyond it), one command each, at cpu / gpu / paper scale."""
+
+from .registry import ALL_IDS, EXPERIMENTS, akima_optimum
+from .report import write_report
+from .runner import run_experiment, run_suite
+from .scales import SCALES, Scale, get_scale
+from .sweep import RunSpec, Variant, run_sweep
+
+__all__ = [
+    "ALL_IDS",
+    "EXPERIMENTS",
+    "RunSpec",
+    "SCALES",
+    "Scale",
+    "Variant",
+    "akima_optimum",
+    "get_scale",
+    "run_experiment",
+    "run_suite",
+    "run_sweep",
+    "write_report",
+]

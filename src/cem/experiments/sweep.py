@@ -1,0 +1,123 @@
+"""Runs of a sweep: a spec per (size, architecture, settings, seed), one directory each, skipped when
+finished and resumed when interrupted; several seeds reduced to mean ± std."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from multiprocessing import get_context
+from pathlib import Path
+
+from .scales import Scale
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One training run: a size preset, an architecture, model/training overrides and a seed."""
+
+    size: str
+    arch: str
+    model: tuple = ()  # sorted (key, value) pairs of model overrides
+    train: tuple = ()  # sorted (key, value) pairs of training overrides (e.g. lr)
+    seed: int = 0
+
+    @classmethod
+    def make(cls, size: str, arch: str, seed: int = 0, train: dict | None = None, **model) -> "RunSpec":
+        return cls(size, arch, tuple(sorted(model.items())), tuple(sorted((train or {}).items())), seed)
+
+    @property
+    def slug(self) -> str:
+        """A readable directory name, unique per spec."""
+        parts = [self.size, self.arch] + [f"{k}={v}" for k, v in self.model + self.train]
+        text = "-".join(parts)
+        digest = hashlib.sha1(repr((self.model, self.train)).encode()).hexdigest()[:6]
+        return f"{text[:80]}-{digest}-s{self.seed}".replace("/", "_")
+
+    def with_seed(self, seed: int) -> "RunSpec":
+        return RunSpec(self.size, self.arch, self.model, self.train, seed)
+
+
+@dataclass
+class Variant:
+    """A labelled spec of an experiment (the seed is added by the sweep)."""
+
+    label: str
+    spec: RunSpec
+    tags: dict = field(default_factory=dict)
+
+
+def run_config(spec: RunSpec, scale: Scale, data_dir: str | None):
+    """The `RunConfig` of a spec at a scale."""
+    from ..training import load_run_config
+
+    train = {**scale.train_settings(), "preset": spec.size, "arch": spec.arch, "seed": spec.seed, **dict(spec.train)}
+    if data_dir is not None:
+        train["data_dir"] = data_dir
+    return load_run_config(None, {**{f"train.{k}": v for k, v in train.items()}, **{f"model.{k}": v for k, v in spec.model}})
+
+
+def _run_one(args) -> dict:
+    spec, scale, data_dir, root, threads = args
+    import torch
+
+    from ..training import Interrupted, train
+
+    if threads:
+        torch.set_num_threads(threads)
+    out = Path(root) / "runs" / spec.slug
+    results = out / "results.json"
+    if results.exists():
+        return json.loads(results.read_text())
+    started = time.perf_counter()
+    res = train(run_config(spec, scale, data_dir), out, resume=True, progress=False)
+    if isinstance(res, Interrupted):
+        raise KeyboardInterrupt
+    print(f"  done {spec.slug}: test ppl {res['test_perplexity']:.3f} in {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
+    return res
+
+
+def run_sweep(specs: list[RunSpec], scale: Scale, root: Path, data_dir: str | None = None, jobs: int = 1) -> dict[RunSpec, dict]:
+    """Train every spec not finished yet under `root/runs/`; returns the results of all of them."""
+    unique = list(dict.fromkeys(specs))
+    todo = [s for s in unique if not (Path(root) / "runs" / s.slug / "results.json").exists()]
+    print(f"{len(unique)} runs, {len(unique) - len(todo)} already finished, {len(todo)} to train", file=sys.stderr, flush=True)
+    threads = max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 else 0
+    args = [(s, scale, data_dir, str(root), threads) for s in todo]
+    if jobs > 1 and len(todo) > 1:
+        with ProcessPoolExecutor(jobs, mp_context=get_context("spawn")) as pool:
+            list(pool.map(_run_one, args))
+    else:
+        for a in args:
+            _run_one(a)
+    return {s: json.loads((Path(root) / "runs" / s.slug / "results.json").read_text()) for s in unique}
+
+
+def mean_std(values: list[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (0 for one value)."""
+    n = len(values)
+    mean = sum(values) / n
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else 0.0
+    return mean, std
+
+
+def summarize(variants: list[Variant], results: dict[RunSpec, dict], seeds: tuple[int, ...]) -> list[dict]:
+    """One row per variant: test perplexity / bits per byte / loss as mean ± std over seeds, parameters."""
+    rows = []
+    for v in variants:
+        runs = [results[v.spec.with_seed(s)] for s in seeds]
+        row = {"label": v.label, "size": v.spec.size, "arch": v.spec.arch, **v.tags, "seeds": len(runs)}
+        for key in ("test_perplexity", "test_bits_per_byte", "test_loss"):
+            row[key], row[key + "_std"] = mean_std([r[key] for r in runs])
+        row["parameters"] = runs[0]["parameters"]["total"]
+        row["attention_parameters"] = runs[0]["parameters"]["attention"]
+        row["mlp_parameters"] = runs[0]["parameters"]["mlp"]
+        row["tokens"] = runs[0]["tokens_seen"]
+        row["wall_time_s"] = mean_std([r["wall_time_s"] for r in runs])[0]
+        rows.append(row)
+    return rows

@@ -1,0 +1,309 @@
+"""Fused Triton CEM attention: `triton_cem_attention`, an autograd Function over the kernels of
+`_triton_kernels.py` (forward with online softmax; backward as a query-side and a key-side kernel).
+
+Same semantics as `cem.layers.functional.cem_attention_eager` without `v` (values are the keys):
+
+    logit_kij = (k_j^k · q_i^k + ĥ_j · qd_i^k) / sqrt(d) - m_k (q_start + i - j) + s_k [q_start + i = j]
+    o_i^k     = Σ_{j <= q_start + i} softmax_j(logit_kij) k_j^k
+
+CUDA tensors run the compiled kernels; CPU tensors (or TRITON_INTERPRET=1) run the same kernels in
+Triton's interpreter, which is how the tests check them on a machine without a GPU. Importing this module
+without triton installed works: `HAS_TRITON` is False and `triton_cem_attention` raises.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+try:  # pragma: no cover - exercised by whichever environment runs
+    import triton
+
+    HAS_TRITON = True
+    TRITON_IMPORT_ERROR: Exception | None = None
+except Exception as exc:  # ImportError, or a broken install
+    triton = None
+    HAS_TRITON = False
+    TRITON_IMPORT_ERROR = exc
+
+__all__ = ["HAS_TRITON", "KernelConfig", "default_config", "triton_cem_attention", "uses_interpreter"]
+
+_SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_KERNEL_MODULES: dict[bool, object] = {}
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """Tile sizes. heads_per_program (G, a power of two) heads share one program and so one diagonal
+    tile: G >= n_heads gives the diagonal term exactly once per (query block, key block) tile; a smaller
+    G bounds the [G, BLOCK_M, d] accumulator (registers) at the cost of recomputing the diagonal tile
+    once per head group. allow_tf32 only affects float32 inputs on GPU (default: exact fp32 products)."""
+
+    block_m: int = 16
+    block_n: int = 32
+    block_dd: int = 64
+    heads_per_program: int = 0  # 0: choose from the register budget
+    num_warps: int = 4
+    num_stages: int = 1
+    allow_tf32: bool = False
+
+
+def uses_interpreter(device: torch.device) -> bool:
+    """True where the kernels run in Triton's interpreter: non-CUDA tensors, or TRITON_INTERPRET=1."""
+    if not HAS_TRITON:
+        return False
+    return torch.device(device).type != "cuda" or bool(triton.knobs.runtime.interpret)
+
+
+_REG_LIMIT = 165  # estimated fp32 registers a thread (see _footprint); spills began near 170-190
+
+
+def _footprint(g, m, n, dh, dd, elem, diag, backward):
+    """Rough count of fp32 registers a program holds (summed over its threads) for one iteration.
+
+    Calibrated against ptxas' register/spill report for sm_90 (docs/kernels.md): accumulators and score
+    tiles in fp32, operand tiles weighted by `elem` (0.5 for 16-bit, 2.5 for fp32 (ieee dots run on FMA units and hold more)).
+    """
+    diag_tile = 0
+    if diag == "shared":
+        diag_tile = m * n + elem * (m + n) * dd
+    elif diag == "head":
+        diag_tile = g * m * n + elem * (g * m + n) * dd
+    fwd = g * m * dh + 2 * g * m * n + elem * (g * m * dh + g * n * dh) + diag_tile
+    if not backward:
+        return fwd
+    contrib_q = 0 if diag is None else (g * m * dd if diag == "head" else m * dd)
+    dq = g * m * dh + 4 * g * m * n + elem * (2 * g * m * dh + g * n * dh) + diag_tile + contrib_q
+    dk = g * n * dh + 4 * g * m * n + elem * (g * n * dh + 2 * g * m * dh) + diag_tile + (0 if diag is None else n * dd)
+    return max(dq, dk)
+
+
+def default_config(
+    n_heads: int,
+    head_dim: int,
+    model_dim: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    backward: bool = False,
+    diag: str | None = "shared",
+) -> KernelConfig:
+    """Heuristic tiles (not autotuned: no GPU was available to time them, see docs/kernels.md).
+
+    diag is "shared", "head" or None. GPU: the most heads per program (G), then the largest tiles and
+    the fewest warps whose estimated register footprint (`_footprint`) stays under `_REG_LIMIT` a thread,
+    so the whole head set shares one diagonal tile whenever that fits. Checked to compile for sm_90
+    without spills for the shapes in docs/kernels.md; their speed is unmeasured. Interpreter: small
+    tiles, so that the tests cross several ragged blocks.
+    """
+    block_dh = max(16, _next_pow2(head_dim))
+    block_dd = min(64, max(16, _next_pow2(max(model_dim, 1))))
+    kp = _next_pow2(n_heads)
+    if uses_interpreter(device):
+        return KernelConfig(block_m=16, block_n=16, block_dd=min(32, block_dd), heads_per_program=kp)
+    elem = 2.5 if dtype == torch.float32 else 0.5
+    g = kp
+    while True:
+        for m, n in ((64, 64), (64, 32), (32, 64), (32, 32), (32, 16), (16, 32), (16, 16)):
+            for dd in sorted({block_dd, min(block_dd, 32)}, reverse=True):
+                for warps in (4, 8):
+                    if _footprint(g, m, n, block_dh, dd, elem, diag, backward) <= _REG_LIMIT * 32 * warps:
+                        return KernelConfig(block_m=m, block_n=n, block_dd=dd, heads_per_program=g,
+                                            num_warps=warps, num_stages=1)
+        if g == 1:
+            return KernelConfig(block_m=16, block_n=16, block_dd=16, heads_per_program=1, num_warps=8)
+        g //= 2
+
+
+def _kernels(interpret: bool):
+    """The kernel module, decorated for the interpreter or for compilation (loaded once each)."""
+    mod = _KERNEL_MODULES.get(interpret)
+    if mod is None:
+        name = f"cem.kernels._triton_kernels_{'interpreted' if interpret else 'compiled'}"
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("_triton_kernels.py"))
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        with triton.knobs.runtime.scope():
+            triton.knobs.runtime.interpret = interpret
+            spec.loader.exec_module(mod)
+        _KERNEL_MODULES[interpret] = mod
+    return mod
+
+
+def _strides4(t: Tensor | None) -> tuple[int, int, int, int]:
+    return tuple(t.stride()) if t is not None else (0, 0, 0, 0)
+
+
+def _qd_strides(qd: Tensor | None) -> tuple[int, int, int, int]:
+    """(batch, head, row, feature) strides of qd; head stride 0 when shared or absent."""
+    if qd is None:
+        return (0, 0, 0, 0)
+    if qd.dim() == 3:
+        return (qd.stride(0), 0, qd.stride(1), qd.stride(2))
+    return tuple(qd.stride())
+
+
+class _Launch:
+    """Everything the three kernels share: shapes, flags, tile sizes, grid."""
+
+    def __init__(self, q, k, qd, hn, q_start, config: KernelConfig | None, backward: bool = False):
+        B, K, Jq, d = q.shape
+        self.B, self.K, self.Jq, self.d = B, K, Jq, d
+        self.Jk = k.shape[2]
+        self.D = hn.shape[-1] if qd is not None else 0
+        self.q_start = int(q_start)
+        self.interpret = uses_interpreter(q.device)
+        diag = None if qd is None else ("head" if qd.dim() == 4 else "shared")
+        cfg = config or default_config(K, d, self.D, q.dtype, q.device, backward=backward, diag=diag)
+        g = cfg.heads_per_program or _next_pow2(K)
+        if g & (g - 1):
+            raise ValueError(f"heads_per_program must be a power of two, got {g}")
+        self.G = min(g, _next_pow2(K))
+        self.n_groups = -(-K // self.G)
+        self.cfg = cfg
+        self.consts = dict(
+            G=self.G,
+            BLOCK_M=cfg.block_m,
+            BLOCK_N=cfg.block_n,
+            BLOCK_DH=max(16, _next_pow2(d)),
+            BLOCK_DD=cfg.block_dd,
+            HAS_DIAG=qd is not None,
+            PER_HEAD=qd is not None and qd.dim() == 4,
+            PREC="tf32" if (cfg.allow_tf32 or q.dtype != torch.float32) else "ieee",
+            UPCAST=self.interpret,
+        )
+        self.launch_opts = {} if self.interpret else dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        self.scale = 1.0 / math.sqrt(d)
+        self.scale2 = self.scale * 1.4426950408889634
+
+    def grid_q(self):
+        return (triton.cdiv(self.Jq, self.cfg.block_m), self.B * self.n_groups)
+
+    def grid_k(self):
+        return (triton.cdiv(self.Jk, self.cfg.block_n), self.B * self.n_groups)
+
+    def sizes(self):
+        return (self.K, self.Jq, self.Jk, self.d, self.D, self.q_start)
+
+
+class _CEMAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, qd, hn, slopes, self_bias, q_start, config):
+        L = _Launch(q, k, qd, hn, q_start, config)
+        mod = _kernels(L.interpret)
+        o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        lse = torch.empty((L.B, L.K, L.Jq), dtype=torch.float32, device=q.device)
+        qd_arg = qd if qd is not None else q  # dummy pointer, never read (HAS_DIAG=False)
+        hn_arg = hn if qd is not None else q
+        sb_arg = self_bias if self_bias is not None else slopes
+        mod.cem_fwd_kernel[L.grid_q()](
+            q, k, qd_arg, hn_arg, slopes, sb_arg, o, lse,
+            *q.stride(), *k.stride(), *_qd_strides(qd),
+            *(hn.stride() if qd is not None else (0, 0, 0)),
+            *o.stride(), *lse.stride(),
+            *L.sizes(), L.scale2,
+            HAS_SB=self_bias is not None, **L.consts, **L.launch_opts,
+        )
+        ctx.save_for_backward(q, k, qd, hn, slopes, self_bias, o, lse)
+        ctx.q_start, ctx.config = int(q_start), config
+        return o
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, do):
+        q, k, qd, hn, slopes, self_bias, o, lse = ctx.saved_tensors
+        L = _Launch(q, k, qd, hn, ctx.q_start, ctx.config, backward=True)
+        mod = _kernels(L.interpret)
+        do = do.to(q.dtype)
+        delta = (do.float() * o.float()).sum(-1)  # Δ_i = dO_i · O_i, (B, K, Jq), fp32
+        dq = torch.empty_like(q)
+        dk = torch.empty_like(k)
+        has_diag = qd is not None
+        dqd = torch.zeros(qd.shape, dtype=torch.float32, device=q.device) if has_diag else None
+        dhn = torch.zeros(hn.shape, dtype=torch.float32, device=q.device) if has_diag else None
+        dsb = torch.zeros(L.K, dtype=torch.float32, device=q.device)
+        qd_arg = qd if has_diag else q
+        hn_arg = hn if has_diag else q
+        sb_arg = self_bias if self_bias is not None else slopes
+        hn_strides = hn.stride() if has_diag else (0, 0, 0)
+        common = (q, k, qd_arg, hn_arg, slopes, sb_arg, do, lse, delta)
+        strides = (*q.stride(), *k.stride(), *_qd_strides(qd), *hn_strides, *do.stride(), *lse.stride())
+        assert delta.stride() == lse.stride()
+        mod.cem_bwd_dq_kernel[L.grid_q()](
+            *common, dq, dqd if has_diag else dsb, dsb,
+            *strides, *dq.stride(), *_qd_strides(dqd),
+            *L.sizes(), L.scale2, L.scale,
+            HAS_SB=self_bias is not None, **L.consts, **L.launch_opts,
+        )
+        mod.cem_bwd_dk_kernel[L.grid_k()](
+            *common, dk, dhn if has_diag else dsb,
+            *strides, *dk.stride(), *(dhn.stride() if has_diag else (0, 0, 0)),
+            *L.sizes(), L.scale2, L.scale,
+            HAS_SB=self_bias is not None, **L.consts, **L.launch_opts,
+        )
+        dqd_out = dqd.to(qd.dtype) if has_diag and ctx.needs_input_grad[2] else None
+        dhn_out = dhn.to(hn.dtype) if has_diag and ctx.needs_input_grad[3] else None
+        dsb_out = dsb.to(self_bias.dtype) if self_bias is not None and ctx.needs_input_grad[5] else None
+        return dq, dk, dqd_out, dhn_out, None, dsb_out, None, None
+
+
+def triton_cem_attention(
+    q: Tensor,
+    k: Tensor,
+    qd: Tensor | None,
+    hn: Tensor | None,
+    slopes: Tensor,
+    self_bias: Tensor | None,
+    q_start: int = 0,
+    *,
+    config: KernelConfig | None = None,
+) -> Tensor:
+    """Fused CEM attention (values are the keys). Same arguments as `cem_attention_eager` minus `v`.
+
+    q (B, K, Jq, d), k (B, K, Jk, d), qd (B, Jq, D) shared, (B, K, Jq, D) per head, or None; hn (B, Jk, D);
+    slopes (K,) (no gradient), self_bias (K,) or None. Gradients flow to q, k, qd, hn and self_bias.
+    """
+    if not HAS_TRITON:
+        raise RuntimeError(f"triton is not available ({TRITON_IMPORT_ERROR!r}); use backend='sdpa' or 'eager'")
+    if q.dim() != 4 or k.dim() != 4:
+        raise ValueError(f"q and k must be (B, K, J, d), got {tuple(q.shape)} and {tuple(k.shape)}")
+    B, K, Jq, d = q.shape
+    if k.shape[0] != B or k.shape[1] != K or k.shape[3] != d:
+        raise ValueError(f"k {tuple(k.shape)} does not match q {tuple(q.shape)}")
+    if q.dtype not in _SUPPORTED_DTYPES or k.dtype != q.dtype:
+        raise TypeError(f"q and k must share a float dtype among {_SUPPORTED_DTYPES}, got {q.dtype}, {k.dtype}")
+    Jk = k.shape[2]
+    if qd is not None:
+        if hn is None or hn.dim() != 3 or hn.shape[0] != B or hn.shape[1] != Jk:
+            raise ValueError(f"hn must be (B, Jk, D) = ({B}, {Jk}, D), got {None if hn is None else tuple(hn.shape)}")
+        D = hn.shape[2]
+        if qd.shape not in ((B, Jq, D), (B, K, Jq, D)):
+            raise ValueError(f"qd must be ({B}, {Jq}, {D}) or ({B}, {K}, {Jq}, {D}), got {tuple(qd.shape)}")
+        qd = qd.to(q.dtype)
+        hn = hn.to(q.dtype)
+    else:
+        hn = None
+    if Jq == 0:
+        return q.new_zeros(q.shape)
+    if Jk < 1:
+        raise ValueError("at least one key is needed")
+    if q_start < 0:
+        raise ValueError(f"q_start must be >= 0, got {q_start}")
+    slopes = slopes.detach().to(device=q.device, dtype=torch.float32).contiguous()
+    if slopes.shape != (K,):
+        raise ValueError(f"slopes must be ({K},), got {tuple(slopes.shape)}")
+    if self_bias is not None and self_bias.shape != (K,):
+        raise ValueError(f"self_bias must be ({K},), got {tuple(self_bias.shape)}")
+    if self_bias is not None and self_bias.stride(0) != 1:
+        self_bias = self_bias.contiguous()
+    return _CEMAttention.apply(q, k, qd, hn, slopes, self_bias, int(q_start), config)
