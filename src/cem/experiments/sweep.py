@@ -85,6 +85,8 @@ def _run_one(args) -> dict:
 def run_sweep(specs: list[RunSpec], scale: Scale, root: Path, data_dir: str | None = None, jobs: int = 1) -> dict[RunSpec, dict]:
     """Train every spec not finished yet under `root/runs/`; returns the results of all of them."""
     unique = list(dict.fromkeys(specs))
+    for s in unique:
+        _check_finished(s, scale, root, data_dir)
     todo = [s for s in unique if not (Path(root) / "runs" / s.slug / "results.json").exists()]
     print(f"{len(unique)} runs, {len(unique) - len(todo)} already finished, {len(todo)} to train", file=sys.stderr, flush=True)
     threads = max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 else 0
@@ -96,6 +98,19 @@ def run_sweep(specs: list[RunSpec], scale: Scale, root: Path, data_dir: str | No
         for a in args:
             _run_one(a)
     return {s: json.loads((Path(root) / "runs" / s.slug / "results.json").read_text()) for s in unique}
+
+
+def _check_finished(spec: RunSpec, scale: Scale, root: Path, data_dir: str | None) -> None:
+    """A finished run is reused only if it was trained with this scale's settings."""
+    path = Path(root) / "runs" / spec.slug / "results.json"
+    if not path.exists():
+        return
+    saved = json.loads(path.read_text())["config"]["train"]
+    expected = run_config(spec, scale, data_dir).to_dict()["train"]
+    keys = ("data", "tokenizer", "seq_len", "batch_size", "grad_accum", "max_steps", "tokens", "lr", "seed")
+    diff = [k for k in keys if saved.get(k) != expected.get(k)]
+    if diff:
+        raise ValueError(f"{path.parent} was trained with other settings ({', '.join(diff)} differ); use another --results directory")
 
 
 def mean_std(values: list[float]) -> tuple[float, float]:

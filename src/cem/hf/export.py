@@ -1,0 +1,70 @@
+"""`export_hf`: write any cem model as a Hugging Face checkpoint directory.
+
+A plain Llama (Llama attention with RoPE, SwiGLU MLP, no reuse) goes out in the native
+`transformers.LlamaForCausalLM` format, loadable anywhere without cem. Every other model goes out in the
+CEM format (`model_type: "cem"`): `AutoModelForCausalLM.from_pretrained(dir)` loads it after `import cem.hf`,
+or with `trust_remote_code=True` through a two-line `modeling_cem.py` shim that imports `cem.hf` (so the
+`cem` package must still be installed where the model is loaded; nothing from cem is copied).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..model import LanguageModel
+from .llama_export import export_llama, is_plain_llama
+from .modeling import to_hf
+
+REMOTE_CODE_FILE = "modeling_cem.py"
+AUTO_MAP = {
+    "AutoConfig": "modeling_cem.CEMConfig",
+    "AutoModelForCausalLM": "modeling_cem.CEMForCausalLM",
+}
+_SHIM = '''"""Loads this checkpoint with the installed cem package (pip install cem[hf]); written by cem.hf.export_hf."""
+
+from cem.hf.modeling import CEMConfig, CEMForCausalLM
+
+__all__ = ["CEMConfig", "CEMForCausalLM"]
+'''
+
+
+def export_hf(
+    model: LanguageModel,
+    out_dir: str | Path,
+    *,
+    tokenizer=None,
+    format: str = "auto",
+    remote_code: bool = True,
+    bos_token_id: int | None = None,
+    eos_token_id: int | None = None,
+    pad_token_id: int | None = None,
+) -> Path:
+    """Write `model` to `out_dir` as a Hugging Face checkpoint; returns the directory.
+
+    format: "auto" (Llama format for a plain Llama, else CEM), "llama" (ValueError if not a plain Llama)
+    or "cem". remote_code: for the CEM format, also write `modeling_cem.py` and `auto_map` so that
+    `trust_remote_code=True` loads it without an explicit `import cem.hf`. The tokenizer, when given, is
+    saved alongside and its special token ids fill the ids not given.
+    """
+    if format not in ("auto", "llama", "cem"):
+        raise ValueError(f"format must be 'auto', 'llama' or 'cem', got {format!r}")
+    ids = {"bos_token_id": bos_token_id, "eos_token_id": eos_token_id, "pad_token_id": pad_token_id}
+    if format == "llama" or (format == "auto" and is_plain_llama(model)):
+        return export_llama(model, out_dir, tokenizer=tokenizer, **ids)
+    out = Path(out_dir)
+    hf = to_hf(model)
+    for key, value in ids.items():
+        if value is None and tokenizer is not None:
+            value = getattr(tokenizer, key, None)
+        if value is not None:
+            setattr(hf.config, key, value)
+            setattr(hf.generation_config, key, value)
+    if remote_code:
+        hf.config.auto_map = dict(AUTO_MAP)
+    hf.save_pretrained(out)
+    if remote_code:
+        (out / REMOTE_CODE_FILE).write_text(_SHIM)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(out)
+    return out
+
