@@ -59,7 +59,7 @@ def test_bad_token_ids():
     with pytest.raises(ValueError, match="integer"):
         model(torch.zeros(1, 3))
     with pytest.raises(ValueError, match="sequence too long"):
-        model.generate(torch.zeros(1, 10, dtype=torch.long), 7)
+        model.generate(torch.zeros(1, 10, dtype=torch.long), 8)
     cache = model.new_cache()
     model(torch.zeros(1, 10, dtype=torch.long), cache=cache)
     with pytest.raises(ValueError, match="sequence too long"):

@@ -82,3 +82,19 @@ def test_initial_loss_is_near_uniform():
     model = tiny("cem")
     ids = torch.randint(0, 97, (4, 32))
     assert model.loss(ids[:, :-1], ids[:, 1:]).item() == pytest.approx(torch.log(torch.tensor(97.0)).item(), abs=0.3)
+
+
+def test_set_steps_updates_config_and_survives_save(tmp_path):
+    from cem.model import load_pretrained, save_pretrained
+
+    model = tiny("cem")
+    model.set_steps(attn_steps=3)
+    assert model.config.attn_steps == 3 and model.config.mlp_steps == 1
+    loaded = load_pretrained(save_pretrained(model, tmp_path / "m"))
+    assert [m.steps for m in loaded.descent_layers()] == [3, 1, 3, 1]
+
+
+def test_generate_fills_the_context_exactly():
+    model = LanguageModel(model_config("tiny", "cem", vocab_size=97, context=12))
+    out = model.generate(torch.zeros(1, 4, dtype=torch.long), 9, temperature=0)  # 4 + 9 - 1 = 12 positions fed
+    assert out.shape == (1, 13)

@@ -364,7 +364,13 @@ def regressor_flops(
 
 def config_flops(cfg: GPConfig, steps: int) -> int:
     return regressor_flops(
-        cfg.input_dim, cfg.dim, cfg.hidden_dim, steps, precond=cfg.precond, precond_rank=cfg.precond_rank, embed=cfg.embed
+        cfg.input_dim,
+        cfg.dim,
+        cfg.hidden_dim,
+        steps,
+        precond=cfg.precond,
+        precond_rank=cfg.precond_rank,
+        embed=cfg.embed,
     )
 
 
@@ -627,7 +633,8 @@ def format_table(summary: list[dict], cfg: GPConfig | None = None) -> str:
             "",
         ]
     lines += [
-        "| kernel | T | params | FLOPs/example | test RMSE | test nRMSE | vs T=1 (paired) | train RMSE | GP oracle RMSE | wall s |",
+        "| kernel | T | params | FLOPs/example | test RMSE | test nRMSE | vs T=1 (paired) | train RMSE "
+        "| GP oracle RMSE | wall s |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for s in summary:
@@ -667,7 +674,13 @@ def plot_table3(summary: list[dict], path: str | os.PathLike) -> None:
         ts = [s["steps"] for s in ss]
         color = f"C{i}"
         ax.errorbar(
-            ts, [s["rmse_mean"] for s in ss], yerr=[s["rmse_std"] for s in ss], marker="o", capsize=3, color=color, label=k
+            ts,
+            [s["rmse_mean"] for s in ss],
+            yerr=[s["rmse_std"] for s in ss],
+            marker="o",
+            capsize=3,
+            color=color,
+            label=k,
         )
         oracle = [s["gp_oracle_rmse_mean"] for s in ss if "gp_oracle_rmse_mean" in s]
         if oracle:

@@ -77,7 +77,7 @@ def _run_one(args) -> dict:
     started = time.perf_counter()
     res = train(run_config(spec, scale, data_dir), out, resume=True, progress=False)
     if isinstance(res, Interrupted):
-        raise KeyboardInterrupt
+        raise SystemExit(f"interrupted while training {spec.slug}; run the same command again to resume")
     print(f"  done {spec.slug}: test ppl {res['test_perplexity']:.3f} in {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
     return res
 

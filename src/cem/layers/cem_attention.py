@@ -13,6 +13,7 @@ import math
 import torch
 from torch import Tensor, nn
 
+from ..kernels.dispatch import cem_attention  # the dispatcher: eager, sdpa, flex or the fused Triton kernel
 from ._checks import check_choice, check_heads, check_residual
 from .functional import alibi_slopes, position_bias
 from .norm import RMSNorm
@@ -74,8 +75,6 @@ class CEMAttention(DescentLayer):
         return u.unsqueeze(1) * self.kq_diag[None, :, None, :]
 
     def _attend(self, q: Tensor, k: Tensor, qd: Tensor | None, hn: Tensor | None, q_start: int, v: Tensor | None):
-        from ..kernels import cem_attention  # the dispatcher: eager, sdpa, flex or the fused Triton kernel
-
         slopes = alibi_slopes(self.n_heads, q.device)
         return cem_attention(q, k, qd, hn, slopes, self.self_bias, q_start=q_start, v=v, backend=self.backend)
 

@@ -53,10 +53,10 @@ def generate(
     model.check_ids(ids)
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-    total = ids.shape[1] + max_new_tokens
+    total = ids.shape[1] + max_new_tokens - 1  # the last sampled token is never fed back
     if total > model.config.context:
         raise ValueError(
-            f"sequence too long: prompt {ids.shape[1]} + max_new_tokens {max_new_tokens} = {total} > context {model.config.context}"
+            f"sequence too long: prompt {ids.shape[1]} + max_new_tokens {max_new_tokens} - 1 = {total} > context {model.config.context}"
         )
     layers = model.descent_layers()
     saved = [m.steps for m in layers]
@@ -64,8 +64,9 @@ def generate(
     model.eval()
     try:
         if steps is not None:
+            config = model.config
             model.set_steps(steps)
-        cache = model.new_cache(total)
+        cache = model.new_cache(max(total, ids.shape[1]))
         logits = model(ids, cache=cache)[:, -1]
         out = [ids]
         for i in range(max_new_tokens):
@@ -76,6 +77,8 @@ def generate(
     finally:
         for m, s in zip(layers, saved):
             m.steps = s
+        if steps is not None:
+            model.config = config
         model.train(was_training)
     result = torch.cat(out, dim=1)
     return result.squeeze(0) if squeeze else result

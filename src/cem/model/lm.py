@@ -94,6 +94,8 @@ class LanguageModel(nn.Module):
             raise ValueError(
                 f"sequence too long: {start + ids.shape[1]} tokens > the model's context of {self.config.context}"
             )
+        if torch.compiler.is_compiling():
+            return  # the value check would sync and break the graph; shapes were checked above
         lo, hi = int(ids.min()), int(ids.max())
         if lo < 0 or hi >= self.config.vocab_size:
             bad = lo if lo < 0 else hi
@@ -128,6 +130,13 @@ class LanguageModel(nn.Module):
                 new = steps
             if new is not None:
                 m.steps = new
+        # keep the config in step, so a saved model reloads with the recursion it now runs
+        updates = {}
+        if self.config.attn == "cem" and (attn_steps or steps):
+            updates["attn_steps"] = attn_steps or steps
+        if self.config.mlp == "cem" and (mlp_steps or steps):
+            updates["mlp_steps"] = mlp_steps or steps
+        self.config = self.config.replace(**updates)
 
     @torch.no_grad()
     def generate(
