@@ -42,7 +42,7 @@ def cmd_train(args) -> int:
     run = _run_config(args)
     t = run.train
     if t.max_steps is None and t.tokens is None:
-        run.train.max_steps = 1200  # the embedded default: a few minutes on a 2-core CPU
+        run.train.max_steps = 600  # the embedded default: a few minutes on a 2-core CPU
     out = Path(args.out or f"runs/{t.arch}-{t.preset}-{Path(t.data).name.replace(':', '_')}-s{t.seed}")
     result = train(run, out, resume=args.resume, progress=not args.quiet, stop_at=args.stop_at)
     if isinstance(result, Interrupted):

@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 from ..kernels.dispatch import cem_attention  # the dispatcher: eager, sdpa, flex or the fused Triton kernel
 from ._checks import check_choice, check_heads, check_residual
-from .functional import alibi_slopes, position_bias
+from .functional import alibi_slopes, diag_scores, position_bias
 from .norm import RMSNorm
 from .precond import make_preconditioner
 from .steps import DescentLayer
@@ -130,7 +130,7 @@ class CEMAttention(DescentLayer):
         scores = self._heads(self.w_q(u)) @ self._heads(self.w_k(hn)).transpose(-1, -2)
         qd = self._diag_query(u)
         if qd is not None:
-            scores = scores + (qd if qd.dim() == 4 else qd.unsqueeze(1)) @ hn.unsqueeze(1).transpose(-1, -2)
+            scores = scores + diag_scores(qd, hn)
         logits = scores / tau + position_bias(alibi_slopes(self.n_heads, u.device), self.self_bias, 0, u.shape[1], h.shape[1], u.dtype)
         return -tau * torch.logsumexp(logits, dim=-1).sum(dim=1)
 

@@ -71,7 +71,7 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return out.to(x.dtype)
 
 
-def _diag_scores(qd: Tensor, hn: Tensor) -> Tensor:
+def diag_scores(qd: Tensor, hn: Tensor) -> Tensor:
     """ĥ_j · (d_k ∘ u_i) for every head: qd (B, Jq, D) shared or (B, K, Jq, D) per head; hn (B, Jk, D)."""
     if qd.dim() == 3:
         return (qd @ hn.transpose(-1, -2)).unsqueeze(1)  # (B, 1, Jq, Jk): once for all heads
@@ -96,7 +96,7 @@ def cem_attention_eager(
     tau = math.sqrt(q.shape[-1])
     scores = q @ k.transpose(-1, -2)
     if qd is not None:
-        scores = scores + _diag_scores(qd, hn)
+        scores = scores + diag_scores(qd, hn)
     logits = scores / tau + position_bias(slopes, self_bias, q_start, q.shape[-2], k.shape[-2], q.dtype)
     p = torch.softmax(logits, dim=-1)
     return p @ (k if v is None else v)
