@@ -44,3 +44,23 @@ def test_schedule():
     mid = lr_factor(50 + 475, total)
     assert mid == pytest.approx(0.55, abs=1e-3)
     assert all(lr_factor(s, total) >= lr_factor(s + 1, total) for s in range(50, 999))
+
+
+def test_token_budgets():
+    from cem.training.trainer import total_steps
+
+    run = load_run_config(None, ["batch_size=4", "grad_accum=2"], preset="tiny", arch="cem-t2", tokens="chinchilla")
+    cfg = run.model(vocab_size=257)
+    # 20 tokens per parameter of the matching Llama baseline (not of the smaller CEM model)
+    from cem.model import LanguageModel, model_config, parameter_breakdown
+
+    llama = parameter_breakdown(LanguageModel(model_config("tiny", "llama", vocab_size=257)))["total"]
+    tokens_per_step = 4 * 2 * 128
+    assert total_steps(run, cfg, 128, 1) == -(-20 * llama // tokens_per_step)
+    assert total_steps(run, cfg, 128, 2) == -(-20 * llama // (2 * tokens_per_step))
+    run = load_run_config(None, ["tokens=1e5", "batch_size=4"], preset="tiny")
+    assert total_steps(run, run.model(257), 100, 1) == 250
+    with pytest.raises(ValueError, match="tokens must be a number or 'chinchilla'"):
+        total_steps(load_run_config(None, ["tokens=lots"]), cfg, 128, 1)
+    with pytest.raises(ValueError, match="no training budget"):
+        total_steps(load_run_config(None, []), cfg, 128, 1)

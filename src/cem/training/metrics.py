@@ -25,7 +25,10 @@ class MetricsLogger:
                 pass
         self.wandb = None
         if wandb_project:
-            import wandb
+            try:
+                import wandb
+            except ImportError:
+                raise ValueError("wandb=true but Weights & Biases is not installed (pip install wandb)") from None
 
             self.wandb = wandb.init(project=wandb_project, dir=str(self.run_dir), config=config, resume="allow")
 
