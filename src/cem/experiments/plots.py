@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -13,7 +14,7 @@ COLORS = {"Llama": "#e377c2", "CEM attention": "#1f77b4", "CEM MLP": "#1f77b4", 
 
 
 def _finish(fig, ax, title: str, path: Path) -> None:
-    ax.set_title(title, fontsize=10)
+    ax.set_title(textwrap.fill(title, 60), fontsize=9)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -135,7 +136,7 @@ def plot_energy(rows, title, path):
         ax.set_title(kind, fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    fig.suptitle(title, fontsize=10)
+    fig.suptitle(textwrap.fill(title, 100), fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
