@@ -13,7 +13,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from ..kernels.dispatch import cem_attention  # the dispatcher: eager, sdpa, flex or the fused Triton kernel
+from ..kernels import dispatch  # eager, sdpa, flex or the fused Triton kernel (module: import-cycle safe)
 from ._checks import check_choice, check_heads, check_residual
 from .functional import alibi_slopes, diag_scores, position_bias
 from .norm import RMSNorm
@@ -76,7 +76,7 @@ class CEMAttention(DescentLayer):
 
     def _attend(self, q: Tensor, k: Tensor, qd: Tensor | None, hn: Tensor | None, q_start: int, v: Tensor | None):
         slopes = alibi_slopes(self.n_heads, q.device)
-        return cem_attention(q, k, qd, hn, slopes, self.self_bias, q_start=q_start, v=v, backend=self.backend)
+        return dispatch.cem_attention(q, k, qd, hn, slopes, self.self_bias, q_start=q_start, v=v, backend=self.backend)
 
     def direction(self, u: Tensor, k: Tensor, hn: Tensor | None, q_start: int = 0) -> Tensor:
         """The descent direction Σ_k P_k (W_Q^kᵀ o^k [+ d_k ∘ Σ_j p_kij ĥ_j]) = -P ∇_u ε at u (B, J, D)."""

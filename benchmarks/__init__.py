@@ -1,0 +1,1 @@
+"""Benchmark scripts (run them as files: `python benchmarks/attention.py --help`); helpers in `common`."""

@@ -1,0 +1,334 @@
+"""Helpers shared by the benchmark scripts: device choice, interleaved (round-robin) timing with medians,
+peak memory, ratios, and the Markdown report with its header (device, torch version, date).
+
+Timing: on CUDA each call is bracketed by CUDA events after a synchronize; on the CPU by
+`time.perf_counter`. Candidates are timed round-robin (one call of each per repeat, the order rotated
+every repeat) so that a noisy machine slows all of them alike; the report gives medians and ratios of
+medians. A candidate that raises (out of memory, an unsupported shape, ...) is dropped with its error
+noted; the others go on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+# ----------------------------------------------------------------------------------------------- device
+
+
+def pick_device(name: str) -> torch.device:
+    """"auto" (CUDA when available, else CPU), "cpu" or "cuda"; asking for CUDA without one is an error."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA device is available (torch.cuda.is_available() is False)")
+    return torch.device(name)
+
+
+def pick_dtype(name: str, device: torch.device) -> torch.dtype:
+    """"auto": bf16 on CUDA, fp32 on the CPU."""
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return DTYPES[name]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return {v: k for k, v in DTYPES.items()}.get(dtype, str(dtype).removeprefix("torch."))
+
+
+def cpu_model() -> str:
+    """The CPU model name from /proc/cpuinfo (platform's answer where that file is missing)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def device_name(device: torch.device) -> str:
+    """The GPU's name, or the CPU model with the number of threads torch uses."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    n = torch.get_num_threads()
+    return f"{cpu_model()} ({n} thread{'s' if n != 1 else ''})"
+
+
+def git_commit() -> str | None:
+    """Short commit of the repository (with "+dirty" for local changes), None outside a git checkout."""
+    try:
+        run = lambda *a: subprocess.run(["git", *a], cwd=REPO, capture_output=True, text=True, timeout=10)  # noqa: E731
+        head = run("rev-parse", "--short", "HEAD")
+        if head.returncode:
+            return None
+        dirty = run("status", "--porcelain", "--untracked-files=no").stdout.strip()
+        return head.stdout.strip() + ("+dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def free_memory(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+# ----------------------------------------------------------------------------------------------- timing
+
+
+@dataclass
+class Candidate:
+    """One thing to time: `run` (timed) and an optional untimed `reset` before each run (e.g. drop grads)."""
+
+    run: Callable[[], object]
+    reset: Callable[[], None] | None = None
+
+
+@dataclass
+class Timing:
+    """The per-call times (ms) of one candidate, or the error that stopped it."""
+
+    times: list[float] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def median(self) -> float | None:
+        return None if self.error or not self.times else statistics.median(self.times)
+
+
+def describe_error(exc: BaseException) -> str:
+    """A short, table-friendly description of why a candidate failed."""
+    if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower():
+        return "out of memory"
+    first = (str(exc).strip().splitlines() or [""])[0]
+    text = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+    text = text.replace("|", "/")
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def elapsed_ms(fn: Callable[[], object], device: torch.device) -> float:
+    """Milliseconds one call of `fn` takes (CUDA events on a GPU, perf_counter on the CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        out = fn()
+        end.record()
+        end.synchronize()
+        del out
+        return start.elapsed_time(end)
+    start_s = time.perf_counter()
+    out = fn()
+    elapsed = time.perf_counter() - start_s
+    del out
+    return elapsed * 1e3
+
+
+def interleaved(
+    candidates: dict[str, Candidate | Callable[[], object]],
+    device: torch.device,
+    *,
+    repeats: int,
+    warmup: int,
+    progress: bool = True,
+) -> dict[str, Timing]:
+    """Time every candidate `warmup` + `repeats` times, round-robin: each repeat runs each live candidate
+    once, starting one further along every repeat. Failures are recorded and the candidate dropped."""
+    cands = {k: c if isinstance(c, Candidate) else Candidate(c) for k, c in candidates.items()}
+    results = {name: Timing() for name in cands}
+    alive = list(cands)
+
+    def one(name: str, record: bool) -> None:
+        cand = cands[name]
+        try:
+            if cand.reset is not None:
+                cand.reset()
+            ms = elapsed_ms(cand.run, device)
+        except Exception as exc:  # noqa: BLE001 - any failure (OOM, unsupported shape) skips this candidate
+            results[name].error = describe_error(exc)
+            results[name].times.clear()
+            alive.remove(name)
+            if progress:
+                print(f"  [skip] {name}: {results[name].error}", file=sys.stderr)
+            free_memory(device)
+            return
+        if record:
+            results[name].times.append(ms)
+
+    for _ in range(warmup):
+        for name in list(alive):
+            one(name, record=False)
+    for r in range(repeats):
+        order = alive[r % len(alive):] + alive[: r % len(alive)] if alive else []
+        for name in order:
+            if name in alive:
+                one(name, record=True)
+    return results
+
+
+def peak_memory_mib(cand: Candidate, device: torch.device) -> float | None:
+    """Peak CUDA memory one call allocates above what was allocated before it (MiB); None on the CPU.
+
+    Measured with `torch.cuda.max_memory_allocated` after `reset_peak_memory_stats`, minus the memory
+    already allocated when the call starts (weights, inputs and the other candidates' state), so that
+    candidates held side by side do not count each other's tensors."""
+    if device.type != "cuda":
+        return None
+    if cand.reset is not None:
+        cand.reset()
+    gc.collect()
+    torch.cuda.synchronize(device)
+    base = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    out = cand.run()
+    torch.cuda.synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device) - base
+    del out
+    if cand.reset is not None:
+        cand.reset()
+    return peak / 2**20
+
+
+# ----------------------------------------------------------------------------------------------- tables
+
+
+def fmt(x: float | None, spec: str = ".2f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def ratio(x: float | None, base: float | None) -> str:
+    """x / base to two decimals ("-" when either is missing)."""
+    if x is None or base is None or base == 0:
+        return "-"
+    return f"{x / base:.2f}"
+
+
+@dataclass
+class Table:
+    """Columns and rows of strings, written as a Markdown table."""
+
+    columns: list[str]
+    rows: list[list[str]] = field(default_factory=list)
+
+    def add(self, *cells: object) -> None:
+        if len(cells) != len(self.columns):
+            raise ValueError(f"row has {len(cells)} cells for {len(self.columns)} columns")
+        self.rows.append([str(c) for c in cells])
+
+    def column(self, name: str) -> list[str]:
+        i = self.columns.index(name)
+        return [row[i] for row in self.rows]
+
+    def records(self) -> list[dict[str, str]]:
+        return [dict(zip(self.columns, row)) for row in self.rows]
+
+    def markdown(self) -> str:
+        right = [any(c[:1].isdigit() for c in self.column(name)) for name in self.columns]
+        lines = ["| " + " | ".join(self.columns) + " |"]
+        lines.append("|" + "|".join("---:" if r else "---" for r in right) + "|")
+        lines += ["| " + " | ".join(row) + " |" for row in self.rows]
+        return "\n".join(lines)
+
+
+@dataclass
+class Report:
+    """A titled benchmark result: header (device, torch, date, commit), settings, tables and notes."""
+
+    title: str
+    device: torch.device
+    settings: dict[str, object] = field(default_factory=dict)
+    tables: list[tuple[str, Table]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    date: str = field(default_factory=lambda: datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"))
+
+    @property
+    def table(self) -> Table:
+        """The first (usually the only) table."""
+        return self.tables[0][1]
+
+    def header(self) -> str:
+        commit = git_commit()
+        parts = [f"device: {device_name(self.device)}", f"torch {torch.__version__}", self.date]
+        if commit:
+            parts.append(f"commit {commit}")
+        return " · ".join(parts)
+
+    def markdown(self) -> str:
+        out = [f"# {self.title}", "", self.header(), ""]
+        if self.settings:
+            out += ["Settings: " + ", ".join(f"{k} {v}" for k, v in self.settings.items()) + ".", ""]
+        for subtitle, table in self.tables:
+            if subtitle:
+                out += [f"## {subtitle}", ""]
+            out += [table.markdown(), ""]
+        if self.notes:
+            out += [f"- {n}" for n in self.notes] + [""]
+        return "\n".join(out)
+
+    def emit(self, out: str | Path | None) -> str:
+        """Print the report, and write it to `out` (Markdown) when given; returns the text."""
+        text = self.markdown()
+        print(text)
+        if out:
+            path = Path(out)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            print(f"wrote {path}", file=sys.stderr)
+        return text
+
+
+# ----------------------------------------------------------------------------------------------- CLI
+
+
+def parser(
+    description: str,
+    repeats_flags: tuple[str, ...] = ("--repeats",),
+    repeats_help: str = "timed repeats per candidate (median reported)",
+) -> argparse.ArgumentParser:
+    """An argument parser with the flags every benchmark has: --device, --out, --repeats (or the script's
+    name for it), --warmup, --threads, --seed (repeats and warm-up default per device in each script)."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--device", default="auto", help="auto (default: CUDA when available) | cpu | cuda")
+    p.add_argument("--out", default=None, help="also write the report to this Markdown file")
+    p.add_argument(*repeats_flags, dest="repeats", type=int, default=None, help=repeats_help)
+    p.add_argument("--warmup", type=int, default=None, help="untimed warm-up calls per candidate")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's own choice)")
+    p.add_argument("--seed", type=int, default=0, help="seed of weights and inputs (default 0)")
+    return p
+
+
+def setup(args: argparse.Namespace, repeats: tuple[int, int], warmup: tuple[int, int]) -> torch.device:
+    """Device, threads and seed from the common flags; fills repeats / warmup with the (GPU, CPU) defaults."""
+    device = pick_device(args.device)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    on_gpu = device.type == "cuda"
+    if args.repeats is None:
+        args.repeats = repeats[0] if on_gpu else repeats[1]
+    if args.warmup is None:
+        args.warmup = warmup[0] if on_gpu else warmup[1]
+    if args.repeats < 1 or args.warmup < 0:
+        raise SystemExit("--repeats must be >= 1 and --warmup >= 0")
+    return device

@@ -1,0 +1,141 @@
+"""Decoding with the cache: cache bytes per token and single-token decode speed for Llama (keys and
+values cached) against CEM (keys only; plus the normalised context ĥ when kq_diag is used), after a
+prefill of L tokens; ratios to Llama at the same context.
+
+    python benchmarks/decode.py [--device auto|cpu|cuda] [--out FILE.md] [--preset 134M]
+        [--contexts 2048 8192 32768] [--steps N] [--warmup N] [--batch 1] [--dtype auto|fp32|bf16|fp16]
+        [--prefill-chunk 2048] [--threads N]
+
+For each context L every model prefills a random prompt of L tokens into a fresh cache (in chunks of
+--prefill-chunk tokens, which bounds prefill memory and does not change the cache), then decodes: each
+timed step feeds one token per sequence through the whole model with the cache (logits included). The
+models are stepped round-robin, one token each per round; tokens/s = batch / median step time.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a file: make `benchmarks.common` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch
+
+from benchmarks.common import Candidate, Report, Table, describe_error, dtype_name, fmt, free_memory, interleaved, parser, pick_dtype, ratio, setup
+from cem.model import LanguageModel, model_config
+
+GPU_PRESET, CPU_PRESET = "134M", "small"
+GPU_CONTEXTS = (2048, 8192, 32768)
+CPU_CONTEXTS = (512, 1024, 2048)
+LLAMA = "Llama"
+MODELS = {  # name -> (arch, overrides)
+    LLAMA: ("llama", {}),
+    "CEM kq=none": ("cem", {"kq_diag": "none"}),
+    "CEM kq=shared": ("cem", {"kq_diag": "shared"}),
+    "CEM T=2 kq=shared": ("cem", {"kq_diag": "shared", "attn_steps": 2, "mlp_steps": 2}),
+}
+COLUMNS = [
+    "model", "context", "batch", "cache B/token", "cache MiB", "ms/token", "tokens/s", "mem ×Llama", "tok/s ×Llama", "note",
+]  # fmt: skip
+
+
+@torch.inference_mode()
+def prefill(model: LanguageModel, prompt: torch.Tensor, max_len: int, chunk: int):
+    cache = model.new_cache(max_len)
+    for start in range(0, prompt.shape[1], chunk):
+        model(prompt[:, start : start + chunk], cache=cache)
+    return cache
+
+
+def decode_step(model: LanguageModel, token: torch.Tensor, cache):
+    def step():
+        with torch.inference_mode():
+            return model(token, cache=cache)
+
+    return step
+
+
+def bench_context(args, device, models: dict[str, LanguageModel], context: int) -> list[list[object]]:
+    g = torch.Generator().manual_seed(args.seed)
+    vocab = next(iter(models.values())).config.vocab_size
+    prompt = torch.randint(0, vocab, (args.batch, context), generator=g).to(device)
+    token = torch.randint(0, vocab, (args.batch, 1), generator=g).to(device)
+    max_len = context + args.warmup + args.repeats
+    caches, notes, cands = {}, {}, {}
+    print(f"context {context}: prefill", file=sys.stderr)
+    for name, model in models.items():
+        try:
+            caches[name] = prefill(model, prompt, max_len, args.prefill_chunk)
+        except Exception as exc:  # noqa: BLE001 - e.g. out of memory at a long context
+            notes[name] = f"prefill: {describe_error(exc)}"
+            free_memory(device)
+            continue
+        cands[name] = Candidate(decode_step(model, token, caches[name]))
+    timings = interleaved(cands, device, repeats=args.repeats, warmup=args.warmup)
+
+    results = {}
+    for name in models:
+        t = timings.get(name)
+        ms = t.median if t else None
+        bpt = caches[name].bytes_per_token() if name in caches else None
+        mib = bpt * context * args.batch / 2**20 if bpt is not None else None
+        tok_s = args.batch * 1e3 / ms if ms else None
+        note = notes.get(name) or (t.error if t and t.error else "")
+        results[name] = (bpt, mib, ms, tok_s, note)
+    ref = results[LLAMA]
+    rows = [
+        [name, context, args.batch, fmt(bpt, ","), fmt(mib, ".4g"), fmt(ms, ".3f"), fmt(tok_s, ",.1f"), ratio(bpt, ref[0]), ratio(tok_s, ref[3]), note]
+        for name, (bpt, mib, ms, tok_s, note) in results.items()
+    ]
+    del caches, cands
+    free_memory(device)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> Report:
+    p = parser(__doc__.split("\n\n")[0], ("--steps", "--repeats"), "timed decode steps per model and context (median reported)")
+    p.add_argument("--preset", default=None, help=f"model size preset (GPU {GPU_PRESET}, CPU {CPU_PRESET}); its context is raised to fit")
+    p.add_argument("--contexts", type=int, nargs="+", default=None, help=f"prompt lengths L (GPU {GPU_CONTEXTS}, CPU {CPU_CONTEXTS})")
+    p.add_argument("--batch", type=int, default=1, help="sequences decoded together")
+    p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16", "fp16"], help="model and cache dtype (auto: bf16 on GPU, fp32 on CPU)")
+    p.add_argument("--prefill-chunk", type=int, default=2048, help="prefill the prompt this many tokens at a time")
+    args = p.parse_args(argv)
+    device = setup(args, repeats=(200, 20), warmup=(10, 3))
+    gpu = device.type == "cuda"
+    dtype = pick_dtype(args.dtype, device)
+    preset = args.preset or (GPU_PRESET if gpu else CPU_PRESET)
+    contexts = args.contexts or list(GPU_CONTEXTS if gpu else CPU_CONTEXTS)
+    if args.batch < 1 or args.prefill_chunk < 1 or min(contexts) < 1:
+        raise SystemExit("--batch, --prefill-chunk and --contexts must be >= 1")
+    fit = max(contexts) + args.warmup + args.repeats
+
+    models = {}
+    for name, (arch, overrides) in MODELS.items():
+        cfg = model_config(preset, arch, **overrides)
+        cfg = cfg.replace(context=max(cfg.context, fit))  # room for the prompt and the decoded tokens
+        torch.manual_seed(args.seed)
+        models[name] = LanguageModel(cfg).to(device, dtype).eval()
+
+    table = Table(COLUMNS)
+    for context in contexts:
+        for row in bench_context(args, device, models, context):
+            table.add(*row)
+    report = Report(
+        f"Decoding with the cache: CEM vs Llama (preset {preset})",
+        device,
+        settings={"dtype": dtype_name(dtype), "batch": args.batch, "decode steps": args.repeats, "warm-up steps": args.warmup},
+        tables=[("", table)],
+        notes=[
+            "cache B/token: Cache.bytes_per_token() after the prefill (per sequence, all layers); cache MiB: that × context × batch.",
+            "ms/token: median time of one decode step (one new token per sequence) over the steps after a prefill of `context` "
+            "tokens, all models stepped round-robin; tokens/s = batch / ms. Ratios are to Llama at the same context.",
+            "Llama caches keys and values; CEM caches keys only, plus ĥ when kq_diag is used (shared).",
+        ],
+    )
+    report.emit(args.out)
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,168 @@
+"""Smoke tests of the benchmark scripts: each `main([...])` runs on the CPU at a tiny size, returns a report
+whose table has the expected rows and a ratio column with Llama at 1.00, and `--out` writes Markdown."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks import attention, common, decode, train_throughput  # noqa: E402
+
+
+def num(cell: str) -> float:
+    return float(cell.replace(",", ""))
+
+
+def by(records: list[dict], *keys: str) -> dict:
+    return {tuple(r[k] for k in keys) if len(keys) > 1 else r[keys[0]]: r for r in records}
+
+
+def check_markdown(path: Path, title: str, columns: list[str]) -> str:
+    text = path.read_text()
+    assert text.startswith(f"# {title}")
+    header = text.splitlines()[2]
+    assert header.startswith("device: ") and f"torch {torch.__version__}" in header
+    assert "| " + " | ".join(columns) + " |" in text
+    return text
+
+
+# ----------------------------------------------------------------------------------------------- common
+
+
+def test_interleaved_round_robin_rotates_and_survives_failures():
+    calls = []
+
+    def make(name):
+        return lambda: calls.append(name)
+
+    def broken():
+        calls.append("broken")
+        raise RuntimeError("CUDA out of memory. Tried to allocate 1 GiB")
+
+    cands = {"a": make("a"), "b": make("b"), "broken": broken, "c": make("c")}
+    res = common.interleaved(cands, torch.device("cpu"), repeats=3, warmup=1, progress=False)
+    assert res["broken"].error == "out of memory" and res["broken"].median is None
+    assert calls == ["a", "b", "broken", "c", "a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    for name in "abc":
+        assert len(res[name].times) == 3 and res[name].median >= 0
+
+
+def test_table_ratio_and_report(tmp_path):
+    assert common.ratio(3.0, 2.0) == "1.50" and common.ratio(None, 2.0) == "-" and common.ratio(1.0, None) == "-"
+    t = common.Table(["name", "ms"])
+    t.add("x", "1.00")
+    with pytest.raises(ValueError):
+        t.add("only one cell")
+    report = common.Report("T", torch.device("cpu"), settings={"k": 1}, tables=[("", t)], notes=["n"])
+    text = report.emit(tmp_path / "sub" / "r.md")
+    assert (tmp_path / "sub" / "r.md").read_text() == text
+    assert "| name | ms |\n|---|---:|\n| x | 1.00 |" in text
+    assert common.cpu_model() in text and "Settings: k 1." in text
+
+
+# ----------------------------------------------------------------------------------------------- attention
+
+
+def test_attention_smoke(tmp_path, capsys):
+    out = tmp_path / "attention.md"
+    args = ["--device", "cpu", "--dim", "64", "--heads", "4", "--seqs", "32", "--batch", "2", "--repeats", "2", "--warmup", "1"]
+    report = attention.main([*args, "--out", str(out)])
+    rows = report.table.records()
+    variants = {r["variant"] for r in rows}
+    assert variants == {"Llama", "CEM T=1 kq=none", "CEM T=1 kq=shared", "CEM T=2 kq=none", "CEM T=2 kq=shared"}
+    cells = by(rows, "variant", "backend")
+    llama = cells["Llama", "sdpa"]
+    assert llama["fwd ×Llama"] == "1.00" and llama["fwd+bwd ×Llama"] == "1.00"
+    assert llama["peak MiB"] == "-" and llama["mem ×Llama"] == "-"  # no memory figure on the CPU
+    for v in variants - {"Llama"}:
+        for backend in ("eager", "sdpa"):
+            row = cells[v, backend]
+            assert num(row["fwd ms"]) > 0 and num(row["fwd+bwd ms"]) > 0, row
+            assert num(row["fwd ×Llama"]) > 0 and num(row["fwd+bwd ×Llama"]) > 0, row
+            assert row["note"] == "", row
+        flex = cells[v, "flex"]
+        assert num(flex["fwd ms"]) > 0 and flex["fwd+bwd ms"] == "-" and "forward-only" in flex["note"]
+    assert ("CEM T=1 kq=none", "triton") not in cells  # CUDA only
+    printed = capsys.readouterr().out
+    assert "| Llama | sdpa | 32 | 2 |" in printed
+    check_markdown(out, "Attention layer", attention.COLUMNS)
+
+
+def test_attention_failures_are_notes_not_a_crash(monkeypatch):
+    class FailingEager(attention.CEMAttention):
+        def forward(self, h, cache=None):
+            if self.backend == "eager":
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 8.00 GiB")
+            return super().forward(h, cache)
+
+    monkeypatch.setattr(attention, "CEMAttention", FailingEager)
+    report = attention.main(["--device", "cpu", "--dim", "32", "--heads", "2", "--seqs", "16", "--repeats", "1", "--warmup", "0",
+                             "--cem-steps", "1", "--kq-diag", "none", "--backends", "eager", "sdpa", "triton"])  # fmt: skip
+    rows = by(report.table.records(), "variant", "backend")
+    assert set(rows) == {("Llama", "sdpa"), ("CEM T=1 kq=none", "eager"), ("CEM T=1 kq=none", "sdpa"), ("CEM T=1 kq=none", "triton")}
+    eager = rows["CEM T=1 kq=none", "eager"]
+    assert eager["fwd ms"] == "-" and eager["fwd+bwd ×Llama"] == "-"
+    assert eager["note"] == "fwd: out of memory; fwd+bwd: out of memory"
+    triton = rows["CEM T=1 kq=none", "triton"]  # CUDA only: skipped with a note
+    assert triton["fwd ms"] == "-" and triton["fwd ×Llama"] == "-" and "CUDA" in triton["note"]
+    sdpa = rows["CEM T=1 kq=none", "sdpa"]
+    assert num(sdpa["fwd ×Llama"]) > 0 and num(sdpa["fwd+bwd ×Llama"]) > 0 and sdpa["note"] == ""
+    assert rows["Llama", "sdpa"]["fwd ×Llama"] == "1.00"
+
+
+# ----------------------------------------------------------------------------------------------- training
+
+
+def test_train_throughput_smoke(tmp_path):
+    out = tmp_path / "train.md"
+    report = train_throughput.main(
+        ["--device", "cpu", "--presets", "tiny", "--steps", "2", "--warmup", "1", "--seq-len", "32", "--batch", "2", "--out", str(out)]
+    )
+    rows = by(report.table.records(), "model")
+    assert list(rows) == ["Llama", "Llama (HF LlamaForCausalLM)", "CEM T=1", "CEM T=2"]
+    assert rows["Llama"]["tok/s ×Llama"] == "1.00" and rows["Llama"]["MFU ×Llama"] == "1.00"
+    assert rows["Llama (HF LlamaForCausalLM)"]["params M"] == rows["Llama"]["params M"]  # same shape
+    for name, r in rows.items():
+        assert r["preset"] == "tiny" and r["seq"] == "32" and r["batch"] == "2"
+        assert num(r["tokens/s"]) > 0 and 0 < num(r["MFU %"]) and num(r["tok/s ×Llama"]) > 0, r
+        assert r["note"] == "", r
+    assert num(rows["CEM T=2"]["GFLOP/token"]) > num(rows["CEM T=1"]["GFLOP/token"])
+    text = check_markdown(out, "Training throughput", train_throughput.COLUMNS)
+    assert "measured peak (fp32 matmul)" in text
+
+
+# ----------------------------------------------------------------------------------------------- decoding
+
+
+def test_decode_smoke(tmp_path):
+    out = tmp_path / "decode.md"
+    report = decode.main(["--device", "cpu", "--preset", "tiny", "--contexts", "64", "--steps", "3", "--warmup", "1", "--out", str(out)])
+    rows = by(report.table.records(), "model")
+    assert list(rows) == ["Llama", "CEM kq=none", "CEM kq=shared", "CEM T=2 kq=shared"]
+    tiny = decode.model_config("tiny")
+    assert num(rows["Llama"]["cache B/token"]) == 2 * tiny.dim * tiny.n_layers * 4  # keys and values, fp32
+    assert rows["Llama"]["mem ×Llama"] == "1.00" and rows["Llama"]["tok/s ×Llama"] == "1.00"
+    assert rows["CEM kq=none"]["mem ×Llama"] == "0.50"  # keys only
+    assert rows["CEM kq=shared"]["mem ×Llama"] == "1.00"  # keys and ĥ
+    for r in rows.values():
+        assert r["context"] == "64" and num(r["tokens/s"]) > 0 and num(r["tok/s ×Llama"]) > 0 and r["note"] == "", r
+    check_markdown(out, "Decoding with the cache", decode.COLUMNS)
+
+
+def test_script_runs_as_a_file(tmp_path):
+    out = tmp_path / "decode.md"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "decode.py"), "--device", "cpu", "--preset", "tiny", "--contexts", "16",
+           "--steps", "2", "--warmup", "0", "--out", str(out)]  # fmt: skip
+    done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "| CEM kq=none | 16 | 1 |" in done.stdout and out.is_file()
