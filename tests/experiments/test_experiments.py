@@ -1,6 +1,5 @@
 """The experiment suite: one tiny experiment end to end, resume/skip, findings logic, Akima, report."""
 
-import json
 import random
 
 import pytest

@@ -1,6 +1,5 @@
 """CEM MLP against autograd on an independent element-wise energy (float64), descent, causality."""
 
-import numpy as np
 import pytest
 import torch
 

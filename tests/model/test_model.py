@@ -84,14 +84,21 @@ def test_initial_loss_is_near_uniform():
     assert model.loss(ids[:, :-1], ids[:, 1:]).item() == pytest.approx(torch.log(torch.tensor(97.0)).item(), abs=0.3)
 
 
-def test_set_steps_updates_config_and_survives_save(tmp_path):
+def test_test_time_steps_survive_save(tmp_path):
     from cem.model import load_pretrained, save_pretrained
 
     model = tiny("cem")
     model.set_steps(attn_steps=3)
-    assert model.config.attn_steps == 3 and model.config.mlp_steps == 1
+    for m in model.descent_layers():
+        if m.steps == 1:
+            m.step_size = 0.5
+    cfg = model.current_config()
+    assert (cfg.attn_steps, cfg.mlp_steps, cfg.attn_step_size, cfg.mlp_step_size) == (3, 1, 1.0, 0.5)
     loaded = load_pretrained(save_pretrained(model, tmp_path / "m"))
-    assert [m.steps for m in loaded.descent_layers()] == [3, 1, 3, 1]
+    assert [(m.steps, m.step_size) for m in loaded.descent_layers()] == [(3, 1.0), (1, 0.5)] * 2
+    model.blocks[0].attn.steps = 2
+    with pytest.raises(ValueError, match="differ in steps"):
+        model.current_config()
 
 
 def test_generate_fills_the_context_exactly():

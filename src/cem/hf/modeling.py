@@ -24,7 +24,6 @@ from torch import Tensor
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from ..layers import CEMAttention
 from ..model import Cache, LanguageModel, ModelConfig
 from .cache import HFCache, RowCache
 
@@ -150,7 +149,7 @@ class CEMForCausalLM(CEMPreTrainedModel, GenerationMixin):
     def sync_config(self) -> CEMConfig:
         """Copy the live recursion depths and step sizes of the CEM layers (changed with `set_steps` or by
         hand) into `config`, so that a saved model reloads as it runs now."""
-        for name, value in _live_steps(self.model).items():
+        for name, value in self.model.live_steps().items():
             setattr(self.config, name, value)
         return self.config
 
@@ -312,26 +311,6 @@ def _check_position_ids(position_ids: Tensor | None, ids: Tensor, cache) -> None
         raise ValueError("cem models take positions from the cache; position_ids must be start, start + 1, ...")
 
 
-def _live_steps(model: LanguageModel) -> dict:
-    """attn_steps / attn_step_size / mlp_steps / mlp_step_size as the CEM layers hold them now."""
-    out: dict = {}
-    for kind, layers in (
-        ("attn", [m for m in model.descent_layers() if isinstance(m, CEMAttention)]),
-        ("mlp", [m for m in model.descent_layers() if not isinstance(m, CEMAttention)]),
-    ):
-        if not layers:
-            continue
-        steps = {m.steps for m in layers}
-        sizes = {m.step_size for m in layers}
-        if len(steps) > 1 or len(sizes) > 1:
-            raise ValueError(
-                f"the {kind} CEM layers differ in steps {sorted(steps)} or step size {sorted(sizes)}; "
-                "a config holds one value per sublayer kind"
-            )
-        out[f"{kind}_steps"], out[f"{kind}_step_size"] = steps.pop(), sizes.pop()
-    return out
-
-
 def to_hf(model: LanguageModel) -> CEMForCausalLM:
     """Wrap `model` as a `CEMForCausalLM` that *shares* its parameters (no copy; deep-copy first if needed).
 
@@ -339,7 +318,7 @@ def to_hf(model: LanguageModel) -> CEMForCausalLM:
     """
     if not isinstance(model, LanguageModel):
         raise TypeError(f"to_hf expects a cem.model.LanguageModel, got {type(model).__name__}")
-    cfg = model.config.replace(**_live_steps(model))
+    cfg = model.current_config()
     config = CEMConfig.from_model_config(cfg)
     config.dtype = next(model.parameters()).dtype
     with torch.device("meta"):  # no allocation and no init: the tensors are model's

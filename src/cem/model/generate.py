@@ -64,7 +64,6 @@ def generate(
     model.eval()
     try:
         if steps is not None:
-            config = model.config
             model.set_steps(steps)
         cache = model.new_cache(max(total, ids.shape[1]))
         logits = model(ids, cache=cache)[:, -1]
@@ -77,8 +76,6 @@ def generate(
     finally:
         for m, s in zip(layers, saved):
             m.steps = s
-        if steps is not None:
-            model.config = config
         model.train(was_training)
     result = torch.cat(out, dim=1)
     return result.squeeze(0) if squeeze else result

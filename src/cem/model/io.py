@@ -20,7 +20,7 @@ FORMAT = "cem-model-v1"
 
 def save_pretrained(model: LanguageModel, directory: str | Path) -> Path:
     """Write `config.json` and `model.safetensors` into `directory`, atomically (temp dir, then rename)."""
-    return save_weights(model.config, model.state_dict(), directory)
+    return save_weights(model.current_config(), model.state_dict(), directory)
 
 
 def save_weights(cfg: ModelConfig, state_dict: dict, directory: str | Path) -> Path:

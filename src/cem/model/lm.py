@@ -130,13 +130,26 @@ class LanguageModel(nn.Module):
                 new = steps
             if new is not None:
                 m.steps = new
-        # keep the config in step, so a saved model reloads with the recursion it now runs
-        updates = {}
-        if self.config.attn == "cem" and (attn_steps or steps):
-            updates["attn_steps"] = attn_steps or steps
-        if self.config.mlp == "cem" and (mlp_steps or steps):
-            updates["mlp_steps"] = mlp_steps or steps
-        self.config = self.config.replace(**updates)
+
+    def live_steps(self) -> dict:
+        """attn_steps / attn_step_size / mlp_steps / mlp_step_size as the CEM layers hold them now."""
+        out: dict = {}
+        for kind, is_attn in (("attn", True), ("mlp", False)):
+            layers = [m for m in self.descent_layers() if isinstance(m, CEMAttention) == is_attn]
+            if not layers:
+                continue
+            steps, sizes = {m.steps for m in layers}, {m.step_size for m in layers}
+            if len(steps) > 1 or len(sizes) > 1:
+                raise ValueError(
+                    f"the {kind} CEM layers differ in steps {sorted(steps)} or step size {sorted(sizes)}; "
+                    "a config holds one value per sublayer kind"
+                )
+            out[f"{kind}_steps"], out[f"{kind}_step_size"] = steps.pop(), sizes.pop()
+        return out
+
+    def current_config(self) -> ModelConfig:
+        """The config with the recursion depths and step sizes the CEM layers run now (test-time changes)."""
+        return self.config.replace(**self.live_steps())
 
     @torch.no_grad()
     def generate(
