@@ -79,3 +79,10 @@ def test_cache_bytes_per_token():
     assert cache_bytes("cem", kq_diag="shared") == 2 * per_layer * cfg.n_layers  # keys + normalised context
     assert cache_bytes("llama-reuse") == 4 * per_layer * cfg.n_layers
     assert cache_bytes("cem", kq_diag="none", attn_steps=3) == per_layer * cfg.n_layers  # recursion reuses keys
+
+
+def test_last_only_logits():
+    model = build("cem-shared", 2)
+    ids = torch.randint(0, 61, (2, 7))
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids, last_only=True), model(ids)[:, -1:])

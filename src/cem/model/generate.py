@@ -66,7 +66,7 @@ def generate(
         if steps is not None:
             model.set_steps(steps)
         cache = model.new_cache(max(total, ids.shape[1]))
-        logits = model(ids, cache=cache)[:, -1]
+        logits = model(ids, cache=cache, last_only=True)[:, -1]
         out = [ids]
         for i in range(max_new_tokens):
             nxt = sample_next(logits, temperature, top_k, top_p, generator).unsqueeze(-1)

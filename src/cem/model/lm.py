@@ -101,12 +101,15 @@ class LanguageModel(nn.Module):
             bad = lo if lo < 0 else hi
             raise ValueError(f"token id {bad} is outside the vocabulary [0, {self.config.vocab_size})")
 
-    def forward(self, ids: Tensor, cache: Cache | None = None) -> Tensor:
-        """Logits (B, J, vocab) of the next token at every position; with a cache, only for the new ids."""
+    def forward(self, ids: Tensor, cache: Cache | None = None, last_only: bool = False) -> Tensor:
+        """Logits (B, J, vocab) of the next token at every position; with a cache, only for the new ids;
+        with `last_only`, only for the last position (B, 1, vocab), as generation needs after a prefill."""
         self.check_ids(ids, 0 if cache is None else cache.length)
         h = self.embed(ids)
         for i, block in enumerate(self.blocks):
             h = block(h, cache=None if cache is None else cache.slot(f"blocks.{i}.attn"))
+        if last_only:
+            h = h[:, -1:]
         return self.head(self.norm(h))
 
     def loss(self, ids: Tensor, targets: Tensor) -> Tensor:
