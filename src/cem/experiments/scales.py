@@ -50,7 +50,7 @@ class Scale:
 
 SCALES = {
     # char-level Tiny Shakespeare; 300 steps of 16 × 128 tokens (0.61M tokens) per run
-    "cpu": Scale("cpu", "tinyshakespeare", "byte", ("tiny", "small"), "tiny", (0, 1), 128, 16, max_steps=300),
+    "cpu": Scale("cpu", "tinyshakespeare", "byte", ("tiny", "small"), "tiny", (0, 1, 2), 128, 16, max_steps=300),
     # WikiText-2 with a BPE of 8,192 symbols, 10M tokens per run
     "gpu": Scale("gpu", "wikitext-2", "bpe:8192", ("small", "medium"), "medium", (0, 1, 2), 256, 32, tokens="1e7"),
     # the paper: SlimPajama, the 32k Llama tokenizer, 2,048 context, batch 128, Chinchilla tokens
