@@ -47,8 +47,13 @@ def write_report(results_dir: str | Path) -> Path:
             "",
         ]
     machines = sorted({s["machine"] for s in summaries})
-    wall = sum(s["wall_time_s"] for s in summaries)
-    lines += [f"Machine: {', '.join(machines)}. Wall time of the experiment commands: {wall / 3600:.2f} h (runs shared between experiments are trained once).", ""]
+    runs = [json.loads(p.read_text()) for p in sorted(root.glob("runs/*/results.json"))]
+    train_h = sum(r["wall_time_s"] for r in runs) / 3600
+    lines += [
+        f"Machine: {', '.join(machines)}. {len(runs)} training runs (shared between experiments, each trained once) "
+        f"took {train_h:.2f} h of training time in all (summed over runs; the sweep ran two at a time).",
+        "",
+    ]
     lines += [f"Findings: {counts['held']} held, {counts['not held']} not held, {counts['inconclusive']} inconclusive "
               "(held = the paper's sign beyond one standard error of the seed means).", ""]
     lines += ["| experiment | finding | verdict | evidence |", "|---|---|---|---|"]

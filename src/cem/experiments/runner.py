@@ -4,6 +4,7 @@ seeds, check the paper's findings, plot; everything lands in RESULTS/ID/."""
 from __future__ import annotations
 
 import json
+import os
 import platform
 import sys
 import time
@@ -21,9 +22,16 @@ GP_SCALES = {"cpu": "cpu", "gpu": "gpu", "paper": "paper", "tiny": "tiny"}
 
 
 def machine() -> str:
+    """The GPU's name, or the CPU's model name and core count."""
     if torch.cuda.is_available():
         return torch.cuda.get_device_name()
-    return f"{platform.machine()} CPU, {torch.get_num_threads()} threads ({platform.processor() or 'unknown'})"
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"{model}, {os.cpu_count()} cores"
 
 
 def run_experiment(exp_id: str, scale: str = "cpu", results_dir: str | Path | None = None, data_dir: str | None = None, jobs: int = 1, **scale_overrides) -> dict:
