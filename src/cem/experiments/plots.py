@@ -6,6 +6,7 @@ import textwrap
 from pathlib import Path
 
 import matplotlib
+import matplotlib.ticker
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -77,6 +78,9 @@ def plot_lr(rows, title, path, optima=None):
         if optima and group in optima:
             ax.plot(*optima[group], marker="*", ms=14, color=color)
     ax.set_xscale("log")
+    lrs = sorted({r["lr"] for r in rows})
+    ax.set_xticks(lrs, [f"{lr:g}" for lr in lrs])
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xlabel("learning rate")
     ax.set_ylabel("test perplexity")
     ax.legend(fontsize=8)
