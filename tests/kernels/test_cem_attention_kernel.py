@@ -203,9 +203,14 @@ def test_decode_matches_full_forward():
 # ---------------------------------------------------------------- dispatcher
 
 
-def test_auto_backend_choice():
+def test_auto_backend_choice(monkeypatch):
+    from cem.kernels import dispatch
+
     assert auto_backend("cpu") == "sdpa"
+    monkeypatch.setitem(dispatch._TRITON_OK, "cuda", True)  # as if the CUDA self-check had passed
     assert auto_backend("cuda") == ("triton" if HAS_TRITON else "sdpa")
+    monkeypatch.setitem(dispatch._TRITON_OK, "cuda", False)  # ... or failed
+    assert auto_backend("cuda") == "sdpa"
     assert auto_backend("cuda", v=torch.zeros(1)) == "sdpa"
     with pytest.warns(UserWarning, match="falling back to sdpa"):
         assert resolve_backend("triton", "cuda", v=torch.zeros(1)) == "sdpa"
@@ -287,3 +292,19 @@ def test_kernels_compile_for_sm90():
     assert res.returncode == 0, res.stderr[-3000:]
     lines = [line for line in res.stdout.splitlines() if "registers=" in line]
     assert len(lines) == 6, res.stdout
+
+
+def test_triton_self_check(monkeypatch):
+    """The self-check that gates "auto" passes for the real kernel and catches a broken one."""
+    from cem.kernels import dispatch
+
+    monkeypatch.setattr(dispatch, "_TRITON_OK", {})
+    assert dispatch.triton_self_check("cpu")
+
+    def broken(q, k, qd, hn, slopes, self_bias, q_start=0):
+        return triton_cem_attention(q, k, qd, hn, slopes, self_bias, q_start) * 1.01
+
+    monkeypatch.setattr(dispatch, "_TRITON_OK", {})
+    monkeypatch.setattr(dispatch, "triton_cem_attention", broken)
+    with pytest.warns(UserWarning, match="disagrees with the eager path"):
+        assert not dispatch.triton_self_check("cpu")

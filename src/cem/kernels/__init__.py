@@ -4,7 +4,7 @@ Imports cleanly without triton: `HAS_TRITON` is then False and "auto" resolves t
 """
 
 from .cem_attention import HAS_TRITON, KernelConfig, default_config, triton_cem_attention, uses_interpreter
-from .dispatch import BACKENDS, auto_backend, cem_attention, cem_attention_flex, resolve_backend
+from .dispatch import BACKENDS, auto_backend, cem_attention, cem_attention_flex, resolve_backend, triton_self_check
 
 __all__ = [
     "BACKENDS",
@@ -16,5 +16,6 @@ __all__ = [
     "default_config",
     "resolve_backend",
     "triton_cem_attention",
+    "triton_self_check",
     "uses_interpreter",
 ]

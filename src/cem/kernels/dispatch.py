@@ -28,13 +28,45 @@ from .cem_attention import HAS_TRITON, triton_cem_attention
 
 BACKENDS = ("auto", "eager", "sdpa", "flex", "triton")
 
-__all__ = ["BACKENDS", "auto_backend", "cem_attention", "cem_attention_flex", "resolve_backend"]
+__all__ = ["BACKENDS", "auto_backend", "cem_attention", "cem_attention_flex", "resolve_backend", "triton_self_check"]
+
+
+_TRITON_OK: dict[str, bool] = {}
+
+
+def triton_self_check(device: torch.device | str) -> bool:
+    """Whether the Triton kernel matches the eager path on `device` (output and every gradient, fresh random
+    inputs, float32); run once per device before "auto" trusts the kernel, cached."""
+    key = str(torch.device(device))
+    if key not in _TRITON_OK:
+        g = torch.Generator(device=device).manual_seed(0)
+        B, K, J, d = 2, 3, 37, 16
+
+        def rand(*shape):
+            return torch.randn(*shape, generator=g, device=device).requires_grad_(True)
+
+        args = [rand(B, K, J, d), rand(B, K, J, d), rand(B, J, K * d), rand(B, J, K * d)]
+        slopes, self_bias = torch.linspace(0.5, 0.05, K, device=device), rand(K)
+        with torch.enable_grad():
+            outs = []
+            for fn in (triton_cem_attention, cem_attention_eager):
+                o = fn(*args, slopes, self_bias)
+                grads = torch.autograd.grad(o.square().sum(), [*args, self_bias])
+                outs.append([o, *grads])
+        _TRITON_OK[key] = all(torch.allclose(a, b, rtol=1e-3, atol=1e-3) for a, b in zip(*outs))
+        if not _TRITON_OK[key]:
+            warnings.warn(f"the Triton CEM kernel disagrees with the eager path on {key}; 'auto' uses sdpa there", stacklevel=2)
+    return _TRITON_OK[key]
 
 
 def auto_backend(device: torch.device | str, v: Tensor | None = None) -> str:
-    """The backend that backend="auto" runs for tensors on `device` ("triton" or "sdpa")."""
+    """The backend that backend="auto" runs for tensors on `device`: "triton" on CUDA when triton imports and
+    the kernel passed its self-check there (inside torch.compile the check is not run: call this once
+    eagerly first, as the trainer does), else "sdpa"."""
     if torch.device(device).type == "cuda" and HAS_TRITON and v is None:
-        return "triton"
+        if torch.compiler.is_compiling():
+            return "triton" if _TRITON_OK.get(str(torch.device(device)), True) else "sdpa"
+        return "triton" if triton_self_check(device) else "sdpa"
     return "sdpa"
 
 

@@ -161,6 +161,12 @@ def _train(run, out, resume, progress, stop_at, device, info):
         (out / "run.json").write_text(json.dumps({**identity, "config": run.to_dict(), "total_steps": steps_total}, indent=2))
         tokenizer.save(out / "tokenizer")
 
+    if cfg.attn == "cem" and cfg.attn_backend == "auto":
+        from ..kernels import auto_backend  # on CUDA this runs the kernel's one-time self-check, eagerly
+
+        chosen = auto_backend(device)
+        if progress:
+            print(f"CEM attention backend on {device}: {chosen}", file=sys.stderr)
     torch.manual_seed(t.seed)
     model = LanguageModel(cfg).to(device)
     sampler = SequenceSampler(splits["train"], seq_len, seed=t.seed, rank=info.rank, world_size=info.world_size)
