@@ -207,6 +207,7 @@ def test_auto_backend_choice(monkeypatch):
     from cem.kernels import dispatch
 
     assert auto_backend("cpu") == "sdpa"
+    assert auto_backend("cpu", shared_diag=True) == "eager"  # the diagonal term once for all heads
     monkeypatch.setitem(dispatch._TRITON_OK, "cuda", True)  # as if the CUDA self-check had passed
     assert auto_backend("cuda") == ("triton" if HAS_TRITON else "sdpa")
     monkeypatch.setitem(dispatch._TRITON_OK, "cuda", False)  # ... or failed

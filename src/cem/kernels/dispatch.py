@@ -59,23 +59,28 @@ def triton_self_check(device: torch.device | str) -> bool:
     return _TRITON_OK[key]
 
 
-def auto_backend(device: torch.device | str, v: Tensor | None = None) -> str:
+def auto_backend(device: torch.device | str, v: Tensor | None = None, shared_diag: bool = False) -> str:
     """The backend that backend="auto" runs for tensors on `device`: "triton" on CUDA when triton imports and
     the kernel passed its self-check there (inside torch.compile the check is not run: call this once
-    eagerly first, as the trainer does), else "sdpa"."""
-    if torch.device(device).type == "cuda" and HAS_TRITON and v is None:
+    eagerly first, as the trainer does); elsewhere "sdpa", except "eager" on CPU with a shared key-query
+    diagonal, where SDPA's concatenation repeats the diagonal term per head (2.5-8x slower, measured in
+    docs/benchmarks/attention_cpu.md) while the eager path computes it once for all heads."""
+    device = torch.device(device)
+    if device.type == "cuda" and HAS_TRITON and v is None:
         if torch.compiler.is_compiling():
-            return "triton" if _TRITON_OK.get(str(torch.device(device)), True) else "sdpa"
+            return "triton" if _TRITON_OK.get(str(device), True) else "sdpa"
         return "triton" if triton_self_check(device) else "sdpa"
+    if device.type == "cpu" and shared_diag:
+        return "eager"
     return "sdpa"
 
 
-def resolve_backend(backend: str, device: torch.device | str, v: Tensor | None = None) -> str:
+def resolve_backend(backend: str, device: torch.device | str, v: Tensor | None = None, shared_diag: bool = False) -> str:
     """The backend actually run for a requested one (auto resolved, triton-with-v falls back)."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown attention backend {backend!r}; expected one of {BACKENDS}")
     if backend == "auto":
-        return auto_backend(device, v)
+        return auto_backend(device, v, shared_diag)
     if backend == "triton" and v is not None:
         warnings.warn("the triton CEM kernel ties values to keys; v given, falling back to sdpa", stacklevel=3)
         return "sdpa"
@@ -158,7 +163,7 @@ def cem_attention(
     backend: str = "auto",
 ) -> Tensor:
     """CEM attention core through the chosen backend (see module doc); same maths for all of them."""
-    chosen = resolve_backend(backend, q.device, v)
+    chosen = resolve_backend(backend, q.device, v, shared_diag=qd is not None and qd.dim() == 3)
     if chosen == "triton":
         return triton_cem_attention(q, k, qd, hn, slopes, self_bias, q_start)
     if chosen == "flex":
