@@ -17,23 +17,9 @@ import cem.hf as ch  # noqa: E402
 from cem.hf.llama_export import model_config_from_llama  # noqa: E402
 from cem.model import ARCHS, Cache, LanguageModel, model_config  # noqa: E402
 
+from cem_reference import randomize  # noqa: E402
+
 V = 64
-
-
-def randomize(module, scale=0.3, seed=0):
-    """Random values for every parameter, including those initialised to zero (key-query diagonal, self
-    bias), large enough that attention is far from uniform and greedy decoding does not repeat one token."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in module.named_parameters():
-            noise = torch.randn(p.shape, generator=g, dtype=p.dtype)
-            if name.endswith("norm.weight"):
-                p.copy_(1 + 0.2 * noise)
-            elif name.endswith("precond.p"):
-                p.add_(0.05 * noise)
-            else:
-                p.copy_(scale * noise)
-    return module
 
 
 def tiny(arch="cem", seed=0, rand=False, **overrides):

@@ -22,7 +22,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from cem.layers.functional import cem_attention_eager, cem_attention_sdpa
+from cem.layers.functional import cem_attention_eager, cem_attention_sdpa, fold_diagonal
 
 from .cem_attention import HAS_TRITON, triton_cem_attention
 
@@ -118,12 +118,7 @@ def cem_attention_flex(
 
     d = q.shape[-1]
     values = k if v is None else v
-    if qd is not None:
-        n_heads = q.shape[1]
-        qd_h = qd.unsqueeze(1).expand(-1, n_heads, -1, -1) if qd.dim() == 3 else qd
-        hn_h = hn.unsqueeze(1).expand(-1, n_heads, -1, -1)
-        q = torch.cat([q, qd_h.to(q.dtype)], dim=-1)
-        k = torch.cat([k, hn_h.to(k.dtype)], dim=-1)
+    q, k = fold_diagonal(q, k, qd, hn)
     device = q.device
     # tensors, not Python ints, so a compiled graph is not specialised on q_start
     offset = torch.tensor(int(q_start), device=device)

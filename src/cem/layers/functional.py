@@ -78,6 +78,16 @@ def diag_scores(qd: Tensor, hn: Tensor) -> Tensor:
     return qd @ hn.unsqueeze(1).transpose(-1, -2)  # (B, K, Jq, Jk)
 
 
+def fold_diagonal(q: Tensor, k: Tensor, qd: Tensor | None, hn: Tensor | None) -> tuple[Tensor, Tensor]:
+    """[q^k, d_k ∘ u] and [k^k, ĥ] per head, so that one dot product gives k·q + ĥ·(d∘u) (fused paths)."""
+    if qd is None:
+        return q, k
+    n_heads = q.shape[1]
+    qd_h = qd.unsqueeze(1).expand(-1, n_heads, -1, -1) if qd.dim() == 3 else qd
+    hn_h = hn.unsqueeze(1).expand(-1, n_heads, -1, -1)
+    return torch.cat([q, qd_h.to(q.dtype)], dim=-1), torch.cat([k, hn_h.to(k.dtype)], dim=-1)
+
+
 def cem_attention_eager(
     q: Tensor,
     k: Tensor,
@@ -119,11 +129,6 @@ def cem_attention_sdpa(
     """
     tau = math.sqrt(q.shape[-1])
     values = k if v is None else v
-    if qd is not None:
-        n_heads = q.shape[1]
-        qd_h = qd.unsqueeze(1).expand(-1, n_heads, -1, -1) if qd.dim() == 3 else qd
-        hn_h = hn.unsqueeze(1).expand(-1, n_heads, -1, -1)
-        q = torch.cat([q, qd_h], dim=-1)
-        k = torch.cat([k, hn_h], dim=-1)
+    q, k = fold_diagonal(q, k, qd, hn)
     bias = position_bias(slopes, self_bias, q_start, q.shape[-2], k.shape[-2], q.dtype)
     return F.scaled_dot_product_attention(q, k, values, attn_mask=bias, scale=1.0 / tau)
