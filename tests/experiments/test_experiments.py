@@ -57,6 +57,12 @@ def test_finding_verdicts():
     assert lower(rows(a=(10, 2.0), b=(10.5, 2.0)), "a", "b", "a<b").verdict == "inconclusive"
     assert close(rows(a=(10, 0), b=(10.2, 0)), "a", "b", "a~b", 0.05).verdict == "held"
     assert close(rows(a=(10, 0), b=(12, 0)), "a", "b", "a~b", 0.05).verdict == "not held"
+    from cem.experiments.registry import _reuse_findings
+
+    clear = rows(r1=(10, 0.01), r2=(10, 0.01), c1=(10, 0.01), c2=(9, 0.01))
+    assert [f.verdict for f in _reuse_findings(clear, ("r1", "r2"), [("c1", "c2")], "x")] == ["held", "held"]
+    noisy = rows(r1=(10, 0.5), r2=(10.1, 0.5), c1=(10, 0.5), c2=(10, 0.5))
+    assert [f.verdict for f in _reuse_findings(noisy, ("r1", "r2"), [("c1", "c2")], "x")] == ["inconclusive", "inconclusive"]
 
 
 def test_fig2c_end_to_end_with_resume_and_report(corpus, tmp_path, monkeypatch, capsys):

@@ -227,9 +227,14 @@ def _reuse_findings(rows, reuse: tuple[str, str], cems: list[tuple[str, str]], w
     out = []
     for one, two in cems:
         g = _gain(rows, one, two)
-        f = lower(rows, two, one, f"{what}: within-layer recursion improves ({two} vs {one})")
-        out.append(f)
-        out.append(Finding(f"{what}: recursion gains more than plain reuse ({two})", "held" if g > g_reuse else "not held", f"perplexity gain T=1→2: {g:.3f}; plain reuse x1→x2: {g_reuse:.3f}"))
+        out.append(lower(rows, two, one, f"{what}: within-layer recursion improves ({two} vs {one})"))
+        noise = math.hypot(_noise(_row(rows, one), _row(rows, two)), _noise(_row(rows, reuse[0]), _row(rows, reuse[1])))
+        verdict = "held" if g - g_reuse > noise else ("not held" if g - g_reuse < -noise else "inconclusive")
+        out.append(Finding(
+            f"{what}: recursion gains more than plain reuse ({two})",
+            verdict,
+            f"perplexity gain T=1→2: {g:.3f}; plain reuse x1→x2: {g_reuse:.3f}; noise (1 s.e. of the difference) {noise:.3f}",
+        ))
     return out
 
 
