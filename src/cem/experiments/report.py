@@ -56,6 +56,9 @@ def write_report(results_dir: str | Path) -> Path:
     ]
     lines += [f"Findings: {counts['held']} held, {counts['not held']} not held, {counts['inconclusive']} inconclusive "
               "(held = the paper's sign beyond one standard error of the seed means).", ""]
+    if lm and len(lm["scale"]["seeds"]) == 1:
+        lines += ["With a single seed there is no noise estimate: verdicts go by the sign of the difference alone, "
+                  "as in the paper's single runs.", ""]
     lines += ["| experiment | finding | verdict | evidence |", "|---|---|---|---|"]
     lines += [f"| {e} | {f['claim']} | {MARK[f['verdict']]} | {f['evidence']} |" for e, f in findings]
     for s in summaries:
