@@ -51,7 +51,7 @@ def write_report(results_dir: str | Path) -> Path:
     train_h = sum(r["wall_time_s"] for r in runs) / 3600
     lines += [
         f"Machine: {', '.join(machines)}. {len(runs)} training runs (shared between experiments, each trained once) "
-        f"took {train_h:.2f} h of training time in all (summed over runs; the sweep ran two at a time).",
+        f"took {train_h:.2f} h of training time, summed over runs.",
         "",
     ]
     lines += [f"Findings: {counts['held']} held, {counts['not held']} not held, {counts['inconclusive']} inconclusive "
