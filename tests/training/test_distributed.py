@@ -3,6 +3,7 @@
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -15,6 +16,12 @@ def cli(*args, env):
             "context=32", "log_every=1", "tensorboard=false", "eval_every=0"]
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def losses(run_dir):
     return [r["loss"] for r in map(json.loads, open(run_dir / "metrics.jsonl")) if "loss" in r]
 
@@ -24,7 +31,7 @@ def test_two_processes_match_one(corpus_dir, tmp_path, parallel):
     env = {**os.environ, "CEM_CACHE_DIR": str(tmp_path / "cache"), "CORPUS": str(corpus_dir), "OMP_NUM_THREADS": "1"}
     one = [sys.executable, "-m", "cem", "train", "--out", str(tmp_path / "one"), "--batch-size", "4"]
     subprocess.run(cli(*one, env=env), env=env, check=True, capture_output=True, timeout=300)
-    two = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "0" if False else "29517",
+    two = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
            "-m", "cem", "train", "--out", str(tmp_path / "two"), "--batch-size", "2", f"parallel={parallel}"]
     proc = subprocess.run(cli(*two, env=env), env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, [l for l in proc.stderr.splitlines() if "error" in l][:5]
