@@ -41,6 +41,13 @@ def precond_dense(pre, k):
     return mat
 
 
+def alibi_slope(layer, k):
+    """m_k of head k (0-based): 2^(-8(k+1)/K) (standard ALiBi) or 2^(-(k+1)) (the paper's App. A example)."""
+    if getattr(layer, "alibi", "standard") == "app-a":
+        return 2.0 ** (-(k + 1))
+    return 2.0 ** (-8.0 * (k + 1) / layer.n_heads)
+
+
 def attention_head_energies(layer, u, h):
     """ε_k(u_i | ĥ_{1:i}) = -τ log Σ_{j<=i} exp(β_kj·u_i/τ + b_kij) per head k: shape (K, B, J)."""
     n_heads, dim = layer.n_heads, layer.dim
@@ -59,7 +66,7 @@ def attention_head_energies(layer, u, h):
             diag = layer.kq_diag if layer.kq_diag.dim() == 1 else layer.kq_diag[k]
             A = A + torch.diag(diag)
         beta = hn @ A.T  # β_j = A ĥ_j, (B, J, D)
-        slope = 2.0 ** (-8.0 * (k + 1) / n_heads)
+        slope = alibi_slope(layer, k)
         bias = -slope * (i - j) + layer.self_bias[k] * (i == j)
         logits = u @ beta.transpose(-1, -2) / tau + bias
         logits = logits.masked_fill(j > i, float("-inf"))
@@ -81,7 +88,7 @@ def attention_update_formula(layer, h):
                 wk = layer.w_k.weight[k * d : (k + 1) * d]
                 q = wq @ hn[b, i]
                 diag = 0 if layer.kq_diag is None else (layer.kq_diag if layer.kq_diag.dim() == 1 else layer.kq_diag[k])
-                slope = 2.0 ** (-8.0 * (k + 1) / n_heads)
+                slope = alibi_slope(layer, k)
                 logits = torch.stack(
                     [
                         ((wk @ hn[b, j]) @ q + hn[b, j] @ (diag * hn[b, i])) / math.sqrt(d)

@@ -124,9 +124,9 @@ def test_learned_step_size(rand):
     layer = make(rand, learn_step_size=True, step_size=0.5)
     h = torch.randn(B, J, D, dtype=torch.float64)
     with torch.no_grad():
-        layer.step.gain.fill_(2.0)
+        layer.eta.gain.fill_(2.0)
         a = layer(h) - h
-        layer.step.gain.fill_(1.0)
+        layer.eta.gain.fill_(1.0)
         layer.step_size = 1.0
         torch.testing.assert_close(a, layer(h) - h)
 

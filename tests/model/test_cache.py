@@ -14,6 +14,8 @@ VARIANTS = {
     "cem-perhead": dict(arch="cem", kq_diag="per_head", attn_precond="diag_lowrank"),
     "cem-exact": dict(arch="cem", kq_diag="shared", exact_gradient=True),
     "cem-eager": dict(arch="cem", attn_backend="eager"),
+    "cem-norm-start-app-a": dict(arch="cem", start="norm", alibi="app-a", step_schedule="learned"),
+    "llama-alibi-app-a": dict(arch="llama-alibi", alibi="app-a"),
 }
 
 

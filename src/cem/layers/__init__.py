@@ -1,13 +1,18 @@
 """CEM layers and their Llama baselines. Each maps the residual stream h (B, J, D) to h' (B, J, D)."""
 
 from .cem_attention import KQ_DIAGONALS, CEMAttention
+from .functional import ALIBI_SLOPES
 from .cem_mlp import MLP_ENERGIES, CEMMLP, silu_integral
 from .llama import POSITIONS, GatedMLP, LlamaAttention
 from .norm import RMSNorm
 from .precond import PRECONDITIONERS, Preconditioner, make_preconditioner
 from .reuse import Reuse
+from .steps import STARTS, STEP_SCHEDULES
 
 __all__ = [
+    "ALIBI_SLOPES",
+    "STARTS",
+    "STEP_SCHEDULES",
     "CEMAttention",
     "CEMMLP",
     "GatedMLP",

@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 from ..kernels import dispatch  # eager, sdpa, flex or the fused Triton kernel (module: import-cycle safe)
 from ._checks import check_choice, check_heads, check_residual
-from .functional import alibi_slopes, diag_scores, position_bias
+from .functional import ALIBI_SLOPES, alibi_slopes, diag_scores, position_bias
 from .norm import RMSNorm
 from .precond import make_preconditioner
 from .steps import DescentLayer
@@ -30,6 +30,8 @@ class CEMAttention(DescentLayer):
     k*d:(k+1)*d of both. `kq_diag` is the diagonal d_k of A_k (initialised to 0), `self_bias` s_k the learned
     self-attention offset of the ALiBi bias, `precond` the per-head preconditioners P_k (None = identity).
     `exact_gradient=True` keeps the value-side diagonal term Σ_k d_k ∘ Σ_j p_kij ĥ_j that Algorithm 1 drops.
+    `alibi` picks the slopes m_k (`standard` 2^(-8k/K), or `app-a` 2^(-k) as App. A's example); `steps`,
+    `step_size`, `step_schedule` and `start` are the recursion's (see `cem.layers.steps`).
     """
 
     def __init__(
@@ -44,13 +46,19 @@ class CEMAttention(DescentLayer):
         precond_rank: int = 4,
         exact_gradient: bool = False,
         learn_step_size: bool = False,
+        step_schedule: str = "constant",
+        learned_steps: int | None = None,
+        start: str = "residual",
+        alibi: str = "standard",
         backend: str = "auto",
         eps: float = 1e-6,
     ) -> None:
-        super().__init__(steps, step_size, learn_step_size)
+        super().__init__(steps, step_size, learn_step_size, step_schedule, learned_steps, start)
         check_heads(dim, n_heads)
         check_choice("kq_diag", kq_diag, KQ_DIAGONALS)
+        check_choice("alibi", alibi, ALIBI_SLOPES)
         self.dim, self.n_heads, self.head_dim = dim, n_heads, dim // n_heads
+        self.alibi = alibi
         self.exact_gradient = exact_gradient
         self.backend = backend
         self.norm = RMSNorm(dim, eps)
@@ -75,7 +83,7 @@ class CEMAttention(DescentLayer):
         return u.unsqueeze(1) * self.kq_diag[None, :, None, :]
 
     def _attend(self, q: Tensor, k: Tensor, qd: Tensor | None, hn: Tensor | None, q_start: int, v: Tensor | None):
-        slopes = alibi_slopes(self.n_heads, q.device)
+        slopes = alibi_slopes(self.n_heads, q.device, self.alibi)
         return dispatch.cem_attention(q, k, qd, hn, slopes, self.self_bias, q_start=q_start, v=v, backend=self.backend)
 
     def direction(self, u: Tensor, k: Tensor, hn: Tensor | None, q_start: int = 0) -> Tensor:
@@ -112,14 +120,10 @@ class CEMAttention(DescentLayer):
         return hn, stored["k"], stored.get("hn"), q_start
 
     def forward(self, h: Tensor, cache=None) -> Tensor:
-        """x^(0) = h, x^(t+1) = x^(t) + η direction(norm(x^(t))); returns x^(T) (B, J, D)."""
+        """x^(0) = h (or ĥ), x^(t+1) = x^(t) + η_t direction(norm(x^(t))); returns x^(T) (B, J, D)."""
         check_residual(h, self.dim, "CEMAttention")
         hn, k, ctx, q_start = self.context(h, cache)
-        x = h
-        for t in range(self.steps):
-            u = hn if t == 0 else self.norm(x)
-            x = x + self.step() * self.direction(u, k, ctx, q_start)
-        return x
+        return self.descend(h, hn, lambda u: self.direction(u, k, ctx, q_start))
 
     def energy(self, u: Tensor, h: Tensor) -> Tensor:
         """ε(u_i | ĥ_{1:i}) for every position i, shape (B, J): the energy the forward pass descends."""
@@ -131,7 +135,7 @@ class CEMAttention(DescentLayer):
         qd = self._diag_query(u)
         if qd is not None:
             scores = scores + diag_scores(qd, hn)
-        logits = scores / tau + position_bias(alibi_slopes(self.n_heads, u.device), self.self_bias, 0, u.shape[1], h.shape[1], u.dtype)
+        logits = scores / tau + position_bias(alibi_slopes(self.n_heads, u.device, self.alibi), self.self_bias, 0, u.shape[1], h.shape[1], u.dtype)
         return -tau * torch.logsumexp(logits, dim=-1).sum(dim=1)
 
     def extra_repr(self) -> str:
@@ -139,5 +143,5 @@ class CEMAttention(DescentLayer):
         precond = "identity" if self.precond is None else f"rank {self.precond.rank}"
         return (
             f"dim={self.dim}, n_heads={self.n_heads}, steps={self.steps}, step_size={self.step_size}, "
-            f"kq_diag={diag}, precond={precond}, exact_gradient={self.exact_gradient}"
+            f"kq_diag={diag}, precond={precond}, exact_gradient={self.exact_gradient}, start={self.start}, alibi={self.alibi}"
         )

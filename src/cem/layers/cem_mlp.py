@@ -41,7 +41,8 @@ class CEMMLP(DescentLayer):
 
     `w_gate` is W (the gate γ = W ĥ, computed once from the input), `w_up` is V (up projection; its
     transpose is the down projection), `precond` P_mlp (None = identity). `energy="convex"` selects the
-    convex energy of App. B (sign through a straight-through estimator).
+    convex energy of App. B (sign through a straight-through estimator). `steps`, `step_size`,
+    `step_schedule` and `start` are the recursion's (see `cem.layers.steps`).
     """
 
     def __init__(
@@ -55,9 +56,12 @@ class CEMMLP(DescentLayer):
         precond_rank: int = 16,
         energy: str = "gated",
         learn_step_size: bool = False,
+        step_schedule: str = "constant",
+        learned_steps: int | None = None,
+        start: str = "residual",
         eps: float = 1e-6,
     ) -> None:
-        super().__init__(steps, step_size, learn_step_size)
+        super().__init__(steps, step_size, learn_step_size, step_schedule, learned_steps, start)
         check_positive_int("dim", dim)
         check_positive_int("hidden_dim", hidden_dim)
         check_choice("energy", energy, MLP_ENERGIES)
@@ -78,15 +82,11 @@ class CEMMLP(DescentLayer):
         return y
 
     def forward(self, h: Tensor, cache=None) -> Tensor:
-        """x^(0) = h, x^(t+1) = x^(t) + η direction(norm(x^(t))); returns x^(T). `cache` is unused."""
+        """x^(0) = h (or ĥ), x^(t+1) = x^(t) + η_t direction(norm(x^(t))); returns x^(T). `cache` is unused."""
         check_residual(h, self.dim, "CEMMLP")
         hn = self.norm(h)
         gamma = self.w_gate(hn)
-        x = h
-        for t in range(self.steps):
-            u = hn if t == 0 else self.norm(x)
-            x = x + self.step() * self.direction(u, gamma)
-        return x
+        return self.descend(h, hn, lambda u: self.direction(u, gamma))
 
     def energy(self, u: Tensor, h: Tensor) -> Tensor:
         """ξ(u_i | ĥ_i) for every position, shape (B, J)."""
@@ -102,5 +102,5 @@ class CEMMLP(DescentLayer):
         precond = "identity" if self.precond is None else f"rank {self.precond.rank}"
         return (
             f"dim={self.dim}, hidden_dim={self.hidden_dim}, steps={self.steps}, step_size={self.step_size}, "
-            f"precond={precond}, energy={'convex' if self.convex else 'gated'}"
+            f"precond={precond}, energy={'convex' if self.convex else 'gated'}, start={self.start}"
         )

@@ -20,13 +20,21 @@ import torch.nn.functional as F
 from torch import Tensor
 
 
-def alibi_slopes(n_heads: int, device: torch.device | str | None = None) -> Tensor:
-    """ALiBi slopes m_k = 2^(-8k/K), k = 1..K (DESIGN.md, attention bias), in float64.
+ALIBI_SLOPES = ("standard", "app-a")
+
+
+def alibi_slopes(n_heads: int, device: torch.device | str | None = None, kind: str = "standard") -> Tensor:
+    """ALiBi slopes, k = 1..K, in float64: `standard` m_k = 2^(-8k/K) (Press et al.; DESIGN.md, attention
+    bias), or `app-a` m_k = 2^(-k), the example of the paper's App. A.
 
     Layers build them on the fly rather than keep a buffer, so casting a model to bf16 never rounds them.
     """
     k = torch.arange(1, n_heads + 1, dtype=torch.float64, device=device)
-    return torch.pow(2.0, -8.0 * k / n_heads)
+    if kind == "standard":
+        return torch.pow(2.0, -8.0 * k / n_heads)
+    if kind == "app-a":
+        return torch.pow(2.0, -k)
+    raise ValueError(f"unknown alibi {kind!r}; expected one of {', '.join(map(repr, ALIBI_SLOPES))}")
 
 
 def position_bias(

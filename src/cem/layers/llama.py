@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ._checks import check_choice, check_heads, check_positive_int, check_residual
-from .functional import alibi_slopes, apply_rope, causal_mask, position_bias, rope_tables
+from .functional import ALIBI_SLOPES, alibi_slopes, apply_rope, causal_mask, position_bias, rope_tables
 from .norm import RMSNorm
 
 POSITIONS = ("rope", "alibi")
@@ -16,10 +16,14 @@ POSITIONS = ("rope", "alibi")
 class LlamaAttention(nn.Module):
     """h + W_O MHA(norm(h)) with separate W_Q, W_K, W_V, W_O (paper eq. before (1)); RoPE or ALiBi."""
 
-    def __init__(self, dim: int, n_heads: int, position: str = "rope", *, rope_theta: float = 10000.0, eps: float = 1e-6) -> None:
+    def __init__(
+        self, dim: int, n_heads: int, position: str = "rope", *, rope_theta: float = 10000.0, alibi: str = "standard", eps: float = 1e-6
+    ) -> None:
         super().__init__()
         check_heads(dim, n_heads)
         check_choice("position", position, POSITIONS)
+        check_choice("alibi", alibi, ALIBI_SLOPES)
+        self.alibi = alibi  # ALiBi slopes, used with position="alibi" (see `alibi_slopes`)
         if position == "rope" and (dim // n_heads) % 2:
             raise ValueError(f"RoPE needs an even head width, got {dim // n_heads} (dim {dim}, n_heads {n_heads})")
         self.dim, self.n_heads, self.head_dim = dim, n_heads, dim // n_heads
@@ -48,7 +52,7 @@ class LlamaAttention(nn.Module):
             k, v = stored["k"], stored["v"]
         n_q, n_k = q.shape[-2], k.shape[-2]
         if self.position == "alibi":
-            mask = position_bias(alibi_slopes(self.n_heads, h.device), None, start, n_q, n_k, q.dtype)
+            mask = position_bias(alibi_slopes(self.n_heads, h.device, self.alibi), None, start, n_q, n_k, q.dtype)
         elif start == 0:
             mask = None  # full causal forward: the fused is_causal path
         else:

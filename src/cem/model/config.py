@@ -6,10 +6,11 @@ import dataclasses
 import math
 from dataclasses import dataclass, fields
 
-from ..layers import KQ_DIAGONALS, MLP_ENERGIES, POSITIONS, PRECONDITIONERS
+from ..layers import ALIBI_SLOPES, KQ_DIAGONALS, MLP_ENERGIES, POSITIONS, PRECONDITIONERS, STARTS, STEP_SCHEDULES
 from ..layers._checks import check_choice, check_heads, check_positive_int
 
 LAYER_KINDS = ("llama", "cem")
+TRAIN_DEPTHS = ("fixed", "model", "layer")
 
 
 @dataclass
@@ -26,6 +27,7 @@ class ModelConfig:
     # attention sublayer
     attn: str = "llama"  # "llama" | "cem"
     position: str = "rope"  # Llama attention only: "rope" | "alibi" (CEM attention always uses ALiBi)
+    alibi: str = "standard"  # ALiBi slopes: "standard" 2^(-8k/K) | "app-a" 2^(-k) (the paper's App. A example)
     attn_steps: int = 1
     attn_step_size: float = 1.0
     kq_diag: str = "shared"  # "none" | "shared" | "per_head"
@@ -43,7 +45,11 @@ class ModelConfig:
     mlp_energy: str = "gated"  # "gated" | "convex" (App. B)
     mlp_width_mult: float = 1.0  # 1.5 gives the parameter-matched CEM MLP (m' = 1.5 m)
     mlp_reuse: int = 1
-    # shared
+    # recursion, shared by both CEM sublayers (cem.layers.steps)
+    start: str = "residual"  # x^(0): "residual" (= h, DESIGN.md) | "norm" (= RMSNorm(h), Algorithm 1 read literally)
+    step_schedule: str = "constant"  # η_t: "constant" (η) | "inverse" (η / T) | "learned" (η · learned gain per step)
+    train_depth: str = "fixed"  # training T: "fixed" (attn_steps / mlp_steps) | "model" / "layer" (uniform on 1..train_depth_max, per batch)
+    train_depth_max: int = 3
     learn_step_size: bool = False
     norm_eps: float = 1e-6
     init_std: float = 0.02
@@ -51,7 +57,7 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         check_heads(self.dim, self.n_heads)
-        for name in ("vocab_size", "n_layers", "hidden_dim", "context", "attn_steps", "mlp_steps", "attn_reuse", "mlp_reuse"):
+        for name in ("vocab_size", "n_layers", "hidden_dim", "context", "attn_steps", "mlp_steps", "attn_reuse", "mlp_reuse", "train_depth_max"):
             check_positive_int(name, getattr(self, name))
         check_choice("attn", self.attn, LAYER_KINDS)
         check_choice("mlp", self.mlp, LAYER_KINDS)
@@ -60,8 +66,16 @@ class ModelConfig:
         check_choice("attn_precond", self.attn_precond, PRECONDITIONERS)
         check_choice("mlp_precond", self.mlp_precond, PRECONDITIONERS)
         check_choice("mlp_energy", self.mlp_energy, MLP_ENERGIES)
+        check_choice("alibi", self.alibi, ALIBI_SLOPES)
+        check_choice("start", self.start, STARTS)
+        check_choice("step_schedule", self.step_schedule, STEP_SCHEDULES)
+        check_choice("train_depth", self.train_depth, TRAIN_DEPTHS)
         if self.mlp_width_mult <= 0:
             raise ValueError(f"mlp_width_mult must be > 0, got {self.mlp_width_mult}")
+
+    def learned_steps(self, steps: int) -> int:
+        """How many per-step gains a `learned` schedule holds: the deepest T the layer is trained at."""
+        return max(steps, self.train_depth_max) if self.train_depth != "fixed" else steps
 
     @property
     def head_dim(self) -> int:
@@ -98,7 +112,8 @@ SIZES: dict[str, dict] = {
     "134M": dict(dim=768, n_layers=12, n_heads=12, hidden_dim=2048),
     "162M": dict(dim=864, n_layers=12, n_heads=12, hidden_dim=2304),
     "256M": dict(dim=1024, n_layers=15, n_heads=16, hidden_dim=2752),
-    # CPU presets (vocab set by the tokenizer at training time)
+    # CPU presets (vocab set by the tokenizer at training time); `micro` is the cpu experiment scale's base
+    "micro": dict(dim=48, n_layers=2, n_heads=4, hidden_dim=128, context=128, vocab_size=512),
     "tiny": dict(dim=64, n_layers=2, n_heads=4, hidden_dim=176, context=128, vocab_size=512),
     "small": dict(dim=128, n_layers=4, n_heads=4, hidden_dim=352, context=256, vocab_size=512),
     "medium": dict(dim=256, n_layers=6, n_heads=8, hidden_dim=688, context=256, vocab_size=8192),

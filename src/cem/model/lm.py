@@ -25,11 +25,15 @@ def build_attention(cfg: ModelConfig) -> nn.Module:
             precond_rank=cfg.attn_precond_rank,
             exact_gradient=cfg.exact_gradient,
             learn_step_size=cfg.learn_step_size,
+            step_schedule=cfg.step_schedule,
+            learned_steps=cfg.learned_steps(cfg.attn_steps),
+            start=cfg.start,
+            alibi=cfg.alibi,
             backend=cfg.attn_backend,
             eps=cfg.norm_eps,
         )
     else:
-        layer = LlamaAttention(cfg.dim, cfg.n_heads, cfg.position, eps=cfg.norm_eps)
+        layer = LlamaAttention(cfg.dim, cfg.n_heads, cfg.position, alibi=cfg.alibi, eps=cfg.norm_eps)
     return Reuse(layer, cfg.attn_reuse) if cfg.attn_reuse > 1 else layer
 
 
@@ -45,6 +49,9 @@ def build_mlp(cfg: ModelConfig) -> nn.Module:
             precond_rank=cfg.mlp_precond_rank,
             energy=cfg.mlp_energy,
             learn_step_size=cfg.learn_step_size,
+            step_schedule=cfg.step_schedule,
+            learned_steps=cfg.learned_steps(cfg.mlp_steps),
+            start=cfg.start,
             eps=cfg.norm_eps,
         )
     else:
@@ -117,6 +124,8 @@ class LanguageModel(nn.Module):
         over tokens, their sum, or per token (B, J) for reduction "mean", "sum" or "none".
         """
         self.check_ids(ids, 0 if cache is None else cache.length)
+        if self.training and self.config.train_depth != "fixed":
+            self.draw_depths()
         h = self.embed(ids)
         for i, block in enumerate(self.blocks):
             h = block(h, cache=None if cache is None else cache.slot(f"blocks.{i}.attn"))
@@ -136,6 +145,18 @@ class LanguageModel(nn.Module):
     def descent_layers(self) -> list[DescentLayer]:
         """Every CEM layer (attention and MLP), whose `steps` and `step_size` are test-time knobs."""
         return [m for m in self.modules() if isinstance(m, DescentLayer)]
+
+    @torch.compiler.disable
+    def draw_depths(self) -> list[int]:
+        """Random-depth training: T ~ uniform{1..train_depth_max} for this batch, one draw for the whole model
+        (`train_depth="model"`) or one per CEM layer (`"layer"`), from torch's global generator (so a resumed
+        run draws the same depths). Evaluation ignores the draws and uses each layer's `steps`."""
+        layers = self.descent_layers()
+        n = 1 if self.config.train_depth == "model" else len(layers)
+        drawn = torch.randint(1, self.config.train_depth_max + 1, (n,)).tolist()
+        for i, layer in enumerate(layers):
+            layer.drawn_steps = drawn[0 if n == 1 else i]
+        return drawn
 
     def set_steps(self, steps: int | None = None, attn_steps: int | None = None, mlp_steps: int | None = None) -> None:
         """Change the recursion depth T of CEM layers on a built or trained model (no retraining)."""

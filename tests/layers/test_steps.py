@@ -1,0 +1,134 @@
+"""The recursion options against independent references (float64): step-size schedules, the start point
+x^(0) = RMSNorm(h) of Algorithm 1 read literally, App. A's ALiBi slopes, random-depth training."""
+
+import pytest
+import torch
+
+from cem.layers import CEMMLP, CEMAttention
+from cem.layers.functional import alibi_slopes
+from cem.layers.steps import StepSize
+from cem.model import LanguageModel, model_config
+from cem_reference import attention_head_energies, mlp_energy, precond_dense, rms_norm
+
+B, J, D, K, M = 2, 6, 24, 3, 20
+
+
+def reference_direction(layer, x, h):
+    """-Σ_k P_k ∇_u ε_k (attention) or -P ∇_u ξ (MLP) at u = norm(x), by autograd on the reference energy."""
+    u = rms_norm(x, layer.norm.weight, layer.norm.eps).detach().requires_grad_(True)
+    if isinstance(layer, CEMAttention):
+        energies = list(attention_head_energies(layer, u, h))
+    else:
+        energies = [mlp_energy(layer, u, h)]
+    out = torch.zeros_like(h)
+    for k, e in enumerate(energies):
+        (g,) = torch.autograd.grad(e.sum(), u, retain_graph=True)
+        if layer.precond is not None:
+            g = g @ precond_dense(layer.precond, k).T
+        out = out - g
+    return out
+
+
+def reference_recursion(layer, h, etas, start):
+    """x^(0) = h or RMSNorm(h); x^(t+1) = x^(t) + η_t (-P ∇ε)(norm(x^(t)))."""
+    x = h if start == "residual" else rms_norm(h, layer.norm.weight, layer.norm.eps)
+    for eta in etas:
+        x = x + eta * reference_direction(layer, x, h)
+    return x.detach()
+
+
+def build(kind, rand, **kw):
+    if kind == "attention":
+        layer = CEMAttention(D, K, kq_diag="none", exact_gradient=False, **kw)
+    else:
+        layer = CEMMLP(D, M, **kw)
+    return rand(layer.double(), seed=7)
+
+
+@pytest.mark.parametrize("kind", ["attention", "mlp"])
+@pytest.mark.parametrize("start", ["residual", "norm"])
+@pytest.mark.parametrize("schedule", ["constant", "inverse", "learned"])
+def test_recursion_equals_reference(rand, kind, start, schedule):
+    layer = build(kind, rand, steps=3, step_size=0.8, step_schedule=schedule, start=start, precond="diag")
+    if schedule == "learned":
+        with torch.no_grad():
+            layer.eta.step_gains.copy_(torch.tensor([1.2, 0.5, 0.9], dtype=torch.float64))
+    etas = {"constant": [0.8] * 3, "inverse": [0.8 / 3] * 3, "learned": [0.8 * 1.2, 0.8 * 0.5, 0.8 * 0.9]}[schedule]
+    h = torch.randn(B, J, D, dtype=torch.float64)
+    with torch.no_grad():
+        out = layer(h)
+    torch.testing.assert_close(out, reference_recursion(layer, h, etas, start), rtol=1e-10, atol=1e-10)
+
+
+def test_norm_start_drops_the_raw_residual(rand):
+    """With x^(0) = RMSNorm(h), a rescaled input gives the same output (RMSNorm is scale-invariant)."""
+    layer = build("mlp", rand, start="norm")
+    h = torch.randn(B, J, D, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(layer(h), layer(5 * h), rtol=1e-5, atol=1e-5)  # up to the norm eps
+        assert not torch.allclose(build("mlp", rand)(h), build("mlp", rand)(5 * h), rtol=1e-3)
+
+
+def test_learned_schedule_runs_beyond_its_trained_steps():
+    eta = StepSize(0.5, schedule="learned", learned_steps=2).double()
+    with torch.no_grad():
+        eta.step_gains.copy_(torch.tensor([2.0, 3.0]))
+    assert [float(eta(t, 5)) for t in range(5)] == [1.0, 1.5, 1.5, 1.5, 1.5]
+    assert StepSize(0.9, schedule="inverse")(0, 3) == pytest.approx(0.3)
+    assert StepSize(0.9)(2, 3) == 0.9
+
+
+def test_app_a_slopes_and_energy(rand):
+    torch.testing.assert_close(alibi_slopes(4, kind="app-a"), torch.tensor([0.5, 0.25, 0.125, 0.0625], dtype=torch.float64))
+    torch.testing.assert_close(alibi_slopes(8)[-1], torch.tensor(2.0**-8, dtype=torch.float64))
+    layer = rand(CEMAttention(D, K, kq_diag="shared", exact_gradient=True, alibi="app-a").double(), seed=3)
+    h, u = torch.randn(2, B, J, D, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(layer.energy(u, h), attention_head_energies(layer, u, h).sum(0))
+        out = layer(h)
+    torch.testing.assert_close(out, reference_recursion(layer, h, [1.0], "residual"), rtol=1e-10, atol=1e-10)
+    with pytest.raises(ValueError, match="alibi"):
+        CEMAttention(D, K, alibi="2^-k")
+
+
+@pytest.mark.parametrize("bad", [dict(step_schedule="cosine"), dict(start="zero")])
+def test_bad_recursion_options(bad):
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        CEMMLP(D, M, **bad)
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        model_config("micro", "cem", **bad)
+
+
+@pytest.mark.parametrize("per", ["model", "layer"])
+def test_random_depth_draws_in_training_only(per):
+    cfg = model_config("micro", "cem", vocab_size=32, attn_steps=2, mlp_steps=2, train_depth=per, train_depth_max=4, step_schedule="learned")
+    torch.manual_seed(0)
+    model = LanguageModel(cfg)
+    layers = model.descent_layers()
+    assert all(m.eta.step_gains.numel() == 4 for m in layers)  # one learned gain per step up to the deepest T
+    ids = torch.randint(0, 32, (2, 9))
+    draws = []
+    for _ in range(30):
+        model(ids)
+        draws.append(tuple(m.depth() for m in layers))
+    assert {d for row in draws for d in row} == {1, 2, 3, 4}
+    if per == "model":
+        assert all(len(set(row)) == 1 for row in draws)
+    else:
+        assert any(len(set(row)) > 1 for row in draws)
+    torch.manual_seed(5)  # the draws come from torch's generator: a resumed run redraws the same depths
+    first = model.draw_depths()
+    torch.manual_seed(5)
+    assert model.draw_depths() == first
+    model.eval()
+    assert all(m.depth() == 2 for m in layers)
+    with torch.no_grad():
+        out = model(ids)
+        model.set_steps(2)
+        torch.testing.assert_close(out, model(ids))
+
+
+def test_fixed_depth_never_draws():
+    model = LanguageModel(model_config("micro", "cem", vocab_size=32, attn_steps=2))
+    model(torch.randint(0, 32, (1, 5)))
+    assert all(m.drawn_steps is None and m.depth() == m.steps for m in model.descent_layers())
