@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 from ..data import SequenceSampler, build_split, get_tokenizer, load_corpus
 from ..device import autocast_for, device_name, peak_flops, pick_device
+from ..layers import CEMAttention
 from ..model import LanguageModel, ModelConfig, model_config, parameter_breakdown
 from ..model.flops import train_flops_per_token
 from .checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
@@ -151,10 +152,10 @@ def _train(run: RunConfig, rundir: RunDir, resume: bool, progress: bool, stop_at
     steps_total = total_steps(run, cfg, seq_len, info.world_size)
     identity = run_identity(run, cfg, tokenizer.name, corpus.fingerprint())
     _claim_run_dir(rundir, identity, run, steps_total, tokenizer, resume, info)
-    _announce_backend(cfg, device, progress)
 
     torch.manual_seed(t.seed)  # every process builds the same initial weights
     model = LanguageModel(cfg).to(device)
+    _announce_backend(model, device, progress)
     sampler = SequenceSampler(splits["train"], seq_len, seed=t.seed, rank=info.rank, world_size=info.world_size)
     restored = _restore(rundir, resume, model, sampler, info, steps_total, progress)
     if isinstance(restored, dict):
@@ -196,15 +197,13 @@ def _claim_run_dir(rundir: RunDir, identity: dict, run: RunConfig, steps_total: 
         rundir.write_run(identity, run, steps_total, tokenizer)
 
 
-def _announce_backend(cfg: ModelConfig, device: torch.device, progress: bool) -> None:
-    """Say which CEM attention backend "auto" runs. On CUDA this also runs the Triton kernel's one-time
-    self-check, eagerly, before torch.compile could trace the model (inside a graph it cannot run)."""
-    if cfg.attn == "cem" and cfg.attn_backend == "auto":
-        from ..kernels import auto_backend
-
-        chosen = auto_backend(device, shared_diag=cfg.kq_diag == "shared")
-        if progress:
-            print(f"CEM attention backend on {device}: {chosen}", file=sys.stderr)
+def _announce_backend(model: LanguageModel, device: torch.device, progress: bool) -> None:
+    """Say which backend the CEM attention core runs, as the layers resolve it (cached per device). On
+    CUDA, resolving "auto" runs the Triton kernel's one-time self-check, eagerly, before torch.compile
+    traces the model (inside a graph it cannot run)."""
+    chosen = sorted({m.resolved_backend(device) for m in model.modules() if isinstance(m, CEMAttention)})
+    if chosen and progress:
+        print(f"CEM attention backend on {device}: {', '.join(chosen)}", file=sys.stderr)
 
 
 def _restore(rundir: RunDir, resume: bool, model: LanguageModel, sampler: SequenceSampler, info: DistInfo, steps_total: int, progress: bool):
