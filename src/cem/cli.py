@@ -128,27 +128,25 @@ def cmd_info(args) -> int:
 
 
 def cmd_experiment(args) -> int:
-    from .experiments import ALL_IDS, run_experiment, write_report
+    from .experiments import SUITE_ORDER, run_suite, write_report
 
-    ids = ALL_IDS if args.id == "all" else (args.id,)
+    ids = SUITE_ORDER if args.id == "all" else tuple(args.id.split(","))
     overrides = {}
     if args.seeds:
-        overrides["seeds"] = tuple(int(s) for s in args.seeds.split(","))
-    if args.max_steps:
-        overrides["max_steps"] = args.max_steps
+        seeds = tuple(int(s) for s in args.seeds.split(","))
+        overrides.update(seeds=seeds, recursion_seeds=seeds)
     results = args.results or f"results/{args.scale}"
-    for exp_id in ids:
-        summary = run_experiment(exp_id, args.scale, results, args.data_dir, args.jobs, **overrides)
+    for summary in run_suite(args.scale, results, args.data_dir, args.jobs, ids, args.device, **overrides):
         for f in summary["findings"]:
-            print(f"{exp_id}: [{f['verdict']}] {f['claim']} -- {f['evidence']}")
-    print(f"report: {write_report(results)}")
+            print(f"{summary['experiment']}: [{f['verdict']}] {f['claim']} -- {f['evidence']}")
+    print(f"report: {write_report(results, allow_short=args.allow_short)}")
     return 0
 
 
 def cmd_report(args) -> int:
     from .experiments import write_report
 
-    print(write_report(args.results_dir))
+    print(write_report(args.results_dir, allow_short=args.allow_short))
     return 0
 
 
@@ -196,18 +194,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_generate)
 
-    p = sub.add_parser("experiment", help="run one of the paper's experiments (or 'all') at a scale")
-    p.add_argument("id", help="fig2a, fig2b, fig2c, fig2d, fig3a, fig3b, fig3c, fig4, table3, positional, test-time, energy, or all")
-    p.add_argument("--scale", default="cpu", choices=("cpu", "gpu", "paper"))
+    from .experiments import ALL_IDS, SCALES
+
+    p = sub.add_parser("experiment", help="run the paper's experiments (one, several, or 'all') at a scale, then write the report")
+    p.add_argument("id", help=f"an experiment, a comma-separated list, or all: {', '.join(ALL_IDS)}")
+    p.add_argument("--scale", default="cpu", choices=tuple(SCALES), help="cpu, gpu and paper follow the paper's budget; smoke is a few steps (default cpu)")
     p.add_argument("--results", help="results directory (default results/SCALE); finished runs there are skipped")
     p.add_argument("--data-dir", dest="data_dir", help="where the scale's corpus lives (default $CEM_DATA_DIR, else ./data)")
-    p.add_argument("--jobs", type=int, default=1, help="runs trained in parallel (CPU: processes sharing the cores)")
-    p.add_argument("--seeds", help="comma-separated seeds (default: the scale's)")
-    p.add_argument("--max-steps", type=int, dest="max_steps", help="override the scale's steps per run")
+    p.add_argument("--jobs", type=int, default=1, help="runs trained in parallel (CPU: processes sharing the cores; default 1)")
+    p.add_argument("--seeds", help="comma-separated seeds for every experiment (default: the scale's)")
+    p.add_argument("--device", default="auto", help="device of the analyses that evaluate trained models (default auto)")
+    p.add_argument("--allow-short", action="store_true", dest="allow_short",
+                   help="write the report even if runs are short of the Chinchilla budget (its first line says so)")
     p.set_defaults(func=cmd_experiment)
 
     p = sub.add_parser("report", help="write RESULTS_DIR/report.md from experiment results")
     p.add_argument("results_dir")
+    p.add_argument("--allow-short", action="store_true", dest="allow_short", help="accept runs short of the Chinchilla budget (the report's first line says so)")
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("info", help="print the resolved config and the parameter breakdown")

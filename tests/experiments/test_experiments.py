@@ -1,11 +1,18 @@
-"""The experiment suite: one tiny experiment end to end, resume/skip, findings logic, Akima, report."""
+"""The experiment suite: the protocol of every scale, shared runs, paired statistics and verdicts, one
+experiment end to end with resume, the report's budget check, test-time and energy analyses."""
 
 import random
 
 import pytest
 
-from cem.experiments import ALL_IDS, EXPERIMENTS, RunSpec, akima_optimum, get_scale, run_experiment, write_report
-from cem.experiments.registry import close, lower
+from cem.experiments import ALL_IDS, EXPERIMENTS, SCALES, SUITE_ORDER, RunSpec, akima_optimum, get_scale, run_experiment, write_report
+from cem.experiments.registry import close, gains_more, lower
+from cem.experiments.report import ShortOfBudget
+from cem.experiments.runner import _specs
+from cem.experiments.stats import Interval, ci_halfwidth
+from cem.experiments.sweep import run_config
+from cem.model.params import chinchilla_tokens
+from cem.training.trainer import total_steps
 
 
 @pytest.fixture(scope="module")
@@ -18,82 +25,126 @@ def corpus(tmp_path_factory):
     return d
 
 
-def tiny_scale(corpus):
-    return dict(data=str(corpus), seeds=(0, 1), max_steps=3, sizes=("tiny",), seq_len=32, batch_size=4)
+def smoke(corpus, **kw):
+    return dict(data=str(corpus), **kw)
 
 
 def test_every_experiment_is_defined_at_every_scale():
-    assert set(ALL_IDS) == {"fig2a", "fig2b", "fig2c", "fig2d", "fig3a", "fig3b", "fig3c", "fig4", "table3", "positional", "test-time", "energy"}
-    for scale in ("cpu", "gpu", "paper"):
+    assert set(ALL_IDS) == set(SUITE_ORDER) == {
+        "fig2a", "fig2b", "fig2c", "fig2d", "fig3a", "fig3b", "fig3c", "fig4", "table3",
+        "step-size", "positional", "readings", "test-time", "energy",
+    }
+    for scale in SCALES:
         s = get_scale(scale)
         for exp in EXPERIMENTS.values():
-            variants = exp.variants(s)
-            assert variants and len({v.label for v in variants}) == len(variants)
+            if exp.variants is not None:
+                variants = exp.variants(s)
+                assert variants and len({v.label for v in variants}) == len(variants)
 
 
-def test_slugs_are_unique_and_stable():
+@pytest.mark.parametrize("scale", ["cpu", "gpu", "paper"])
+def test_reported_scales_train_every_run_to_the_chinchilla_budget_with_the_paper_warmup(scale):
+    s = get_scale(scale)
+    assert s.findings and s.max_steps is None and s.tokens == "chinchilla"
+    assert len(s.seeds) >= (1 if scale == "paper" else 3) and len(s.recursion_seeds) >= (1 if scale == "paper" else 5)
+    specs = list(dict.fromkeys(x for i in SUITE_ORDER for x in _specs(i, s)))
+    for spec in specs[:: max(1, len(specs) // 25)]:
+        run = run_config(spec, s, None)
+        assert run.train.warmup_frac == 0.05 and run.train.max_steps is None
+        vocab = 256 if s.tokenizer == "byte" else 8192
+        cfg = run.model(vocab)
+        tokens = total_steps(run, cfg, run.train.seq_len, 1) * run.train.batch_size * run.train.grad_accum * run.train.seq_len
+        assert tokens >= chinchilla_tokens(spec.size, vocab, cfg.context)
+
+
+def test_recursion_experiments_use_five_seeds_at_cpu_scale():
+    s = get_scale("cpu")
+    for exp_id in ("fig2c", "fig2d", "fig3c", "fig4", "step-size", "test-time"):
+        assert EXPERIMENTS[exp_id].seeds == "recursion" and len(s.seeds_for("recursion")) == 5
+
+
+def test_shared_runs_are_one_run_and_slugs_are_stable():
     a = RunSpec.make("tiny", "cem-attn", attn_steps=2, attn_precond="diag")
     assert a.slug == RunSpec.make("tiny", "cem-attn", attn_precond="diag", attn_steps=2).slug
     assert a.slug != RunSpec.make("tiny", "cem-attn", attn_steps=2, attn_precond="diag_lowrank").slug
     assert a.slug != a.with_seed(1).slug
-    assert RunSpec.make("tiny", "llama", train={"lr": 1e-3}).slug != RunSpec.make("tiny", "llama", train={"lr": 2e-3}).slug
+    assert RunSpec.make("tiny", "cem-attn", attn_steps=1, kq_diag="shared") == RunSpec.make("tiny", "cem-attn")
+    assert RunSpec.make("tiny", "llama", train={"lr": 2e-3}) == RunSpec.make("tiny", "llama")
+    assert RunSpec.make("tiny", "llama", train={"lr": 1e-3}).slug != RunSpec.make("tiny", "llama").slug
+    s = get_scale("cpu")  # step-size shares its T=1 and T=2 constant-η runs with fig2c / fig2d
+    assert len(set(_specs("step-size", s)) & set(_specs("fig2c", s))) == 2 * 5
 
 
 def test_akima_optimum_finds_the_minimum():
     lrs = [5e-4, 1e-3, 2e-3, 4e-3, 8e-3]
-    ppl = [(x - 1.7) ** 2 + 10 for x in (-11, -10, -9, -8, -7)]  # minimum near log2(lr) = -8.3
-    lr, p = akima_optimum(lrs, [(l - 2**-8.3) ** 2 * 1e5 + 10 for l in lrs])
+    lr, p = akima_optimum(lrs, [(x - 2**-8.3) ** 2 * 1e5 + 10 for x in lrs])
     assert 2e-3 < lr < 4.5e-3 and p >= 10 - 1e-9
-    del ppl
+
+
+def test_interval_is_the_t_interval():
+    values = [1.0, 2.0, 4.0]
+    # mean 7/3, sample sd 1.5275, t_{0.975, 2} = 4.3027
+    assert ci_halfwidth(values) == pytest.approx(4.302653 * 1.527525 / 3**0.5, rel=1e-5)
+    assert Interval.of([0.5, 0.6, 0.7]).verdict(+1) == "held"
+    assert Interval.of([0.5, 0.6, 0.7]).verdict(-1) == "not held"
+    assert Interval.of([-1.0, 0.6, 0.7]).verdict(+1) == "inconclusive"
+    assert Interval.of([0.01, 0.02, 0.015]).within(0.05) == "held"
+    assert Interval.of([0.10, 0.11, 0.12]).within(0.05) == "not held"
+    assert Interval.of([0.3]).verdict(+1) == "held"  # one seed: the sign alone
 
 
 def rows(**ppl):
-    return [{"label": k, "test_perplexity": v[0], "test_perplexity_std": v[1], "seeds": 3} for k, v in ppl.items()]
+    return [{"label": k, "test_perplexity": sum(v) / len(v), "test_perplexity_per_seed": list(v)} for k, v in ppl.items()]
 
 
-def test_finding_verdicts():
-    assert lower(rows(a=(10, 0.1), b=(11, 0.1)), "a", "b", "a<b").verdict == "held"
-    assert lower(rows(a=(11, 0.1), b=(10, 0.1)), "a", "b", "a<b").verdict == "not held"
-    assert lower(rows(a=(10, 2.0), b=(10.5, 2.0)), "a", "b", "a<b").verdict == "inconclusive"
-    assert close(rows(a=(10, 0), b=(10.2, 0)), "a", "b", "a~b", 0.05).verdict == "held"
-    assert close(rows(a=(10, 0), b=(12, 0)), "a", "b", "a~b", 0.05).verdict == "not held"
-    from cem.experiments.registry import _reuse_findings
+def test_paired_verdicts():
+    # a seed-shared offset is noise for unpaired means but cancels in paired differences
+    r = rows(a=(10.0, 12.0, 14.0), b=(10.2, 12.2, 14.3))
+    assert lower(r, "a", "b", "a<b").verdict == "held"
+    assert lower(r, "b", "a", "b<a").verdict == "not held"
+    assert lower(rows(a=(10, 11, 9), b=(10.5, 10, 10)), "a", "b", "a<b").verdict == "inconclusive"
+    assert close(rows(a=(10, 10.1, 10.2), b=(10.1, 10.1, 10.1)), "a", "b", "a~b", 0.05).verdict == "held"
+    assert close(rows(a=(12, 12.1, 12.2), b=(10, 10.1, 10.0)), "a", "b", "a~b", 0.05).verdict == "not held"
+    g = rows(r1=(10, 11, 12), r2=(10, 11, 12), c1=(10, 11, 12), c2=(9, 10.1, 11))
+    assert gains_more(g, ("r1", "r2"), ("c1", "c2"), "x").verdict == "held"
+    assert gains_more(g, ("c1", "c2"), ("r1", "r2"), "x").verdict == "not held"
 
-    clear = rows(r1=(10, 0.01), r2=(10, 0.01), c1=(10, 0.01), c2=(9, 0.01))
-    assert [f.verdict for f in _reuse_findings(clear, ("r1", "r2"), [("c1", "c2")], "x")] == ["held", "held"]
-    noisy = rows(r1=(10, 0.5), r2=(10.1, 0.5), c1=(10, 0.5), c2=(10, 0.5))
-    assert [f.verdict for f in _reuse_findings(noisy, ("r1", "r2"), [("c1", "c2")], "x")] == ["inconclusive", "inconclusive"]
 
-
-def test_fig2c_end_to_end_with_resume_and_report(corpus, tmp_path, monkeypatch, capsys):
+def test_fig2c_end_to_end_with_resume_and_the_budget_check(corpus, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("CEM_CACHE_DIR", str(tmp_path / "cache"))
-    summary = run_experiment("fig2c", "cpu", tmp_path / "res", **tiny_scale(corpus))
+    summary = run_experiment("fig2c", "smoke", tmp_path / "res", **smoke(corpus))
     labels = [r["label"] for r in summary["rows"]]
-    assert labels == ["Llama tiny", "CEM attention T=1 diag", "CEM attention T=2 diag", "CEM attention T=1 diag_lowrank", "CEM attention T=2 diag_lowrank"]
-    assert all(r["seeds"] == 2 and r["test_perplexity_std"] > 0 for r in summary["rows"])
-    assert len(summary["findings"]) == 4 and {f["verdict"] for f in summary["findings"]} <= {"held", "not held", "inconclusive"}
+    assert labels == ["Llama micro", "CEM attention T=1 diag", "CEM attention T=2 diag", "CEM attention T=1 diag_lowrank", "CEM attention T=2 diag_lowrank"]
+    assert all(r["seeds"] == [0, 1] and len(r["test_perplexity_per_seed"]) == 2 for r in summary["rows"])
+    assert len(summary["findings"]) == 4 and all(f["difference"]["n"] == 2 for f in summary["findings"])
+    assert summary["short_runs"] == labels  # 3 steps: short of the budget
     assert (tmp_path / "res" / "fig2c" / "fig2c.png").stat().st_size > 1000
     assert len(list((tmp_path / "res" / "runs").iterdir())) == 10
     capsys.readouterr()
-    again = run_experiment("fig2c", "cpu", tmp_path / "res", **tiny_scale(corpus))  # everything finished: no training
+    again = run_experiment("fig2c", "smoke", tmp_path / "res", **smoke(corpus))  # everything finished: no training
     assert "0 to train" in capsys.readouterr().err
     assert again["rows"] == summary["rows"]
     with pytest.raises(ValueError, match="trained with other settings"):
-        run_experiment("fig2c", "cpu", tmp_path / "res", **{**tiny_scale(corpus), "max_steps": 4})
-    report = write_report(tmp_path / "res").read_text()
-    assert "## fig2c" in report and "![fig2c](fig2c/fig2c.png)" in report and "Llama tiny" in report
+        run_experiment("fig2c", "smoke", tmp_path / "res", **smoke(corpus, max_steps=4))
+    with pytest.raises(ShortOfBudget, match="--allow-short"):
+        write_report(tmp_path / "res")
+    report = write_report(tmp_path / "res", allow_short=True).read_text()
+    assert report.startswith("> **Not the paper's protocol")
+    assert "## fig2c" in report and "![fig2c](fig2c/fig2c.png)" in report and "Llama micro" in report and "95% CI" in report
 
 
 def test_test_time_and_energy(corpus, tmp_path, monkeypatch):
     monkeypatch.setenv("CEM_CACHE_DIR", str(tmp_path / "cache"))
-    scale = {**tiny_scale(corpus), "seeds": (0,)}
-    tt = run_experiment("test-time", "cpu", tmp_path / "res", **scale)
+    scale = smoke(corpus, seeds=(0,), recursion_seeds=(0, 1))
+    tt = run_experiment("test-time", "smoke", tmp_path / "res", **scale)
+    assert set(tt["curves"]) == {"full CEM trained T=1", "full CEM trained T=2", "full CEM trained T~U{1..3}"}
     curve = tt["curves"]["full CEM trained T=2"]
-    assert [r["eval_steps"] for r in curve] == [1, 2, 3, 4, 5, 6]
-    assert len(tt["findings"]) == 2
-    en = run_experiment("energy", "cpu", tmp_path / "res", **scale)
+    assert [r["eval_steps"] for r in curve] == [1, 2, 3]
+    assert curve[0]["flops_per_token"] < curve[1]["flops_per_token"] < curve[2]["flops_per_token"]
+    assert len(tt["findings"]) == 3  # T=1 -> 2 and T=2 -> 3; the T=3 model has no deeper evaluation here
+    en = run_experiment("energy", "smoke", tmp_path / "res", **scale)
     layers = en["energy"]
-    assert len(layers) == 2 * 2  # tiny: 2 blocks x (attention, MLP)
+    assert len(layers) == 2 * 2  # micro: 2 blocks x (attention, MLP)
     assert all(len(r["energy"]) == 5 and r["trained_steps"] == 2 for r in layers)
     assert (tmp_path / "res" / "energy" / "energy.png").exists()
 

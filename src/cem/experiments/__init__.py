@@ -1,6 +1,6 @@
-"""The paper's experiments (and three beyond it), one command each, at cpu / gpu / paper scale."""
+"""The paper's experiments (and ours beyond it), one command each, at cpu / gpu / paper scale."""
 
-from .registry import ALL_IDS, EXPERIMENTS, akima_optimum
+from .registry import ALL_IDS, EXPERIMENTS, SUITE_ORDER, akima_optimum
 from .report import write_report
 from .runner import run_experiment, run_suite
 from .scales import SCALES, Scale, get_scale
@@ -9,6 +9,7 @@ from .sweep import RunSpec, Variant, run_sweep
 __all__ = [
     "ALL_IDS",
     "EXPERIMENTS",
+    "SUITE_ORDER",
     "RunSpec",
     "SCALES",
     "Scale",

@@ -1,4 +1,6 @@
-"""One figure per experiment, shaped like the paper's (matplotlib, Agg backend)."""
+"""One figure per experiment, shaped like the paper's (matplotlib, Agg backend). Each takes the
+experiment's summary, a title and a path. Error bars are the 95% confidence interval of the mean over
+seeds (Student t); every figure says so in its caption, with the number of seeds."""
 
 from __future__ import annotations
 
@@ -11,24 +13,39 @@ import matplotlib.ticker
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from .stats import ci_halfwidth  # noqa: E402
+
 COLORS = {"Llama": "#e377c2", "CEM attention": "#1f77b4", "CEM MLP": "#1f77b4", "CEM MLP, parameter-matched": "#ff7f0e"}
 
 
-def _finish(fig, ax, title: str, path: Path) -> None:
+def _err(r: dict) -> float:
+    """Half-width of the 95% CI of a row's seed-mean perplexity (0 with one seed)."""
+    h = ci_halfwidth(r["test_perplexity_per_seed"])
+    return 0.0 if h != h else h
+
+
+def _caption(summary: dict) -> str:
+    n = len(summary.get("seeds", []))
+    return f"Points: mean test perplexity over {n} seeds; error bars: 95% confidence interval of the mean (t, {n} seeds)."
+
+
+def _finish(fig, ax, title: str, path: Path, caption: str) -> None:
     ax.set_title(textwrap.fill(title, 60), fontsize=9)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
+    fig.text(0.01, 0.005, textwrap.fill(caption, 110), fontsize=7, va="bottom")
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
-def plot_sizes(rows, title, path):
+def plot_sizes(summary, title, path):
     """Perplexity against parameters; each CEM point linked to its Llama baseline of the same size (Fig. 2a, 2b)."""
-    fig, ax = plt.subplots(figsize=(5.5, 4))
-    by_size = {}
+    rows = summary["rows"]
+    fig, ax = plt.subplots(figsize=(5.5, 4.4))
+    by_size: dict[str, list] = {}
     for r in rows:
         by_size.setdefault(r["size"], []).append(r)
-    for size, rs in by_size.items():
+    for rs in by_size.values():
         base = next(r for r in rs if r["group"] == "Llama")
         for r in rs:
             if r is not base:
@@ -36,111 +53,156 @@ def plot_sizes(rows, title, path):
     marker = {"Llama": "D", "CEM attention": "o", "CEM MLP": "o", "CEM MLP, parameter-matched": "^"}
     for group in dict.fromkeys(r["group"] for r in rows):
         rs = [r for r in rows if r["group"] == group]
-        ax.errorbar([r["parameters"] / 1e6 for r in rs], [r["test_perplexity"] for r in rs], yerr=[r["test_perplexity_std"] for r in rs],
+        ax.errorbar([r["parameters"] / 1e6 for r in rs], [r["test_perplexity"] for r in rs], yerr=[_err(r) for r in rs],
                     fmt=marker.get(group, "o"), color=COLORS.get(group), label=group, capsize=3)
         for r in rs:
             ax.annotate(r["size"], (r["parameters"] / 1e6, r["test_perplexity"]), fontsize=7, xytext=(3, 3), textcoords="offset points")
     ax.set_xlabel("parameters (M)")
     ax.set_ylabel("test perplexity")
     ax.legend(fontsize=8)
-    _finish(fig, ax, title, path)
+    _finish(fig, ax, title, path, _caption(summary) + " Gray lines join each CEM model to the Llama of its size.")
 
 
-def plot_steps(rows, title, path):
+def plot_steps(summary, title, path):
     """Perplexity against recursion steps T, one line per preconditioner, Llama dashed (Fig. 2c, 2d)."""
-    fig, ax = plt.subplots(figsize=(5, 4))
+    rows = summary["rows"]
+    fig, ax = plt.subplots(figsize=(5, 4.4))
     for r in rows:
         if r["group"] == "Llama":
-            ax.axhline(r["test_perplexity"], ls="--", color=COLORS["Llama"], label=r["label"])
+            ax.axhline(r["test_perplexity"], ls="--", color=COLORS["Llama"], label=f"{r['label']} (dashed)")
     for group in ("diag", "diag_lowrank"):
         rs = sorted((r for r in rows if r["group"] == group), key=lambda r: r["steps"])
-        ax.errorbar([r["steps"] for r in rs], [r["test_perplexity"] for r in rs], yerr=[r["test_perplexity_std"] for r in rs], marker="o", capsize=3, label=group)
+        ax.errorbar([r["steps"] for r in rs], [r["test_perplexity"] for r in rs], yerr=[_err(r) for r in rs], marker="o", capsize=3, label=f"preconditioner {group}")
     ax.set_xticks([1, 2])
     ax.set_xlabel("recursion steps T")
     ax.set_ylabel("test perplexity")
     ax.legend(fontsize=8)
-    _finish(fig, ax, title, path)
+    _finish(fig, ax, title, path, _caption(summary))
 
 
-def plot_lr(rows, title, path, optima=None):
-    """Perplexity against learning rate with Akima interpolants and their optima (stars) (Fig. 3a)."""
+def plot_lr(summary, title, path):
+    """Perplexity against learning rate with Akima interpolants and their optima (Fig. 3a)."""
     import numpy as np
     from scipy.interpolate import Akima1DInterpolator
 
-    fig, ax = plt.subplots(figsize=(5.5, 4))
+    rows, optima = summary["rows"], summary.get("optima", {})
+    fig, ax = plt.subplots(figsize=(5.5, 4.4))
     for group, color in (("Llama", "#ff7f0e"), ("CEM (T=2, diag+low-rank)", "#1f77b4")):
         rs = sorted((r for r in rows if r["group"] == group), key=lambda r: r["lr"])
         x = np.log2([r["lr"] for r in rs])
         y = [r["test_perplexity"] for r in rs]
-        ax.errorbar([r["lr"] for r in rs], y, yerr=[r["test_perplexity_std"] for r in rs], fmt="o", color=color, capsize=3, label=group)
+        ax.errorbar([r["lr"] for r in rs], y, yerr=[_err(r) for r in rs], fmt="o", color=color, capsize=3, label=group)
         grid = np.linspace(x[0], x[-1], 200)
         ax.plot(2**grid, Akima1DInterpolator(x, y)(grid), color=color, lw=1)
-        if optima and group in optima:
-            ax.plot(*optima[group], marker="*", ms=14, color=color)
+        if group in optima:
+            ax.plot(optima[group]["lr"], optima[group]["test_perplexity"], marker="*", ms=14, color=color, ls="none",
+                    label=f"{group}: Akima optimum")
     ax.set_xscale("log")
     lrs = sorted({r["lr"] for r in rows})
     ax.set_xticks(lrs, [f"{lr:g}" for lr in lrs])
     ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xlabel("learning rate")
     ax.set_ylabel("test perplexity")
-    ax.legend(fontsize=8)
-    _finish(fig, ax, title, path)
+    ax.legend(fontsize=7)
+    _finish(fig, ax, title, path, _caption(summary) + " Lines: Akima interpolants of the means over log2(lr); stars: their minima.")
 
 
-def plot_bars(rows, title, path):
-    """One bar per variant with seed error bars (Fig. 3b and our positional study)."""
-    fig, ax = plt.subplots(figsize=(5.5, 4))
-    labels = [r["label"] for r in rows]
-    ax.bar(range(len(rows)), [r["test_perplexity"] for r in rows], yerr=[r["test_perplexity_std"] for r in rows], capsize=3,
-           color=[COLORS["Llama"] if r["label"].startswith("Llama") else "#1f77b4" for r in rows])
-    lo = min(r["test_perplexity"] - 2 * r["test_perplexity_std"] for r in rows)
-    hi = max(r["test_perplexity"] + 2 * r["test_perplexity_std"] for r in rows)
-    ax.set_ylim(lo - 0.1 * (hi - lo), hi + 0.1 * (hi - lo))
-    ax.set_xticks(range(len(rows)), labels, rotation=20, ha="right", fontsize=8)
+def plot_points(summary, title, path):
+    """One point per variant with its interval (Fig. 3b, our positional and readings studies). Points, not
+    bars: a bar's length would have to start at 0 to be honest, and then the differences vanish."""
+    rows = summary["rows"]
+    fig, ax = plt.subplots(figsize=(5.5, 4.4))
+    for i, r in enumerate(rows):
+        color = COLORS["Llama"] if r["label"].startswith("Llama") else "#1f77b4"
+        ax.errorbar(i, r["test_perplexity"], yerr=_err(r), fmt="o", color=color, capsize=4)
+    ax.set_xticks(range(len(rows)), [textwrap.fill(r["label"], 18) for r in rows], fontsize=7)
+    ax.set_xlim(-0.5, len(rows) - 0.5)
     ax.set_ylabel("test perplexity")
-    _finish(fig, ax, title, path)
+    _finish(fig, ax, title, path, _caption(summary) + " Pink: Llama; blue: CEM.")
 
 
-def plot_gains(rows, title, path):
+def plot_gains(summary, title, path):
     """Perplexity at T=1 (or x1) and T=2 (or x2) per setting (Fig. 3c, 4)."""
-    fig, ax = plt.subplots(figsize=(5.5, 4))
+    rows = summary["rows"]
+    fig, ax = plt.subplots(figsize=(5.5, 4.4))
     groups = list(dict.fromkeys(r["group"] for r in rows))
     for i, g in enumerate(groups):
         rs = sorted((r for r in rows if r["group"] == g), key=lambda r: r["steps"])
         for r, color, dx in zip(rs, ("#ff7f0e", "#1f77b4"), (-0.15, 0.15)):
-            ax.errorbar(i + dx, r["test_perplexity"], yerr=r["test_perplexity_std"], fmt="o", color=color, capsize=3)
+            label = ("one step / one pass (T=1, x1)" if color == "#ff7f0e" else "two steps / two passes (T=2, x2)") if i == 0 else None
+            ax.errorbar(i + dx, r["test_perplexity"], yerr=_err(r), fmt="o", color=color, capsize=3, label=label)
         ax.plot([i - 0.15, i + 0.15], [r["test_perplexity"] for r in rs], color="gray", lw=1)
-    ax.set_xticks(range(len(groups)), groups, fontsize=8)
-    ax.set_ylabel("test perplexity (orange: T=1 / x1, blue: T=2 / x2)")
-    _finish(fig, ax, title, path)
-
-
-def plot_test_time(curves: dict[str, list[dict]], title, path):
-    """Test perplexity against the T used at evaluation, one line per training T."""
-    fig, ax = plt.subplots(figsize=(5, 4))
-    for label, rows in curves.items():
-        ax.errorbar([r["eval_steps"] for r in rows], [r["test_perplexity"] for r in rows], yerr=[r.get("test_perplexity_std", 0) for r in rows], marker="o", capsize=3, label=label)
-    ax.set_xlabel("recursion steps T at evaluation")
+    ax.set_xticks(range(len(groups)), [textwrap.fill(g, 16) for g in groups], fontsize=8)
     ax.set_ylabel("test perplexity")
     ax.legend(fontsize=8)
-    _finish(fig, ax, title, path)
+    _finish(fig, ax, title, path, _caption(summary))
 
 
-def plot_energy(rows, title, path):
+def plot_step_sizes(summary, title, path):
+    """Perplexity against T, one line per step-size schedule, attention and MLP side by side."""
+    rows = summary["rows"]
+    fig, axes = plt.subplots(1, 2, figsize=(9, 4.4))
+    for ax, name in zip(axes, ("CEM attention", "CEM MLP")):
+        rs = [r for r in rows if r["sublayer"] == name]
+        for schedule in dict.fromkeys(r["schedule"] for r in rs):
+            pts = sorted((r for r in rs if r["schedule"] == schedule or (schedule == "inverse" and r["schedule"] == "constant" and r["steps"] == 1)),
+                         key=lambda r: r["steps"])
+            label = {"constant": "η = 1", "inverse": "η = 1/T", "learned": "η learned per step"}[schedule]
+            ax.errorbar([r["steps"] for r in pts], [r["test_perplexity"] for r in pts], yerr=[_err(r) for r in pts], marker="o", capsize=3, label=label)
+        ax.set_xticks([1, 2, 3])
+        ax.set_xlabel("recursion steps T (training and evaluation)")
+        ax.set_ylabel("test perplexity")
+        ax.set_title(name, fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(textwrap.fill(title, 100), fontsize=9)
+    fig.text(0.01, 0.005, _caption(summary) + " At T=1, η = 1/T is η = 1.", fontsize=7, va="bottom")
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_test_time(summary, title, path):
+    """Test perplexity against forward FLOPs per token as T at evaluation grows, one line per trained model."""
+    fig, ax = plt.subplots(figsize=(6, 4.6))
+    for label, rows in summary["curves"].items():
+        x = [r["flops_per_token"] / 1e6 for r in rows]
+        y = [r["test_perplexity"] for r in rows]
+        err = [max(0.0, (r["test_perplexity_ci"]["hi"] - r["test_perplexity_ci"]["lo"]) / 2) if r["test_perplexity_ci"]["n"] > 1 else 0.0 for r in rows]
+        ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label=label)
+        for xi, yi, r in zip(x, y, rows):
+            ax.annotate(f"T={r['eval_steps']}", (xi, yi), fontsize=6, xytext=(2, 3), textcoords="offset points")
+    ax.set_xlabel("forward FLOPs per token (M), growing with T at evaluation")
+    ax.set_ylabel("test perplexity")
+    ax.legend(fontsize=8)
+    n = next(iter(summary["curves"].values()))[0]["test_perplexity_ci"]["n"]
+    _finish(fig, ax, title, path, f"Points: mean test perplexity over {n} seeds at each evaluation T; error bars: 95% confidence interval of the mean (t).")
+
+
+def plot_energy(summary, title, path):
     """Energy relative to the start point, per layer, at each recursion step."""
-    fig, axes = plt.subplots(1, 2, figsize=(9, 4))
+    rows = summary["energy"]
+    fig, axes = plt.subplots(1, 2, figsize=(9, 4.4))
     for ax, kind in zip(axes, ("attention", "mlp")):
         for r in (r for r in rows if r["kind"] == kind):
             e = r["energy"]
             scale = abs(e[0]) or 1.0
-            ax.plot(range(len(e)), [(v - e[0]) / scale for v in e], marker="o", label=r["layer"].replace("blocks.", "L").replace(".attn", "").replace(".mlp", ""))
-        ax.axvline(rows[0]["trained_steps"], ls=":", color="gray")
+            ax.plot(range(len(e)), [(v - e[0]) / scale for v in e], marker="o", label=r["layer"].replace("blocks.", "layer ").replace(".attn", "").replace(".mlp", ""))
+        ax.axvline(rows[0]["trained_steps"], ls=":", color="gray", label="trained T (dotted)")
         ax.set_xlabel("step t")
         ax.set_ylabel("(E_t - E_0) / |E_0|")
         ax.set_title(kind, fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle(textwrap.fill(title, 100), fontsize=9)
-    fig.tight_layout()
+    fig.text(0.01, 0.005, "Mean energy over 4 held-out sequences (one seed), relative to the start point; steps left of the dotted line are the trained ones.", fontsize=7, va="bottom")
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def plot_table3(summary, title, path):
+    """The GP regression study's own figure (RMSE against T per kernel)."""
+    from .gp_regression import plot_table3 as gp_plot
+
+    gp_plot(summary["gp_rows"], path)

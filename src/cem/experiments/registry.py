@@ -1,17 +1,21 @@
-"""The experiments: each is a list of labelled runs at a scale, and the paper's findings checked on them.
+"""The experiments as data: each entry names its training runs (variants of a size and architecture), the
+analysis that turns their results into the paper's findings, and its plot.
 
-A finding is *held* when the measured difference has the paper's sign and exceeds the seeds' noise
-(one standard error of the difference), *not held* when it has the opposite sign beyond the noise, and
-*inconclusive* otherwise.
+Findings are judged on seed-paired differences (`cem.experiments.stats`): *held* only when the 95%
+confidence interval of the mean paired difference excludes zero with the paper's sign; "A is close to B"
+findings are equivalence tests (the whole interval of the relative difference inside the tolerance).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Callable
 
+from . import plots
 from .scales import Scale
+from .stats import Interval
 from .sweep import RunSpec, Variant
 
 
@@ -20,56 +24,84 @@ class Finding:
     claim: str
     verdict: str  # "held" | "not held" | "inconclusive"
     evidence: str
+    difference: dict | None = None  # the paired difference (mean, lo, hi, n) the verdict rests on
+
+    def to_dict(self) -> dict:
+        return asdict(self)
 
 
-def _row(rows: list[dict], label: str) -> dict:
-    for r in rows:
-        if r["label"] == label:
-            return r
-    raise KeyError(label)
+@dataclass
+class Context:
+    """What an analysis sees: the scale, one row per variant (per-seed metrics in `*_per_seed`), where the
+    runs live, and the data directory (analyses that evaluate trained models need it)."""
 
-
-def _noise(a: dict, b: dict, key: str = "test_perplexity") -> float:
-    """Standard error of the difference of two seed means."""
-    return math.sqrt(a[key + "_std"] ** 2 / max(a["seeds"], 1) + b[key + "_std"] ** 2 / max(b["seeds"], 1))
-
-
-def lower(rows, better: str, worse: str, claim: str, margin: float = 0.0) -> Finding:
-    """Claim: `better` has a lower test perplexity than `worse` (by more than `margin`, relative)."""
-    a, b = _row(rows, better), _row(rows, worse)
-    diff = b["test_perplexity"] - a["test_perplexity"] - margin * b["test_perplexity"]
-    noise = _noise(a, b)
-    verdict = "held" if diff > noise else ("not held" if diff < -noise else "inconclusive")
-    evidence = (
-        f"{better}: {a['test_perplexity']:.3f} ± {a['test_perplexity_std']:.3f}; "
-        f"{worse}: {b['test_perplexity']:.3f} ± {b['test_perplexity_std']:.3f}"
-    )
-    return Finding(claim, verdict, evidence)
-
-
-def close(rows, a_label: str, b_label: str, claim: str, tolerance: float) -> Finding:
-    """Claim: the two perplexities are within `tolerance` (relative) of each other."""
-    a, b = _row(rows, a_label), _row(rows, b_label)
-    rel = abs(a["test_perplexity"] - b["test_perplexity"]) / b["test_perplexity"]
-    verdict = "held" if rel <= tolerance else "not held"
-    evidence = (
-        f"{a_label}: {a['test_perplexity']:.3f} ± {a['test_perplexity_std']:.3f}; {b_label}: "
-        f"{b['test_perplexity']:.3f} ± {b['test_perplexity_std']:.3f} ({rel:.1%} apart, tolerance {tolerance:.0%})"
-    )
-    return Finding(claim, verdict, evidence)
+    scale: Scale
+    rows: list[dict]
+    variants: list[Variant]
+    root: Path
+    out: Path
+    data_dir: str | None = None
+    device: str = "auto"
 
 
 @dataclass
 class Experiment:
     id: str
     question: str
-    variants: Callable[[Scale], list[Variant]]
-    findings: Callable[[list[dict], Scale], list[Finding]]
-    kind: str = "bars"  # how to plot: "sizes", "steps", "lr", "bars", "gains"
+    variants: Callable[[Scale], list[Variant]] | None  # None: no language-model runs (table3)
+    analyze: Callable[[Context], tuple[list[Finding], dict]]  # findings and extra results for the summary
+    plot: Callable[[dict, str, Path], None]  # (summary, title, png path)
+    seeds: str = "default"  # "recursion": the scale's recursion seeds (5 at cpu and gpu scale)
+    paper: bool = True  # False for ours (beyond the paper)
 
 
-def _llama(size: str) -> Variant:
-    return Variant(f"Llama {size}", RunSpec.make(size, "llama"), {"group": "Llama"})
+# --- findings on seed-paired differences -------------------------------------------------------------
+
+
+def row(rows: list[dict], label: str) -> dict:
+    for r in rows:
+        if r["label"] == label:
+            return r
+    raise KeyError(label)
+
+
+def per_seed(rows, label: str, key: str = "test_perplexity") -> list[float]:
+    return row(rows, label)[key + "_per_seed"]
+
+
+def _means(rows, *labels) -> str:
+    return "; ".join(f"{lab}: {row(rows, lab)['test_perplexity']:.3f}" for lab in labels)
+
+
+def lower(rows, better: str, worse: str, claim: str) -> Finding:
+    """Claim: `better` has a lower test perplexity than `worse` (paired difference worse - better > 0)."""
+    d = Interval.of([w - b for b, w in zip(per_seed(rows, better), per_seed(rows, worse))])
+    rel = d.mean / row(rows, worse)["test_perplexity"]
+    evidence = f"{_means(rows, better, worse)}; paired difference {d.text()} ({rel:+.1%} of {worse})"
+    return Finding(claim, d.verdict(+1), evidence, d.to_dict())
+
+
+def close(rows, a: str, b: str, claim: str, tolerance: float) -> Finding:
+    """Claim: `a` is within `tolerance` (relative) of `b`: the interval of (a - b) / b lies inside ±tolerance."""
+    d = Interval.of([(x - y) / y for x, y in zip(per_seed(rows, a), per_seed(rows, b))])
+    evidence = f"{_means(rows, a, b)}; relative paired difference {d.text('+.2%')}, tolerance ±{tolerance:.0%}"
+    return Finding(claim, d.within(tolerance), evidence, d.to_dict())
+
+
+def gains_more(rows, reuse: tuple[str, str], cem: tuple[str, str], claim: str) -> Finding:
+    """Claim: going from `cem[0]` to `cem[1]` lowers perplexity more than going from `reuse[0]` to `reuse[1]`."""
+    g_cem = [a - b for a, b in zip(per_seed(rows, cem[0]), per_seed(rows, cem[1]))]
+    g_reuse = [a - b for a, b in zip(per_seed(rows, reuse[0]), per_seed(rows, reuse[1]))]
+    d = Interval.of([c - r for c, r in zip(g_cem, g_reuse)])
+    evidence = (
+        f"perplexity gain {cem[0]} → {cem[1]}: {Interval.of(g_cem).mean:+.3f}; plain reuse {reuse[0]} → {reuse[1]}: "
+        f"{Interval.of(g_reuse).mean:+.3f}; difference of gains {d.text()}"
+    )
+    return Finding(claim, d.verdict(+1), evidence, d.to_dict())
+
+
+def _llama(size: str, group: str = "Llama") -> Variant:
+    return Variant(f"Llama {size}", RunSpec.make(size, "llama"), {"group": group})
 
 
 # --- fig2a / fig2b: single-step CEM sublayers as drop-in replacements --------------------------------
@@ -82,11 +114,11 @@ def fig2a_variants(s: Scale) -> list[Variant]:
     return out
 
 
-def fig2a_findings(rows, s: Scale) -> list[Finding]:
+def fig2a_findings(c: Context):
     return [
-        close(rows, f"CEM attention {size}", f"Llama {size}", f"{size}: CEM attention (T=1) is close to Llama with half the attention parameters", 0.05)
-        for size in s.sizes
-    ]
+        close(c.rows, f"CEM attention {size}", f"Llama {size}", f"{size}: CEM attention (T=1) is close to Llama (within 5%) with half the attention parameters", 0.05)
+        for size in c.scale.sizes
+    ], {}
 
 
 def fig2b_variants(s: Scale) -> list[Variant]:
@@ -100,52 +132,63 @@ def fig2b_variants(s: Scale) -> list[Variant]:
     return out
 
 
-def fig2b_findings(rows, s: Scale) -> list[Finding]:
+def fig2b_findings(c: Context):
     out = []
-    for size in s.sizes:
-        out.append(lower(rows, f"Llama {size}", f"CEM MLP {size}", f"{size}: CEM MLP (T=1) is worse than the gated MLP"))
-        out.append(lower(rows, f"CEM MLP matched {size}", f"CEM MLP {size}", f"{size}: parameter matching (1.5x width) helps the CEM MLP"))
-    return out
+    for size in c.scale.sizes:
+        out.append(lower(c.rows, f"Llama {size}", f"CEM MLP {size}", f"{size}: CEM MLP (T=1) is worse than the gated MLP"))
+        out.append(lower(c.rows, f"CEM MLP matched {size}", f"CEM MLP {size}", f"{size}: parameter matching (1.5x width) helps the CEM MLP"))
+    return out, {}
 
 
 # --- fig2c / fig2d: recursion and preconditioners ---------------------------------------------------
 
+PRECONDS = ("diag", "diag_lowrank")
 
-def _recursion_variants(s: Scale, arch: str, steps_key: str, precond_key: str, name: str) -> list[Variant]:
+
+def _sublayer(kind: str) -> tuple[str, str, str, str]:
+    """(architecture, steps key, preconditioner key, name) of the CEM attention or MLP experiments."""
+    return ("cem-attn", "attn_steps", "attn_precond", "CEM attention") if kind == "attn" else ("cem-mlp", "mlp_steps", "mlp_precond", "CEM MLP")
+
+
+def _recursion_variants(s: Scale, kind: str) -> list[Variant]:
+    arch, steps_key, precond_key, name = _sublayer(kind)
     out = [_llama(s.base)]
-    for precond in ("diag", "diag_lowrank"):
+    for precond in PRECONDS:
         for steps in (1, 2):
             spec = RunSpec.make(s.base, arch, **{steps_key: steps, precond_key: precond})
             out.append(Variant(f"{name} T={steps} {precond}", spec, {"group": precond, "steps": steps}))
     return out
 
 
-def _recursion_findings(rows, s: Scale, name: str) -> list[Finding]:
-    out = [lower(rows, f"{name} T=2 {p}", f"{name} T=1 {p}", f"{name}: T=2 improves on T=1 ({p} preconditioner)") for p in ("diag", "diag_lowrank")]
-    out.append(lower(rows, f"{name} T=2 diag_lowrank", f"{name} T=2 diag", f"{name}: at T=2 the diagonal-plus-low-rank preconditioner beats the diagonal one"))
+def _recursion_findings(c: Context, kind: str) -> list[Finding]:
+    name = _sublayer(kind)[3]
+    out = [lower(c.rows, f"{name} T=2 {p}", f"{name} T=1 {p}", f"{name}: T=2 improves on T=1 ({p} preconditioner)") for p in PRECONDS]
+    out.append(lower(c.rows, f"{name} T=2 diag_lowrank", f"{name} T=2 diag", f"{name}: at T=2 the diagonal-plus-low-rank preconditioner beats the diagonal one"))
     return out
 
 
-def fig2c_findings(rows, s):
-    return _recursion_findings(rows, s, "CEM attention") + [
-        lower(rows, "CEM attention T=2 diag_lowrank", f"Llama {s.base}", "with T=2 and preconditioners, CEM attention beats Llama attention")
-    ]
+def fig2c_findings(c: Context):
+    return _recursion_findings(c, "attn") + [
+        lower(c.rows, "CEM attention T=2 diag_lowrank", f"Llama {c.scale.base}", "with T=2 and preconditioners, CEM attention beats Llama attention")
+    ], {}
 
 
-def fig2d_findings(rows, s):
-    return _recursion_findings(rows, s, "CEM MLP") + [
-        lower(rows, f"Llama {s.base}", "CEM MLP T=2 diag_lowrank", "CEM MLP still trails the gated MLP at T=2 (the gap narrows)")
-    ]
+def fig2d_findings(c: Context):
+    return _recursion_findings(c, "mlp") + [
+        lower(c.rows, f"Llama {c.scale.base}", "CEM MLP T=2 diag_lowrank", "CEM MLP still trails the gated MLP at T=2 (the gap narrows)")
+    ], {}
 
 
 # --- fig3a: learning rates ---------------------------------------------------------------------------
+
+LR_GROUPS = ("Llama", "CEM (T=2, diag+low-rank)")
 
 
 def fig3a_variants(s: Scale) -> list[Variant]:
     out = []
     for lr in s.lrs:
-        out.append(Variant(f"Llama lr={lr:g}", RunSpec.make(s.base, "llama", train={"lr": lr}), {"group": "Llama", "lr": lr}))
-        out.append(Variant(f"CEM lr={lr:g}", RunSpec.make(s.base, "cem-t2", train={"lr": lr}), {"group": "CEM (T=2, diag+low-rank)", "lr": lr}))
+        out.append(Variant(f"Llama lr={lr:g}", RunSpec.make(s.base, "llama", train={"lr": lr}), {"group": LR_GROUPS[0], "lr": lr}))
+        out.append(Variant(f"CEM lr={lr:g}", RunSpec.make(s.base, "cem-t2", train={"lr": lr}), {"group": LR_GROUPS[1], "lr": lr}))
     return out
 
 
@@ -163,17 +206,37 @@ def akima_optimum(lrs: list[float], ppls: list[float]) -> tuple[float, float]:
     return float(2 ** grid[i]), float(curve[i])
 
 
-def fig3a_findings(rows, s) -> list[Finding]:
-    opt = {}
-    for group in ("Llama", "CEM (T=2, diag+low-rank)"):
+def lr_optima(rows: list[dict]) -> dict[str, dict]:
+    """Per group: the Akima optimum of the seed means, and the optimum of each seed's own curve."""
+    out = {}
+    for group in LR_GROUPS:
         rs = sorted((r for r in rows if r["group"] == group), key=lambda r: r["lr"])
-        opt[group] = akima_optimum([r["lr"] for r in rs], [r["test_perplexity"] for r in rs])
-    (llr, lppl), (clr, cppl) = opt["Llama"], opt["CEM (T=2, diag+low-rank)"]
-    ev = f"Akima optima: Llama lr {llr:.2e} ppl {lppl:.3f}; CEM lr {clr:.2e} ppl {cppl:.3f}"
+        lrs = [r["lr"] for r in rs]
+        lr, ppl = akima_optimum(lrs, [r["test_perplexity"] for r in rs])
+        seeds = [akima_optimum(lrs, [r["test_perplexity_per_seed"][i] for r in rs]) for i in range(len(rs[0]["seeds"]))]
+        out[group] = {"lr": lr, "test_perplexity": ppl, "per_seed": [{"lr": a, "test_perplexity": b} for a, b in seeds]}
+    return out
+
+
+def fig3a_findings(c: Context):
+    opt = lr_optima(c.rows)
+    llama, cem = opt[LR_GROUPS[0]]["per_seed"], opt[LR_GROUPS[1]]["per_seed"]
+    # matches or beats: CEM's best perplexity at most 1% above Llama's (a one-sided non-inferiority margin)
+    rel = Interval.of([(x["test_perplexity"] - y["test_perplexity"]) / y["test_perplexity"] for x, y in zip(cem, llama)])
+    hi = rel.hi if rel.n > 1 else rel.mean
+    lo = rel.lo if rel.n > 1 else rel.mean
+    matches = "held" if hi < 0.01 else ("not held" if lo > 0.01 else "inconclusive")
+    dlr = Interval.of([math.log2(x["lr"] / y["lr"]) for x, y in zip(cem, llama)])
+    ev = (
+        f"Akima optima of the seed means: Llama lr {opt[LR_GROUPS[0]]['lr']:.2e} ppl {opt[LR_GROUPS[0]]['test_perplexity']:.3f}; "
+        f"CEM lr {opt[LR_GROUPS[1]]['lr']:.2e} ppl {opt[LR_GROUPS[1]]['test_perplexity']:.3f}"
+    )
     return [
-        Finding("full CEM (T=2, preconditioners) matches or beats Llama at its best learning rate", "held" if cppl <= lppl * 1.01 else "not held", ev),
-        Finding("full CEM prefers a higher learning rate than Llama", "held" if clr > llr * 1.05 else ("not held" if clr < llr / 1.05 else "inconclusive"), ev),
-    ]
+        Finding("full CEM (T=2, preconditioners) matches or beats Llama at its best learning rate (within +1%)", matches,
+                f"{ev}; relative paired difference of the per-seed optima {rel.text('+.2%')}, margin +1%", rel.to_dict()),
+        Finding("full CEM prefers a higher learning rate than Llama", dlr.verdict(+1),
+                f"{ev}; paired difference of the per-seed optimal log2 lr (CEM - Llama) {dlr.text('+.2f')}", dlr.to_dict()),
+    ], {"optima": opt}
 
 
 # --- fig3b: the key-query diagonal ---------------------------------------------------------------------
@@ -186,11 +249,11 @@ def fig3b_variants(s: Scale) -> list[Variant]:
     return out
 
 
-def fig3b_findings(rows, s):
+def fig3b_findings(c: Context):
     return [
-        lower(rows, "diagonal shared", "diagonal none", "a key-query diagonal is needed (shared beats none)"),
-        close(rows, "diagonal shared", "diagonal per_head", "a shared diagonal is about as good as per-head diagonals", 0.02),
-    ]
+        lower(c.rows, "diagonal shared", "diagonal none", "a key-query diagonal is needed (shared beats none)"),
+        close(c.rows, "diagonal shared", "diagonal per_head", "a shared diagonal is about as good as per-head diagonals (within 2%)", 0.02),
+    ], {}
 
 
 # --- fig3c (MLP) / fig4 (attention): recursion vs plain layer reuse ------------------------------------
@@ -218,32 +281,52 @@ def fig4_variants(s: Scale) -> list[Variant]:
     ]
 
 
-def _gain(rows, one: str, two: str) -> float:
-    return _row(rows, one)["test_perplexity"] - _row(rows, two)["test_perplexity"]
-
-
 def _reuse_findings(rows, reuse: tuple[str, str], cems: list[tuple[str, str]], what: str) -> list[Finding]:
-    g_reuse = _gain(rows, *reuse)
     out = []
     for one, two in cems:
-        g = _gain(rows, one, two)
         out.append(lower(rows, two, one, f"{what}: within-layer recursion improves ({two} vs {one})"))
-        noise = math.hypot(_noise(_row(rows, one), _row(rows, two)), _noise(_row(rows, reuse[0]), _row(rows, reuse[1])))
-        verdict = "held" if g - g_reuse > noise else ("not held" if g - g_reuse < -noise else "inconclusive")
-        out.append(Finding(
-            f"{what}: recursion gains more than plain reuse ({two})",
-            verdict,
-            f"perplexity gain T=1→2: {g:.3f}; plain reuse x1→x2: {g_reuse:.3f}; noise (1 s.e. of the difference) {noise:.3f}",
-        ))
+        out.append(gains_more(rows, reuse, (one, two), f"{what}: recursion gains more than plain reuse ({two})"))
     return out
 
 
-def fig3c_findings(rows, s):
-    return _reuse_findings(rows, ("Llama MLP x1", "Llama MLP x2"), [("CEM MLP T=1", "CEM MLP T=2"), ("CEM MLP matched T=1", "CEM MLP matched T=2")], "MLP")
+def fig3c_findings(c: Context):
+    pairs = [("CEM MLP T=1", "CEM MLP T=2"), ("CEM MLP matched T=1", "CEM MLP matched T=2")]
+    return _reuse_findings(c.rows, ("Llama MLP x1", "Llama MLP x2"), pairs, "MLP"), {}
 
 
-def fig4_findings(rows, s):
-    return _reuse_findings(rows, ("Llama attention x1", "Llama attention x2"), [("CEM attention T=1", "CEM attention T=2")], "attention")
+def fig4_findings(c: Context):
+    return _reuse_findings(c.rows, ("Llama attention x1", "Llama attention x2"), [("CEM attention T=1", "CEM attention T=2")], "attention"), {}
+
+
+# --- step sizes: η = 1, 1/T or learned per step, at T = 1, 2, 3 (the paper fixes η = 1 only for T = 1) ----
+
+SCHEDULES = {"constant": "η=1", "inverse": "η=1/T", "learned": "η learned"}
+
+
+def step_size_variants(s: Scale) -> list[Variant]:
+    out = []
+    for kind in ("attn", "mlp"):
+        arch, steps_key, precond_key, name = _sublayer(kind)
+        for schedule, label in SCHEDULES.items():
+            for steps in (1, 2, 3):
+                if steps == 1 and schedule == "inverse":
+                    continue  # η / 1 = η: the constant run
+                spec = RunSpec.make(s.base, arch, step_schedule=schedule, **{steps_key: steps, precond_key: "diag_lowrank"})
+                out.append(Variant(f"{name} T={steps} {label}", spec, {"group": f"{name}, {label}", "sublayer": name, "schedule": schedule, "steps": steps}))
+    return out
+
+
+def step_size_findings(c: Context):
+    out = []
+    for name in ("CEM attention", "CEM MLP"):
+        for schedule, label in SCHEDULES.items():
+            one = f"{name} T=1 {SCHEDULES['constant' if schedule == 'inverse' else schedule]}"
+            out.append(lower(c.rows, f"{name} T=2 {label}", one, f"{name}, {label}: T=2 improves on T=1"))
+        for steps in (2, 3):
+            for schedule in ("inverse", "learned"):
+                out.append(lower(c.rows, f"{name} T={steps} {SCHEDULES[schedule]}", f"{name} T={steps} η=1",
+                                 f"(ours) {name} at T={steps}: {SCHEDULES[schedule]} beats η=1"))
+    return out, {}
 
 
 # --- beyond the paper ------------------------------------------------------------------------------------
@@ -258,11 +341,28 @@ def positional_variants(s: Scale) -> list[Variant]:
     ]
 
 
-def positional_findings(rows, s):
+def positional_findings(c: Context):
     return [
-        close(rows, "Llama ALiBi", "Llama RoPE", "(ours) ALiBi costs little against RoPE in Llama attention", 0.02),
-        close(rows, "CEM attention (ALiBi)", "Llama ALiBi", "(ours) with the same position encoding, CEM attention is close to Llama attention", 0.03),
+        close(c.rows, "Llama ALiBi", "Llama RoPE", "(ours) ALiBi costs little against RoPE in Llama attention (within 2%)", 0.02),
+        close(c.rows, "CEM attention (ALiBi)", "Llama ALiBi", "(ours) with the same position encoding, CEM attention is close to Llama attention (within 3%)", 0.03),
+    ], {}
+
+
+def readings_variants(s: Scale) -> list[Variant]:
+    b = s.base
+    return [
+        Variant("CEM attention, slopes 2^(-8k/K)", RunSpec.make(b, "cem-attn"), {"group": "ALiBi slopes"}),
+        Variant("CEM attention, slopes 2^(-k) (App. A)", RunSpec.make(b, "cem-attn", alibi="app-a"), {"group": "ALiBi slopes"}),
+        Variant("full CEM, x0 = h", RunSpec.make(b, "cem"), {"group": "start point"}),
+        Variant("full CEM, x0 = RMSNorm(h) (Alg. 1)", RunSpec.make(b, "cem", start="norm"), {"group": "start point"}),
     ]
+
+
+def readings_findings(c: Context):
+    return [
+        close(c.rows, "CEM attention, slopes 2^(-k) (App. A)", "CEM attention, slopes 2^(-8k/K)", "(ours) App. A's ALiBi slopes 2^(-k) do as well as the standard 2^(-8k/K) (within 2%)", 0.02),
+        close(c.rows, "full CEM, x0 = RMSNorm(h) (Alg. 1)", "full CEM, x0 = h", "(ours) Algorithm 1 read literally (x0 = RMSNorm(h)) does as well as x0 = h (within 2%)", 0.02),
+    ], {}
 
 
 def testtime_variants(s: Scale) -> list[Variant]:
@@ -270,28 +370,53 @@ def testtime_variants(s: Scale) -> list[Variant]:
     return [
         Variant("full CEM trained T=1", RunSpec.make(b, "cem"), {"group": "trained T=1", "steps": 1}),
         Variant("full CEM trained T=2", RunSpec.make(b, "cem", attn_steps=2, mlp_steps=2), {"group": "trained T=2", "steps": 2}),
+        Variant(
+            "full CEM trained T~U{1..3}",
+            RunSpec.make(b, "cem", attn_steps=3, mlp_steps=3, train_depth="model", train_depth_max=3),
+            {"group": "random depth", "steps": 3},
+        ),
     ]
 
 
-def energy_variants(s: Scale) -> list[Variant]:
-    return testtime_variants(s)[1:]
+def testtime_findings(c: Context):
+    from .analysis import test_time_study
+
+    return test_time_study(c)
+
+
+def energy_findings(c: Context):
+    from .analysis import energy_study
+
+    return energy_study(c)
+
+
+def table3_findings(c: Context):
+    from .analysis import gp_study
+
+    return gp_study(c)
 
 
 EXPERIMENTS: dict[str, Experiment] = {
     e.id: e
     for e in [
-        Experiment("fig2a", "CEM attention (T=1) vs Llama attention, per model size", fig2a_variants, fig2a_findings, "sizes"),
-        Experiment("fig2b", "CEM MLP (T=1) vs gated MLP, dimension- and parameter-matched", fig2b_variants, fig2b_findings, "sizes"),
-        Experiment("fig2c", "recursion and preconditioners in CEM attention", lambda s: _recursion_variants(s, "cem-attn", "attn_steps", "attn_precond", "CEM attention"), fig2c_findings, "steps"),
-        Experiment("fig2d", "recursion and preconditioners in the CEM MLP", lambda s: _recursion_variants(s, "cem-mlp", "mlp_steps", "mlp_precond", "CEM MLP"), fig2d_findings, "steps"),
-        Experiment("fig3a", "full CEM (T=2, diag+low-rank) vs Llama over learning rates", fig3a_variants, fig3a_findings, "lr"),
-        Experiment("fig3b", "key-query diagonal: none / shared / per head", fig3b_variants, fig3b_findings, "bars"),
-        Experiment("fig3c", "within-layer recursion vs plain layer reuse (MLP)", fig3c_variants, fig3c_findings, "gains"),
-        Experiment("fig4", "within-layer recursion vs plain layer reuse (attention)", fig4_variants, fig4_findings, "gains"),
-        Experiment("positional", "position encoding (RoPE, ALiBi) vs energy structure", positional_variants, positional_findings, "bars"),
-        Experiment("test-time", "models trained with T=1 and T=2, evaluated at T=1..6", testtime_variants, lambda rows, s: [], "test-time"),
-        Experiment("energy", "the energy of each layer at each recursion step on held-out text", energy_variants, lambda rows, s: [], "energy"),
+        Experiment("fig2a", "CEM attention (T=1) vs Llama attention, per model size", fig2a_variants, fig2a_findings, plots.plot_sizes),
+        Experiment("fig2b", "CEM MLP (T=1) vs gated MLP, dimension- and parameter-matched", fig2b_variants, fig2b_findings, plots.plot_sizes),
+        Experiment("fig2c", "recursion and preconditioners in CEM attention", lambda s: _recursion_variants(s, "attn"), fig2c_findings, plots.plot_steps, "recursion"),
+        Experiment("fig2d", "recursion and preconditioners in the CEM MLP", lambda s: _recursion_variants(s, "mlp"), fig2d_findings, plots.plot_steps, "recursion"),
+        Experiment("fig3a", "full CEM (T=2, diag+low-rank) vs Llama over learning rates", fig3a_variants, fig3a_findings, plots.plot_lr),
+        Experiment("fig3b", "key-query diagonal: none / shared / per head", fig3b_variants, fig3b_findings, plots.plot_points),
+        Experiment("fig3c", "within-layer recursion vs plain layer reuse (MLP)", fig3c_variants, fig3c_findings, plots.plot_gains, "recursion"),
+        Experiment("fig4", "within-layer recursion vs plain layer reuse (attention)", fig4_variants, fig4_findings, plots.plot_gains, "recursion"),
+        Experiment("step-size", "step size η at T = 1, 2, 3: constant 1, 1/T, or learned per step (diag+low-rank P)", step_size_variants, step_size_findings, plots.plot_step_sizes, "recursion", paper=False),
+        Experiment("positional", "position encoding (RoPE, ALiBi) vs energy structure", positional_variants, positional_findings, plots.plot_points, paper=False),
+        Experiment("readings", "the paper's two ambiguous readings: ALiBi slopes and the start point x0", readings_variants, readings_findings, plots.plot_points, paper=False),
+        Experiment("test-time", "perplexity against test-time compute: models trained at T=1, T=2 and random depth, evaluated at T=1..8", testtime_variants, testtime_findings, plots.plot_test_time, "recursion", paper=False),
+        Experiment("energy", "the energy of each layer at each recursion step on held-out text", lambda s: testtime_variants(s)[1:2], energy_findings, plots.plot_energy, paper=False),
+        Experiment("table3", "recursion on synthetic Gaussian-process regression (10 input dims)", None, table3_findings, plots.plot_table3),
     ]
 }
 
-ALL_IDS = (*EXPERIMENTS, "table3")
+ALL_IDS = tuple(EXPERIMENTS)
+# the order `all` runs them: the recursion findings first, so a suite cut short has the most important ones
+SUITE_ORDER = ("fig2c", "fig2d", "fig4", "fig3c", "step-size", "test-time", "energy", "fig2a", "fig2b", "fig3b", "positional", "readings", "fig3a", "table3")
+assert sorted(SUITE_ORDER) == sorted(ALL_IDS)

@@ -4,17 +4,18 @@ finished and resumed when interrupted; several seeds reduced to mean ± std."""
 from __future__ import annotations
 
 import hashlib
-import math
+import json
 import os
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
 
 from ..training.rundir import RunDir, run_identity
 from .scales import Scale
+from .stats import mean_std
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,16 @@ class RunSpec:
 
     @classmethod
     def make(cls, size: str, arch: str, seed: int = 0, train: dict | None = None, **model) -> "RunSpec":
-        return cls(size, arch, tuple(sorted(model.items())), tuple(sorted((train or {}).items())), seed)
+        """A spec with the overrides that differ from the preset, the architecture and the training
+        defaults: the same run asked for by two experiments (say `attn_steps=1` spelled out) is one run."""
+        from ..model import model_config
+        from ..training.config import TrainConfig
+
+        base = model_config(size, arch).to_dict()
+        model = {k: v for k, v in model.items() if base.get(k, object()) != v}
+        defaults = TrainConfig()
+        train = {k: v for k, v in (train or {}).items() if getattr(defaults, k, object()) != v}
+        return cls(size, arch, tuple(sorted(model.items())), tuple(sorted(train.items())), seed)
 
     @property
     def slug(self) -> str:
@@ -73,11 +83,9 @@ def _run_one(args) -> dict:
     out = Path(root) / "runs" / spec.slug
     if RunDir(out).results() is not None:
         return RunDir(out).results()
-    started = time.perf_counter()
     res = train(run_config(spec, scale, data_dir), out, resume=True, progress=False)
     if isinstance(res, Interrupted):
         raise SystemExit(f"interrupted while training {spec.slug}; run the same command again to resume")
-    print(f"  done {spec.slug}: test ppl {res['test_perplexity']:.3f} in {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
     return res
 
 
@@ -90,13 +98,34 @@ def run_sweep(specs: list[RunSpec], scale: Scale, root: Path, data_dir: str | No
     print(f"{len(unique)} runs, {len(unique) - len(todo)} already finished, {len(todo)} to train", file=sys.stderr, flush=True)
     threads = max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 else 0
     args = [(s, scale, data_dir, str(root), threads) for s in todo]
+    progress = _Progress(len(todo))
     if jobs > 1 and len(todo) > 1:
         with ProcessPoolExecutor(jobs, mp_context=get_context("spawn")) as pool:
-            list(pool.map(_run_one, args))
+            futures = {pool.submit(_run_one, a): a[0] for a in args}
+            for fut in as_completed(futures):
+                progress.done(futures[fut], fut.result())
     else:
         for a in args:
-            _run_one(a)
+            progress.done(a[0], _run_one(a))
     return {s: RunDir(Path(root) / "runs" / s.slug).results() for s in unique}
+
+
+class _Progress:
+    """One line per finished run: its test perplexity and tokens per parameter, runs left, and an ETA."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.finished, self.started = total, 0, time.perf_counter()
+
+    def done(self, spec: RunSpec, res: dict) -> None:
+        self.finished += 1
+        elapsed = time.perf_counter() - self.started
+        eta = elapsed / self.finished * (self.total - self.finished)
+        print(
+            f"  [{self.finished}/{self.total}] {spec.slug}: test ppl {res['test_perplexity']:.3f}, "
+            f"{res['tokens_seen']:,} tokens in {res['wall_time_s']:.0f} s; elapsed {elapsed / 60:.1f} min, ETA {eta / 60:.1f} min",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def _check_finished(spec: RunSpec, scale: Scale, root: Path, data_dir: str | None) -> None:
@@ -107,26 +136,29 @@ def _check_finished(spec: RunSpec, scale: Scale, root: Path, data_dir: str | Non
         raise ValueError(f"{run.path} was trained with other settings ({', '.join(diff)} differ); use another --results directory")
 
 
-def mean_std(values: list[float]) -> tuple[float, float]:
-    """Mean and sample standard deviation (0 for one value)."""
-    n = len(values)
-    mean = sum(values) / n
-    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else 0.0
-    return mean, std
+def budget_tokens(res: dict) -> int:
+    """The Chinchilla budget of a finished run's Llama baseline (20 tokens per parameter)."""
+    from ..model.params import chinchilla_tokens
+
+    return chinchilla_tokens(res["config"]["train"]["preset"], res["model"]["vocab_size"], res["model"]["context"])
 
 
 def summarize(variants: list[Variant], results: dict[RunSpec, dict], seeds: tuple[int, ...]) -> list[dict]:
-    """One row per variant: test perplexity / bits per byte / loss as mean ± std over seeds, parameters."""
+    """One row per variant: the per-seed test metrics (for paired statistics), their mean ± std, the
+    parameters, the tokens seen and the Chinchilla budget of the variant's Llama baseline."""
     rows = []
     for v in variants:
         runs = [results[v.spec.with_seed(s)] for s in seeds]
-        row = {"label": v.label, "size": v.spec.size, "arch": v.spec.arch, **v.tags, "seeds": len(runs)}
+        row = {"label": v.label, "size": v.spec.size, "arch": v.spec.arch, **v.tags, "seeds": list(seeds)}
         for key in ("test_perplexity", "test_bits_per_byte", "test_loss"):
-            row[key], row[key + "_std"] = mean_std([r[key] for r in runs])
+            row[key + "_per_seed"] = [r[key] for r in runs]
+            row[key], row[key + "_std"] = mean_std(row[key + "_per_seed"])
         row["parameters"] = runs[0]["parameters"]["total"]
         row["attention_parameters"] = runs[0]["parameters"]["attention"]
         row["mlp_parameters"] = runs[0]["parameters"]["mlp"]
-        row["tokens"] = runs[0]["tokens_seen"]
+        row["tokens"] = min(r["tokens_seen"] for r in runs)
+        row["budget_tokens"] = budget_tokens(runs[0])
+        row["tokens_per_llama_parameter"] = 20 * row["tokens"] / row["budget_tokens"]
         row["wall_time_s"] = mean_std([r["wall_time_s"] for r in runs])[0]
         rows.append(row)
     return rows

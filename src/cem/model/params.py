@@ -47,3 +47,16 @@ def format_breakdown(rows: dict[str, dict[str, int]]) -> str:
         ratios = " | ".join(f"{rows[n][g] / ref[g]:.3f}" if ref[g] else "-" for n in names[1:])
         lines.append(f"| {g} | {vals} | {ratios} |" if ratios else f"| {g} | {vals} |")
     return "\n".join(lines)
+
+
+def chinchilla_tokens(preset: str, vocab_size: int, context: int) -> int:
+    """The paper's training budget (§4, App. C): 20 tokens per parameter of the Llama baseline of `preset`
+    with this vocabulary (embeddings and head included, as the paper's Table 1 counts them)."""
+    import torch
+
+    from .config import model_config
+    from .lm import LanguageModel
+
+    with torch.device("meta"):
+        llama = LanguageModel(model_config(preset, "llama", vocab_size=vocab_size, context=context))
+    return 20 * parameter_breakdown(llama)["total"]

@@ -22,7 +22,8 @@ from tqdm import tqdm
 from ..data import SequenceSampler, build_split, get_tokenizer, load_corpus
 from ..device import autocast_for, device_name, peak_flops, pick_device
 from ..layers import CEMAttention
-from ..model import LanguageModel, ModelConfig, model_config, parameter_breakdown
+from ..model import LanguageModel, ModelConfig, parameter_breakdown
+from ..model.params import chinchilla_tokens
 from ..model.flops import train_flops_per_token
 from .checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from .config import RunConfig, TrainConfig
@@ -58,9 +59,7 @@ def total_steps(run: RunConfig, cfg: ModelConfig, seq_len: int, world_size: int)
     if t.tokens is None:
         raise ValueError("no training budget: give max_steps or tokens (a number or 'chinchilla')")
     if str(t.tokens).lower() == "chinchilla":
-        with torch.device("meta"):
-            llama = LanguageModel(model_config(t.preset, "llama", vocab_size=cfg.vocab_size, context=cfg.context))
-        budget = 20 * parameter_breakdown(llama)["total"]
+        budget = chinchilla_tokens(t.preset, cfg.vocab_size, cfg.context)
     else:
         try:
             budget = int(float(t.tokens))
