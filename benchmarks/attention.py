@@ -40,7 +40,7 @@ from benchmarks.common import (
     ratio,
     setup,
 )
-from cem.kernels.cem_attention import HAS_TRITON
+from cem.kernels import HAS_TRITON
 from cem.layers import CEMAttention, LlamaAttention
 
 ALL_BACKENDS = ("eager", "sdpa", "flex", "triton")

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import gc
-import platform
 import statistics
 import subprocess
 import sys
@@ -24,20 +23,13 @@ from typing import Callable
 
 import torch
 
+from cem.device import cpu_model, device_name, pick_device  # noqa: F401 (cpu_model: re-exported)
+
 REPO = Path(__file__).resolve().parent.parent
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 # ----------------------------------------------------------------------------------------------- device
-
-
-def pick_device(name: str) -> torch.device:
-    """"auto" (CUDA when available, else CPU), "cpu" or "cuda"; asking for CUDA without one is an error."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise SystemExit("--device cuda: no CUDA device is available (torch.cuda.is_available() is False)")
-    return torch.device(name)
 
 
 def pick_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -49,25 +41,6 @@ def pick_dtype(name: str, device: torch.device) -> torch.dtype:
 
 def dtype_name(dtype: torch.dtype) -> str:
     return {v: k for k, v in DTYPES.items()}.get(dtype, str(dtype).removeprefix("torch."))
-
-
-def cpu_model() -> str:
-    """The CPU model name from /proc/cpuinfo (platform's answer where that file is missing)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown CPU"
-
-
-def device_name(device: torch.device) -> str:
-    """The GPU's name, or the CPU model with the number of threads torch uses."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    n = torch.get_num_threads()
-    return f"{cpu_model()} ({n} thread{'s' if n != 1 else ''})"
 
 
 def git_commit() -> str | None:
@@ -320,7 +293,10 @@ def parser(
 
 def setup(args: argparse.Namespace, repeats: tuple[int, int], warmup: tuple[int, int]) -> torch.device:
     """Device, threads and seed from the common flags; fills repeats / warmup with the (GPU, CPU) defaults."""
-    device = pick_device(args.device)
+    try:
+        device = pick_device(args.device)
+    except ValueError as e:
+        raise SystemExit(f"--device: {e}") from None
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)

@@ -7,7 +7,7 @@ Llama; ratios to our Llama.
         [--no-hf] [--threads N]
 
 MFU = tokens/s × train_flops_per_token(cfg, seq_len) / peak, where peak is the device's matmul FLOP/s
-measured by `cem.training.hardware.peak_flops` in this run (bf16 when training under bf16 autocast, fp32
+measured by `cem.device.peak_flops` in this run (bf16 when training under bf16 autocast, fp32
 otherwise). The four models of one preset are timed step by step, round-robin, on the same batch.
 """
 
@@ -20,13 +20,12 @@ if __package__ in (None, ""):  # run as a file: make `benchmarks.common` importa
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch
-import torch.nn.functional as F
 
 from benchmarks.common import Candidate, Report, Table, fmt, free_memory, interleaved, parser, ratio, setup
 from cem.model import LanguageModel, model_config
 from cem.model.flops import train_flops_per_token
-from cem.training.hardware import peak_flops
-from cem.training.trainer import autocast_for
+from cem.model.loss import next_token_loss
+from cem.device import autocast_for, peak_flops, uses_bf16
 
 GPU_PRESETS = ("small", "134M")
 CPU_PRESETS = ("small",)
@@ -57,11 +56,10 @@ def hf_llama(ours: LanguageModel) -> torch.nn.Module:
     return LlamaForCausalLM(config)
 
 
-def train_step(model, forward, x, y, autocast, opt):
+def train_step(model, loss_of, x, y, autocast, opt):
     def step():
         with autocast:
-            logits = forward(model, x)
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
+            loss = loss_of(model, x, y)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -96,8 +94,11 @@ def bench_preset(args, device, preset: str, peak: float) -> list[list[object]]:
         model.to(device).train()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
         module = torch.compile(model) if args.compile else model
-        forward = (lambda m, x: m(input_ids=x).logits) if name == HF else (lambda m, x: m(x))
-        cands[name] = Candidate(train_step(module, forward, x, y, autocast, opt))
+        if name == HF:
+            loss_of = lambda m, x, y: next_token_loss(m(input_ids=x).logits, y)  # noqa: E731
+        else:
+            loss_of = lambda m, x, y: m(x, y)  # noqa: E731
+        cands[name] = Candidate(train_step(module, loss_of, x, y, autocast, opt))
     print(f"{preset}: seq {seq}, batch {batch}", file=sys.stderr)
     timings = interleaved(cands, device, repeats=args.repeats, warmup=args.warmup)
 
@@ -134,7 +135,7 @@ def main(argv: list[str] | None = None) -> Report:
     device = setup(args, repeats=(20, 5), warmup=(3, 1))
     gpu = device.type == "cuda"
     presets = args.presets or list(GPU_PRESETS if gpu else CPU_PRESETS)
-    bf16 = args.precision == "bf16" or (args.precision == "auto" and gpu and torch.cuda.is_bf16_supported())
+    bf16 = uses_bf16(args.precision, device)
     peak_dtype = torch.bfloat16 if bf16 else torch.float32
     print("measuring peak matmul FLOP/s", file=sys.stderr)
     peak = peak_flops(device, peak_dtype)

@@ -54,35 +54,24 @@ def cmd_train(args) -> int:
 
 def _load_run(path: str):
     """Model and tokenizer of a run directory (its checkpoint) or of a saved model directory."""
-    from .data import load_tokenizer
-    from .model import load_pretrained
-    from .training import find_checkpoint, verify_checkpoint
+    from .training import RunDir
 
-    run_dir = Path(path)
-    if not run_dir.exists():
-        raise FileNotFoundError(f"no run or model directory at {run_dir}")
-    ckpt = find_checkpoint(run_dir)
-    model_dir = ckpt if ckpt is not None else run_dir
-    if ckpt is not None:
-        verify_checkpoint(ckpt)
-    tok_dir = run_dir / "tokenizer"
-    tokenizer = load_tokenizer(tok_dir) if tok_dir.exists() else None
-    return load_pretrained(model_dir), tokenizer, run_dir
+    run = RunDir(path)
+    return run.load_model(), run.load_tokenizer(), run
 
 
 def cmd_eval(args) -> int:
     from .data import build_split, load_corpus
     from .model import parameter_breakdown
+    from .device import autocast_for, pick_device
     from .training.evaluate import evaluate
-    from .training.trainer import autocast_for, pick_device
 
-    model, tokenizer, run_dir = _load_run(args.ckpt)
+    model, tokenizer, run = _load_run(args.ckpt)
     if tokenizer is None:
-        raise ValueError(f"{run_dir} has no tokenizer/ directory; evaluate a run directory written by `cem train`")
+        raise ValueError(f"{run.path} has no tokenizer/ directory; evaluate a run directory written by `cem train`")
     if tokenizer.vocab_size != model.config.vocab_size:
         raise ValueError(f"vocabulary mismatch: tokenizer has {tokenizer.vocab_size} symbols, model {model.config.vocab_size}")
-    run = json.loads((run_dir / "run.json").read_text()) if (run_dir / "run.json").exists() else {}
-    data = args.data or run.get("config", {}).get("train", {}).get("data", "python-stdlib")
+    data = args.data or (run.read_run() or {}).get("config", {}).get("train", {}).get("data", "python-stdlib")
     device = pick_device(args.device)
     split = build_split(load_corpus(data, args.data_dir), tokenizer, args.split)
     seq_len = args.seq_len or model.config.context
@@ -98,9 +87,9 @@ def cmd_eval(args) -> int:
 def cmd_generate(args) -> int:
     import torch
 
-    model, tokenizer, run_dir = _load_run(args.ckpt)
+    model, tokenizer, run = _load_run(args.ckpt)
     if tokenizer is None:
-        raise ValueError(f"{run_dir} has no tokenizer/ directory; generate from a run directory written by `cem train`")
+        raise ValueError(f"{run.path} has no tokenizer/ directory; generate from a run directory written by `cem train`")
     ids = tokenizer.encode(args.prompt) or [tokenizer.eot_id]
     gen = torch.Generator().manual_seed(args.seed)
     out = model.generate(torch.tensor(ids), args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.steps, gen)

@@ -134,7 +134,7 @@ def test_tiny_study_end_to_end_with_resume(tmp_path, monkeypatch):
         calls.append(args[:3])
         return real(*args, **kw)
 
-    monkeypatch.setattr(gp, "run_cell", counting)
+    monkeypatch.setattr(gp.study, "run_cell", counting)  # the study calls its own module's run_cell
     kw = dict(kernels=("rbf", "nonstationary"), seeds=(0,), scale="tiny", out_dir=tmp_path, progress=False)
     first = gp.run_gp_study(steps=(1,), **kw)
     assert len(first) == 2 and len(calls) == 2

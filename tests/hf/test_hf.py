@@ -275,7 +275,7 @@ def test_sampling_and_beam_search_match_transformers_llama(tmp_path):
 def test_rope_convention_is_transformers_rotate_half():
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
-    from cem.layers.functional import apply_rope, rope_tables
+    from cem.layers.position import apply_rope, rope_tables
 
     d, n = 16, 11
     config = LlamaConfig(hidden_size=64, num_attention_heads=4, head_dim=d, max_position_embeddings=64)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from cem.layers import CEMMLP, CEMAttention
-from cem.layers.functional import alibi_slopes
+from cem.layers.position import alibi_slopes
 from cem.layers.steps import StepSize
 from cem.model import LanguageModel, model_config
 from cem_reference import attention_head_energies, mlp_energy, precond_dense, rms_norm

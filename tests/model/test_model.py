@@ -105,3 +105,18 @@ def test_generate_fills_the_context_exactly():
     model = LanguageModel(model_config("tiny", "cem", vocab_size=97, context=12))
     out = model.generate(torch.zeros(1, 4, dtype=torch.long), 9, temperature=0)  # 4 + 9 - 1 = 12 positions fed
     assert out.shape == (1, 13)
+
+
+def test_forward_with_targets_returns_the_loss():
+    torch.manual_seed(0)
+    model = LanguageModel(model_config("tiny", "cem", vocab_size=50, context=16))
+    ids = torch.randint(0, 50, (2, 9))
+    x, y = ids[:, :-1], ids[:, 1:]
+    per_token = model(x, y, reduction="none")
+    ref = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten(), reduction="none").view(2, 8)
+    torch.testing.assert_close(per_token, ref)
+    torch.testing.assert_close(model(x, y), ref.mean())
+    torch.testing.assert_close(model(x, y, reduction="sum"), ref.sum())
+    assert model.loss(x, y) == model(x, y)
+    with pytest.raises(ValueError, match="unknown reduction"):
+        model(x, y, reduction="max")

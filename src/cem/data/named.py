@@ -19,10 +19,10 @@ ENWIK8_SPLIT_BYTES = (90_000_000, 5_000_000, 5_000_000)
 _WIKITEXT_TITLE = re.compile(r"^ = [^=].* = $", re.MULTILINE)
 _TINYSTORIES_TRAIN = "TinyStories-train-first1000.txt"
 _TINYSTORIES_VALID = "TinyStories-validation-head.txt"
-_SHARED_HINT = "a prepared copy may be at ../shared/data (see its README.md)"
+_DATA_HINT = "README.md (section 'Data directory') says where to get each corpus"
 
 
-def _require(data_dir: Path, corpus: str, *candidates: str, hint: str = _SHARED_HINT) -> Path:
+def _require(data_dir: Path, corpus: str, *candidates: str, hint: str = _DATA_HINT) -> Path:
     """The first of `candidates` (relative to data_dir) that exists, else a FileNotFoundError saying where to put it."""
     for rel in candidates:
         if (data_dir / rel).is_file():
@@ -94,7 +94,7 @@ def load_tinyshakespeare(data_dir: Path) -> Corpus:
 
 
 def load_tinystories(data_dir: Path) -> Corpus:
-    """TinyStories subsets from tinystories/ (see shared/data/README.md); text kept as is.
+    """TinyStories subsets from tinystories/ (README.md, 'Data directory'); text kept as is.
 
     Train: TinyStories-train-first1000.txt, where each story ends with a single newline and
     paragraphs are separated by blank lines; a document ends at a newline that is followed by
@@ -119,7 +119,7 @@ def load_enwik8(data_dir: Path) -> Corpus:
     The bytes are decoded as latin-1 so that one character is one byte of the file and the
     corpus's `n_bytes` is the byte count of the split (encoding="latin-1").
     """
-    hint = "../shared/data has no copy; get enwik8.zip from http://mattmahoney.net/dc/ (10^8 bytes unzipped)"
+    hint = "get enwik8.zip from http://mattmahoney.net/dc/ (10^8 bytes unzipped)"
     path = _require(data_dir, "enwik8", "enwik8/enwik8", "enwik8/enwik8.zip", "enwik8/enwik8.gz", hint=hint)
     if path.suffix == ".zip":
         with zipfile.ZipFile(path) as zf:

@@ -15,7 +15,8 @@ from tqdm import tqdm
 
 from cem.data.chunking import pieces
 from cem.data.corpus import SPLITS, Corpus
-from cem.data.fsutil import atomic_write, cache_root
+from cem.data.fsutil import cache_root
+from cem.io import atomic_write
 from cem.data.tokenizers import Tokenizer
 
 FORMAT_VERSION = 1

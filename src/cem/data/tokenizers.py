@@ -13,7 +13,8 @@ import tokenizers as hf
 
 from cem.data.chunking import pieces
 from cem.data.corpus import Corpus
-from cem.data.fsutil import atomic_write, cache_root
+from cem.data.fsutil import cache_root
+from cem.io import atomic_write
 
 EOT_TOKEN = "<|endoftext|>"
 META_FILE = "cem_tokenizer.json"

@@ -11,7 +11,7 @@ import torch
 from ..data import build_split, load_corpus, load_tokenizer
 from ..layers.steps import DescentLayer
 from ..model.flops import forward_flops_per_token
-from ..training import find_checkpoint, load_checkpoint
+from ..training import RunDir
 from ..training.evaluate import evaluate
 from .stats import Interval, mean_std
 
@@ -22,13 +22,10 @@ def _device(name: str) -> torch.device:
 
 def load_run(run_dir: Path, data_dir: str | None = None, device: str = "auto"):
     """The trained model (on `device`), its test split and sequence length, from a run directory."""
-    run_dir = Path(run_dir)
-    ckpt = find_checkpoint(run_dir)
-    if ckpt is None:
-        raise FileNotFoundError(f"no checkpoint in {run_dir}")
-    model, state = load_checkpoint(ckpt)
+    run = RunDir(run_dir)
+    model, state = run.load_checkpoint()
     train = state["run"]["train"]
-    tokenizer = load_tokenizer(run_dir / "tokenizer")
+    tokenizer = load_tokenizer(run.tokenizer_dir)
     corpus = load_corpus(train["data"], data_dir or train.get("data_dir"))
     split = build_split(corpus, tokenizer, "test")
     return model.to(_device(device)).eval(), split, train["seq_len"] or model.config.context

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
 
+from ..training.rundir import RunDir, run_identity
 from .scales import Scale
 from .stats import mean_std
 
@@ -80,9 +81,8 @@ def _run_one(args) -> dict:
     if threads:
         torch.set_num_threads(threads)
     out = Path(root) / "runs" / spec.slug
-    results = out / "results.json"
-    if results.exists():
-        return json.loads(results.read_text())
+    if RunDir(out).results() is not None:
+        return RunDir(out).results()
     res = train(run_config(spec, scale, data_dir), out, resume=True, progress=False)
     if isinstance(res, Interrupted):
         raise SystemExit(f"interrupted while training {spec.slug}; run the same command again to resume")
@@ -94,7 +94,7 @@ def run_sweep(specs: list[RunSpec], scale: Scale, root: Path, data_dir: str | No
     unique = list(dict.fromkeys(specs))
     for s in unique:
         _check_finished(s, scale, root, data_dir)
-    todo = [s for s in unique if not (Path(root) / "runs" / s.slug / "results.json").exists()]
+    todo = [s for s in unique if RunDir(Path(root) / "runs" / s.slug).results() is None]
     print(f"{len(unique)} runs, {len(unique) - len(todo)} already finished, {len(todo)} to train", file=sys.stderr, flush=True)
     threads = max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 else 0
     args = [(s, scale, data_dir, str(root), threads) for s in todo]
@@ -107,7 +107,7 @@ def run_sweep(specs: list[RunSpec], scale: Scale, root: Path, data_dir: str | No
     else:
         for a in args:
             progress.done(a[0], _run_one(a))
-    return {s: json.loads((Path(root) / "runs" / s.slug / "results.json").read_text()) for s in unique}
+    return {s: RunDir(Path(root) / "runs" / s.slug).results() for s in unique}
 
 
 class _Progress:
@@ -129,16 +129,11 @@ class _Progress:
 
 
 def _check_finished(spec: RunSpec, scale: Scale, root: Path, data_dir: str | None) -> None:
-    """A finished run is reused only if it was trained with this scale's settings."""
-    path = Path(root) / "runs" / spec.slug / "results.json"
-    if not path.exists():
-        return
-    saved = json.loads(path.read_text())["config"]["train"]
-    expected = run_config(spec, scale, data_dir).to_dict()["train"]
-    keys = ("data", "tokenizer", "seq_len", "batch_size", "grad_accum", "max_steps", "tokens", "lr", "seed")
-    diff = [k for k in keys if saved.get(k) != expected.get(k)]
+    """A finished run is reused only if it is the same run (`run_identity`: this scale's settings)."""
+    run = RunDir(Path(root) / "runs" / spec.slug)
+    diff = run.differences(run_identity(run_config(spec, scale, data_dir))) if run.results_json.exists() else []
     if diff:
-        raise ValueError(f"{path.parent} was trained with other settings ({', '.join(diff)} differ); use another --results directory")
+        raise ValueError(f"{run.path} was trained with other settings ({', '.join(diff)} differ); use another --results directory")
 
 
 def budget_tokens(res: dict) -> int:

@@ -19,12 +19,12 @@ from dataclasses import fields
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from ..model import Cache, LanguageModel, ModelConfig
+from ..model.loss import next_token_loss
 from .cache import HFCache, RowCache
 
 try:  # the base class of transformers' own caches (DynamicCache, StaticCache, ...)
@@ -291,11 +291,10 @@ def causal_lm_loss(logits: Tensor, labels: Tensor, num_items_in_batch: int | Ten
     Labels equal to -100 are ignored. The mean is over the counted tokens, or over `num_items_in_batch`
     when given (the `transformers` Trainer's gradient-accumulation convention).
     """
-    logits = logits[:, :-1].float().flatten(0, 1)
-    target = labels[:, 1:].to(logits.device).flatten()
+    logits, target = logits[:, :-1], labels[:, 1:].to(logits.device)
     if num_items_in_batch is None:
-        return F.cross_entropy(logits, target, ignore_index=-100)
-    total = F.cross_entropy(logits, target, ignore_index=-100, reduction="sum")
+        return next_token_loss(logits, target)
+    total = next_token_loss(logits, target, reduction="sum")
     if torch.is_tensor(num_items_in_batch):
         num_items_in_batch = num_items_in_batch.to(total.device)
     return total / num_items_in_batch

@@ -1,21 +1,10 @@
-"""Fused kernels for CEM attention and the backend dispatcher (docs/kernels.md).
+"""Fused Triton kernels of the CEM attention core (docs/kernels.md); nothing here depends on `cem.layers`.
 
-Imports cleanly without triton: `HAS_TRITON` is then False and "auto" resolves to "sdpa".
+`triton_cem_attention` has the signature of `cem.layers.attention_core.cem_attention_eager` without `v`;
+which backend runs where is decided in `cem.layers.attention_core`. Imports cleanly without triton:
+`HAS_TRITON` is then False and the kernel raises when called.
 """
 
-from .cem_attention import HAS_TRITON, KernelConfig, default_config, triton_cem_attention, uses_interpreter
-from .dispatch import BACKENDS, auto_backend, cem_attention, cem_attention_flex, resolve_backend, triton_self_check
+from .triton_attention import HAS_TRITON, KernelConfig, default_config, triton_cem_attention, uses_interpreter
 
-__all__ = [
-    "BACKENDS",
-    "HAS_TRITON",
-    "KernelConfig",
-    "auto_backend",
-    "cem_attention",
-    "cem_attention_flex",
-    "default_config",
-    "resolve_backend",
-    "triton_cem_attention",
-    "triton_self_check",
-    "uses_interpreter",
-]
+__all__ = ["HAS_TRITON", "KernelConfig", "default_config", "triton_cem_attention", "uses_interpreter"]

@@ -1,6 +1,6 @@
 """Triton kernels of the fused CEM attention (forward, and the two backward passes).
 
-Do not import this file directly: `cem.kernels.cem_attention` loads it twice under two module names,
+Do not import this file directly: `cem.kernels.triton_attention` loads it twice under two module names,
 once compiled (`triton.jit`, CUDA tensors) and once for Triton's interpreter (CPU tensors), so that
 which one runs depends on the tensors' device, not on whether TRITON_INTERPRET was set before the first
 import. See docs/kernels.md for the design.

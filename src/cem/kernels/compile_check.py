@@ -37,7 +37,7 @@ def compile_kernel(name: str, dtype: str, diag: str | None, cfg, head_dim: int, 
     import triton
     from triton.backends.compiler import GPUTarget
 
-    from .cem_attention import _kernels, _next_pow2
+    from .triton_attention import _kernels, _next_pow2
 
     kernel = getattr(_kernels(False), name)
     ptr = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32"}[dtype]
@@ -80,7 +80,7 @@ def resources(compiled, arch: int = 90) -> tuple[int, int]:
 
 
 def main(argv=None) -> None:
-    from .cem_attention import default_config
+    from .triton_attention import default_config
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--heads", type=int, default=12)

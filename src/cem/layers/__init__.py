@@ -1,7 +1,7 @@
 """CEM layers and their Llama baselines. Each maps the residual stream h (B, J, D) to h' (B, J, D)."""
 
 from .cem_attention import KQ_DIAGONALS, CEMAttention
-from .functional import ALIBI_SLOPES
+from .position import ALIBI_SLOPES
 from .cem_mlp import MLP_ENERGIES, CEMMLP, silu_integral
 from .llama import POSITIONS, GatedMLP, LlamaAttention
 from .norm import RMSNorm

@@ -1,9 +1,10 @@
-"""CEM attention: T gradient steps on the interaction energy (paper eq. 1-5, 12; DESIGN.md, attention).
+"""CEM attention: T gradient steps on the interaction energy (paper eq. 1-5, 12; docs/design.md, attention).
 
     ε(u | ĥ_{1:i}) = - τ Σ_k log Σ_{j<=i} exp( β_kj·u / τ + b_kij ),   β_kj = (W_Q^kᵀ W_K^k + diag(d_k)) ĥ_j
 
 Each step x <- x + η Σ_k P_k W_Q^kᵀ o^k with o^k = Σ_j softmax_j(logit_kij) k_j^k: queries come from
-u = norm(x), keys (= values) from the fixed context ĥ = norm(h), the output projection is W_Qᵀ.
+u = norm(x), keys (= values) from the fixed context ĥ = norm(h), the output projection is W_Qᵀ. The
+softmax-weighted keys o^k come from the attention core (`attention_core`, backend `backend`).
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ import math
 import torch
 from torch import Tensor, nn
 
-from ..kernels import dispatch  # eager, sdpa, flex or the fused Triton kernel (module: import-cycle safe)
 from ._checks import check_choice, check_heads, check_residual
-from .functional import ALIBI_SLOPES, alibi_slopes, diag_scores, position_bias
+from .attention_core import cem_attention, cem_logits, check_backend, resolve_backend
+from .position import ALIBI_SLOPES, alibi_slopes
 from .norm import RMSNorm
 from .precond import make_preconditioner
 from .steps import DescentLayer
@@ -57,6 +58,7 @@ class CEMAttention(DescentLayer):
         check_heads(dim, n_heads)
         check_choice("kq_diag", kq_diag, KQ_DIAGONALS)
         check_choice("alibi", alibi, ALIBI_SLOPES)
+        check_backend(backend)
         self.dim, self.n_heads, self.head_dim = dim, n_heads, dim // n_heads
         self.alibi = alibi
         self.exact_gradient = exact_gradient
@@ -84,12 +86,22 @@ class CEMAttention(DescentLayer):
 
     def _attend(self, q: Tensor, k: Tensor, qd: Tensor | None, hn: Tensor | None, q_start: int, v: Tensor | None):
         slopes = alibi_slopes(self.n_heads, q.device, self.alibi)
-        return dispatch.cem_attention(q, k, qd, hn, slopes, self.self_bias, q_start=q_start, v=v, backend=self.backend)
+        return cem_attention(q, k, qd, hn, slopes, self.self_bias, q_start=q_start, v=v, backend=self.backend)
+
+    def resolved_backend(self, device: torch.device | str) -> str:
+        """The backend this layer's attention core runs on `device` ("auto" decided; see `attention_core`)."""
+        shared_diag = self.kq_diag is not None and self.kq_diag.dim() == 1
+        return resolve_backend(self.backend, device, values=self._value_diag, shared_diag=shared_diag)
+
+    @property
+    def _value_diag(self) -> bool:
+        """Whether the core also carries ĥ as values, for the exact gradient's value-side diagonal term."""
+        return self.exact_gradient and self.kq_diag is not None
 
     def direction(self, u: Tensor, k: Tensor, hn: Tensor | None, q_start: int = 0) -> Tensor:
         """The descent direction Σ_k P_k (W_Q^kᵀ o^k [+ d_k ∘ Σ_j p_kij ĥ_j]) = -P ∇_u ε at u (B, J, D)."""
         q = self._heads(self.w_q(u))
-        value_diag = self.exact_gradient and self.kq_diag is not None
+        value_diag = self._value_diag
         v = torch.cat([k, hn.unsqueeze(1).expand(-1, self.n_heads, -1, -1)], dim=-1) if value_diag else None
         o = self._attend(q, k, self._diag_query(u), hn, q_start, v)
         o, o_hn = (o[..., : self.head_dim], o[..., self.head_dim :]) if value_diag else (o, None)
@@ -130,13 +142,9 @@ class CEMAttention(DescentLayer):
         check_residual(u, self.dim, "CEMAttention.energy")
         check_residual(h, self.dim, "CEMAttention.energy")
         hn = self.norm(h)
-        tau = math.sqrt(self.head_dim)
-        scores = self._heads(self.w_q(u)) @ self._heads(self.w_k(hn)).transpose(-1, -2)
-        qd = self._diag_query(u)
-        if qd is not None:
-            scores = scores + diag_scores(qd, hn)
-        logits = scores / tau + position_bias(alibi_slopes(self.n_heads, u.device, self.alibi), self.self_bias, 0, u.shape[1], h.shape[1], u.dtype)
-        return -tau * torch.logsumexp(logits, dim=-1).sum(dim=1)
+        slopes = alibi_slopes(self.n_heads, u.device, self.alibi)
+        logits = cem_logits(self._heads(self.w_q(u)), self._heads(self.w_k(hn)), self._diag_query(u), hn, slopes, self.self_bias)
+        return -math.sqrt(self.head_dim) * torch.logsumexp(logits, dim=-1).sum(dim=1)
 
     def extra_repr(self) -> str:
         diag = "none" if self.kq_diag is None else ("shared" if self.kq_diag.dim() == 1 else "per_head")

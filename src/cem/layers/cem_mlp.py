@@ -1,4 +1,4 @@
-"""CEM MLP: T gradient steps on the element-wise energy (paper eq. 6-11, 13; DESIGN.md, gated MLP).
+"""CEM MLP: T gradient steps on the element-wise energy (paper eq. 6-11, 13; docs/design.md, gated MLP).
 
     ξ(u | ĥ_i) = - γ_i · φ(V u),   γ_i = W ĥ_i,   φ(z) = ∫_0^z SiLU
     x <- x + η P V^T (γ_i ∘ SiLU(V u)),   u = norm(x)

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ._checks import check_choice, check_heads, check_positive_int, check_residual
-from .functional import ALIBI_SLOPES, alibi_slopes, apply_rope, causal_mask, position_bias, rope_tables
+from .position import ALIBI_SLOPES, alibi_slopes, apply_rope, causal_mask, position_bias, rope_tables
 from .norm import RMSNorm
 
 POSITIONS = ("rope", "alibi")

@@ -1,4 +1,4 @@
-"""RMSNorm, the normalisation `ĥ = norm(h)` of every sublayer (DESIGN.md, Notation)."""
+"""RMSNorm, the normalisation `ĥ = norm(h)` of every sublayer (docs/design.md, Notation)."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ Step-size schedules (η_t for step t = 0..T-1 of T):
 `learn_step_size=True` multiplies every step by one more learned scalar gain (any schedule).
 
 Start points x^(0):
-- `residual`: x^(0) = h, the raw residual stream (DESIGN.md; the residual connection is the start of the
+- `residual`: x^(0) = h, the raw residual stream (docs/design.md; the residual connection is the start of the
   optimisation), so T = 1 is exactly a pre-norm residual sublayer;
 - `norm`: x^(0) = RMSNorm(h), Algorithm 1 read literally (`h ← RMSNorm(h); x ← h`): the sublayer's output
   replaces the residual stream by its normalised value plus the steps.

@@ -8,6 +8,7 @@ from dataclasses import dataclass, fields
 
 from ..layers import ALIBI_SLOPES, KQ_DIAGONALS, MLP_ENERGIES, POSITIONS, PRECONDITIONERS, STARTS, STEP_SCHEDULES
 from ..layers._checks import check_choice, check_heads, check_positive_int
+from ..layers.attention_core import BACKENDS
 
 LAYER_KINDS = ("llama", "cem")
 TRAIN_DEPTHS = ("fixed", "model", "layer")
@@ -46,7 +47,7 @@ class ModelConfig:
     mlp_width_mult: float = 1.0  # 1.5 gives the parameter-matched CEM MLP (m' = 1.5 m)
     mlp_reuse: int = 1
     # recursion, shared by both CEM sublayers (cem.layers.steps)
-    start: str = "residual"  # x^(0): "residual" (= h, DESIGN.md) | "norm" (= RMSNorm(h), Algorithm 1 read literally)
+    start: str = "residual"  # x^(0): "residual" (= h, docs/design.md) | "norm" (= RMSNorm(h), Algorithm 1 read literally)
     step_schedule: str = "constant"  # η_t: "constant" (η) | "inverse" (η / T) | "learned" (η · learned gain per step)
     train_depth: str = "fixed"  # training T: "fixed" (attn_steps / mlp_steps) | "model" / "layer" (uniform on 1..train_depth_max, per batch)
     train_depth_max: int = 3
@@ -63,6 +64,7 @@ class ModelConfig:
         check_choice("mlp", self.mlp, LAYER_KINDS)
         check_choice("position", self.position, POSITIONS)
         check_choice("kq_diag", self.kq_diag, KQ_DIAGONALS)
+        check_choice("attn_backend", self.attn_backend, BACKENDS)
         check_choice("attn_precond", self.attn_precond, PRECONDITIONERS)
         check_choice("mlp_precond", self.mlp_precond, PRECONDITIONERS)
         check_choice("mlp_energy", self.mlp_energy, MLP_ENERGIES)

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..layers import CEMMLP, CEMAttention, GatedMLP, LlamaAttention, Reuse, RMSNorm
 from ..layers.steps import DescentLayer
 from .cache import Cache
 from .config import ModelConfig
+from .loss import next_token_loss
 
 
 def build_attention(cfg: ModelConfig) -> nn.Module:
@@ -108,9 +108,21 @@ class LanguageModel(nn.Module):
             bad = lo if lo < 0 else hi
             raise ValueError(f"token id {bad} is outside the vocabulary [0, {self.config.vocab_size})")
 
-    def forward(self, ids: Tensor, cache: Cache | None = None, last_only: bool = False) -> Tensor:
+    def forward(
+        self,
+        ids: Tensor,
+        targets: Tensor | None = None,
+        reduction: str = "mean",
+        *,
+        cache: Cache | None = None,
+        last_only: bool = False,
+    ) -> Tensor:
         """Logits (B, J, vocab) of the next token at every position; with a cache, only for the new ids;
-        with `last_only`, only for the last position (B, 1, vocab), as generation needs after a prefill."""
+        with `last_only`, only for the last position (B, 1, vocab), as generation needs after a prefill.
+
+        With `targets` (B, J), the next-token cross-entropy in nats instead (`next_token_loss`): the mean
+        over tokens, their sum, or per token (B, J) for reduction "mean", "sum" or "none".
+        """
         self.check_ids(ids, 0 if cache is None else cache.length)
         if self.training and self.config.train_depth != "fixed":
             self.draw_depths()
@@ -119,12 +131,12 @@ class LanguageModel(nn.Module):
             h = block(h, cache=None if cache is None else cache.slot(f"blocks.{i}.attn"))
         if last_only:
             h = h[:, -1:]
-        return self.head(self.norm(h))
+        logits = self.head(self.norm(h))
+        return logits if targets is None else next_token_loss(logits, targets, reduction)
 
     def loss(self, ids: Tensor, targets: Tensor) -> Tensor:
-        """Mean next-token cross-entropy in nats."""
-        logits = self(ids)
-        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+        """Mean next-token cross-entropy in nats (`forward(ids, targets)`)."""
+        return self(ids, targets)
 
     def new_cache(self, max_len: int | None = None) -> Cache:
         """An empty decoding cache for up to `max_len` (default: the context) positions."""

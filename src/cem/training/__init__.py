@@ -3,12 +3,14 @@
 from .checkpoint import find_checkpoint, load_checkpoint, save_checkpoint, verify_checkpoint
 from .config import RunConfig, TrainConfig, apply_overrides, load_run_config
 from .evaluate import evaluate
+from .rundir import RunDir, run_identity
 from .schedule import cosine_schedule, lr_factor
 from .trainer import Interrupted, TrainingError, train
 
 __all__ = [
     "Interrupted",
     "RunConfig",
+    "RunDir",
     "TrainConfig",
     "TrainingError",
     "apply_overrides",
@@ -18,6 +20,7 @@ __all__ = [
     "load_checkpoint",
     "load_run_config",
     "lr_factor",
+    "run_identity",
     "save_checkpoint",
     "train",
     "verify_checkpoint",

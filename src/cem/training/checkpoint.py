@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..io import atomic_write_json
 from ..model import LanguageModel, ModelConfig, load_pretrained, save_weights
 
 MANIFEST = "manifest.json"
@@ -56,10 +57,7 @@ def save_checkpoint(directory: Path, cfg: ModelConfig, model_state: dict, traine
         save_weights(cfg, model_state, tmp)
         torch.save(trainer_state, tmp / "trainer_state.pt")
         files = {p.name: {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in sorted(tmp.iterdir())}
-        with open(tmp / MANIFEST, "w") as f:
-            json.dump(files, f, indent=2)
-            f.flush()
-            os.fsync(f.fileno())
+        atomic_write_json(tmp / MANIFEST, files)
         old = directory.with_name(directory.name + ".old")
         shutil.rmtree(old, ignore_errors=True)
         if directory.exists():

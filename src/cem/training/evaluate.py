@@ -6,14 +6,13 @@ import contextlib
 import math
 
 import torch
-import torch.nn.functional as F
 
 from ..data import TokenSplit, iter_eval_batches
 
 
 @torch.no_grad()
 def evaluate(
-    model: torch.nn.Module,
+    model: torch.nn.Module,  # a LanguageModel, or it wrapped (DDP, FSDP, torch.compile)
     split: TokenSplit,
     seq_len: int,
     batch_size: int,
@@ -32,8 +31,7 @@ def evaluate(
     for x, y in iter_eval_batches(split.tokens, seq_len, batch_size, max_batches=max_batches):
         x, y = x.to(device), y.to(device)
         with autocast or contextlib.nullcontext():
-            logits = model(x)
-        total += F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), reduction="sum").item()
+            total += model(x, y, reduction="sum").item()
         count += y.numel()
     model.train(was_training)
     if count == 0:

@@ -7,20 +7,22 @@ import csv
 import json
 from pathlib import Path
 
+from .rundir import RunDir
+
 
 class MetricsLogger:
     """Append one record per call to every sink (main process only)."""
 
     def __init__(self, run_dir: Path, tensorboard: bool = True, wandb_project: str | None = None, config: dict | None = None) -> None:
-        self.run_dir = Path(run_dir)
-        self.jsonl = open(self.run_dir / "metrics.jsonl", "a")
-        self.csv_path = self.run_dir / "metrics.csv"
+        paths = RunDir(run_dir)
+        self.jsonl = open(paths.metrics_jsonl, "a")
+        self.csv_path = paths.metrics_csv
         self.tb = None
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
 
-                self.tb = SummaryWriter(str(self.run_dir / "tensorboard"))
+                self.tb = SummaryWriter(str(paths.tensorboard_dir))
             except ImportError:
                 pass
         self.wandb = None
@@ -30,7 +32,7 @@ class MetricsLogger:
             except ImportError:
                 raise ValueError("wandb=true but Weights & Biases is not installed (pip install wandb)") from None
 
-            self.wandb = wandb.init(project=wandb_project, dir=str(self.run_dir), config=config, resume="allow")
+            self.wandb = wandb.init(project=wandb_project, dir=str(paths.path), config=config, resume="allow")
 
     def log(self, step: int, **values: float) -> None:
         record = {"step": step, **values}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import signal
 import sys
@@ -12,7 +11,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -22,15 +20,17 @@ from torch.distributed.checkpoint.state_dict import (
 from tqdm import tqdm
 
 from ..data import SequenceSampler, build_split, get_tokenizer, load_corpus
+from ..device import autocast_for, device_name, peak_flops, pick_device
+from ..layers import CEMAttention
 from ..model import LanguageModel, ModelConfig, parameter_breakdown
 from ..model.params import chinchilla_tokens
 from ..model.flops import train_flops_per_token
-from .checkpoint import find_checkpoint, load_checkpoint, rng_state, save_checkpoint, set_rng_state
-from .config import RunConfig
-from .distributed import all_reduce_mean, barrier, init_distributed, shutdown, wrap_model
+from .checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from .config import RunConfig, TrainConfig
+from .distributed import DistInfo, all_reduce_mean, barrier, init_distributed, shutdown, wrap_model
 from .evaluate import evaluate
-from .hardware import peak_flops
 from .metrics import MetricsLogger
+from .rundir import RunDir, run_identity
 from .schedule import cosine_schedule
 
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -47,23 +47,6 @@ class Interrupted:
     step: int
     signum: int
     checkpoint: Path
-
-
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        return torch.device(name)
-    except RuntimeError:
-        raise ValueError(f"unknown device {name!r}") from None
-
-
-def autocast_for(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
-    """bf16 autocast where asked (or, for "auto", on a GPU that supports it); else nothing."""
-    if precision not in ("auto", "bf16", "fp32"):
-        raise ValueError(f"unknown precision {precision!r}; expected auto, bf16 or fp32")
-    use_bf16 = precision == "bf16" or (precision == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported())
-    return torch.autocast(device.type, dtype=torch.bfloat16) if use_bf16 else contextlib.nullcontext()
 
 
 def total_steps(run: RunConfig, cfg: ModelConfig, seq_len: int, world_size: int) -> int:
@@ -96,235 +79,341 @@ def param_groups(model: LanguageModel, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def check_run_dir(out: Path, identity: dict, resume: bool) -> None:
-    """Refuse to mix runs: an output directory holding a different run (or any run, without --resume)."""
-    path = out / "run.json"
-    if not path.exists():
-        return
-    try:
-        existing = json.loads(path.read_text())
-    except json.JSONDecodeError:
-        raise ValueError(f"{path} is corrupted; choose another --out") from None
-    for key, what in (("tokenizer", "tokenizer"), ("corpus", "corpus"), ("model", "model"), ("train", "training settings")):
-        if existing.get(key) != identity.get(key):
-            raise ValueError(f"output directory {out} already holds a different run ({what} differs); choose another --out")
-    if not resume:
-        raise ValueError(f"output directory {out} already holds this run; pass --resume to continue it or choose another --out")
-
-
-def _lm_loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(model(x).flatten(0, 1).float(), y.flatten())
-
-
 def train(run: RunConfig, out: str | Path, resume: bool = False, progress: bool = True, stop_at: int | None = None):
     """Train, evaluate on the test split, write `results.json`; returns the results (or `Interrupted`).
 
     `stop_at` ends the run after that optimiser step with a checkpoint, without changing the schedule.
     """
-    t = run.train
-    device = pick_device(t.device)
+    device = pick_device(run.train.device)
     info = init_distributed(device.type)
-    if info.enabled and device.type == "cuda":
+    if info.enabled and device.type == "cuda":  # torchrun: one GPU per process
         device = torch.device("cuda", info.local_rank)
         torch.cuda.set_device(device)
     try:
-        return _train(run, Path(out), resume, progress and info.is_main, stop_at, device, info)
+        return _train(run, RunDir(out), resume, progress and info.is_main, stop_at, device, info)
     finally:
         shutdown(info)
 
 
-def _train(run, out, resume, progress, stop_at, device, info):
-    t = run.train
+@dataclass
+class TrainState:
+    """Where training stands. With the model, optimiser, schedule, sampler and RNG states it is what a
+    checkpoint holds, so that a resumed run continues bit for bit."""
+
+    step: int = 0
+    tokens_seen: int = 0
+    elapsed_before: float = 0.0  # training seconds of earlier sessions of this run (before a resume)
+    resumed_at: float = 0.0  # time.perf_counter() when this session's training loop began
+
+    def elapsed(self) -> float:
+        """Training seconds of the whole run so far."""
+        return self.elapsed_before + time.perf_counter() - self.resumed_at
+
+
+@dataclass
+class _Session:
+    """What one training session has built, handed from phase to phase."""
+
+    run: RunConfig
+    rundir: RunDir
+    cfg: ModelConfig
+    device: torch.device
+    info: DistInfo
+    splits: dict
+    seq_len: int
+    steps_total: int
+    progress: bool
+    model: LanguageModel  # the bare model (checkpoints, clipping, parameter counts)
+    wrapped: torch.nn.Module  # what runs forward: the model under DDP / FSDP2 / torch.compile
+    sampler: SequenceSampler
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    state: TrainState
+    logger: MetricsLogger | None = None
+
+    @property
+    def sharded(self) -> bool:
+        return self.info.enabled and self.run.train.parallel == "fsdp"
+
+    @property
+    def tokens_per_step(self) -> int:
+        t = self.run.train
+        return t.batch_size * t.grad_accum * self.info.world_size * self.seq_len
+
+
+def _train(run: RunConfig, rundir: RunDir, resume: bool, progress: bool, stop_at: int | None, device, info: DistInfo):
+    """The recipe: data, run directory, model, resume, optimiser, loop, final evaluation."""
     started = time.perf_counter()
-    corpus = load_corpus(t.data, t.data_dir)
-    if info.is_main:  # the main process trains a BPE / tokenises first; the others then read its caches
-        tokenizer = get_tokenizer(t.tokenizer, corpus)
-        splits = {s: build_split(corpus, tokenizer, s) for s in ("train", "valid", "test")}
-    barrier(info)
-    if not info.is_main:
-        tokenizer = get_tokenizer(t.tokenizer, corpus)
-        splits = {s: build_split(corpus, tokenizer, s) for s in ("train", "valid", "test")}
+    t = run.train
+    corpus, tokenizer, splits = _load_data(t, info)
     cfg = run.model(tokenizer.vocab_size)
     seq_len = t.seq_len or cfg.context
     steps_total = total_steps(run, cfg, seq_len, info.world_size)
-    identity = {
-        "model": cfg.to_dict(),
-        "tokenizer": tokenizer.name,
-        "corpus": corpus.fingerprint(),
-        "train": {k: v for k, v in run.to_dict()["train"].items() if k not in _RUNTIME_KEYS},
-    }
-    out.mkdir(parents=True, exist_ok=True)
-    check_run_dir(out, identity, resume)
+    identity = run_identity(run, cfg, tokenizer.name, corpus.fingerprint())
+    _claim_run_dir(rundir, identity, run, steps_total, tokenizer, resume, info)
+
+    torch.manual_seed(t.seed)  # every process builds the same initial weights
+    model = LanguageModel(cfg).to(device)
+    _announce_backend(model, device, progress)
+    sampler = SequenceSampler(splits["train"], seq_len, seed=t.seed, rank=info.rank, world_size=info.world_size)
+    restored = _restore(rundir, resume, model, sampler, info, steps_total, progress)
+    if isinstance(restored, dict):
+        return restored  # the run had finished: its results
+    state, saved = restored
+    wrapped, optimizer, scheduler = _build_optimizer(model, run, info, device, steps_total, saved)
+    s = _Session(run, rundir, cfg, device, info, splits, seq_len, steps_total, progress,
+                 model, wrapped, sampler, optimizer, scheduler, state)  # fmt: skip
+    stopped = _loop(s, stop_at)
+    if stopped is not None:
+        return stopped
+    return _finish(s, started, tokenizer.name)
+
+
+def _load_data(t: TrainConfig, info: DistInfo):
+    """Corpus, tokenizer and token splits. The main process trains a BPE / tokenises first and writes the
+    caches; the barrier keeps the others from racing it, and they then read those caches."""
+
+    def load():
+        tokenizer = get_tokenizer(t.tokenizer, corpus)
+        return tokenizer, {split: build_split(corpus, tokenizer, split) for split in ("train", "valid", "test")}
+
+    corpus = load_corpus(t.data, t.data_dir)
+    if info.is_main:
+        tokenizer, splits = load()
+    barrier(info)
+    if not info.is_main:
+        tokenizer, splits = load()
+    return corpus, tokenizer, splits
+
+
+def _claim_run_dir(rundir: RunDir, identity: dict, run: RunConfig, steps_total: int, tokenizer, resume: bool, info: DistInfo) -> None:
+    """Refuse a directory that holds another run (or this one without --resume), then record this run.
+    Every process checks before the main one writes, so none of them sees its own run.json as foreign."""
+    rundir.path.mkdir(parents=True, exist_ok=True)
+    rundir.claim(identity, resume)
     barrier(info)
     if info.is_main:
-        (out / "run.json").write_text(json.dumps({**identity, "config": run.to_dict(), "total_steps": steps_total}, indent=2))
-        tokenizer.save(out / "tokenizer")
+        rundir.write_run(identity, run, steps_total, tokenizer)
 
-    if cfg.attn == "cem" and cfg.attn_backend == "auto":
-        from ..kernels import auto_backend  # on CUDA this runs the kernel's one-time self-check, eagerly
 
-        chosen = auto_backend(device)
-        if progress:
-            print(f"CEM attention backend on {device}: {chosen}", file=sys.stderr)
-    torch.manual_seed(t.seed)
-    model = LanguageModel(cfg).to(device)
-    sampler = SequenceSampler(splits["train"], seq_len, seed=t.seed, rank=info.rank, world_size=info.world_size)
-    step, tokens_seen, elapsed_before, state = 0, 0, 0.0, None
-    ckpt_dir = out / "ckpt"
-    found = find_checkpoint(out) if resume else None
-    if resume and found is None and (out / "results.json").exists():
-        return json.loads((out / "results.json").read_text())  # already finished
-    if found is not None:
-        saved_model, state = load_checkpoint(found)
-        model.load_state_dict(saved_model.state_dict())
-        sampler.load_state_dict(state["sampler"][info.rank])
-        set_rng_state(state["rng"][info.rank])
-        step, tokens_seen, elapsed_before = state["step"], state["tokens_seen"], state["elapsed"]
-        if progress:
-            print(f"resumed from {found} at step {step}/{steps_total}", file=sys.stderr)
-        if step >= steps_total and (out / "results.json").exists():
-            return json.loads((out / "results.json").read_text())
+def _announce_backend(model: LanguageModel, device: torch.device, progress: bool) -> None:
+    """Say which backend the CEM attention core runs, as the layers resolve it (cached per device). On
+    CUDA, resolving "auto" runs the Triton kernel's one-time self-check, eagerly, before torch.compile
+    traces the model (inside a graph it cannot run)."""
+    chosen = sorted({m.resolved_backend(device) for m in model.modules() if isinstance(m, CEMAttention)})
+    if chosen and progress:
+        print(f"CEM attention backend on {device}: {', '.join(chosen)}", file=sys.stderr)
 
-    sharded = info.enabled and t.parallel == "fsdp"
-    wrapped = wrap_model(model, info, t.parallel, device)  # FSDP2 shards in place: build the optimiser after
+
+def _restore(rundir: RunDir, resume: bool, model: LanguageModel, sampler: SequenceSampler, info: DistInfo, steps_total: int, progress: bool):
+    """With --resume: the finished run's results, or (TrainState, saved trainer state) from the checkpoint
+    with the model weights, this process's data position and RNG streams put back; else a fresh state."""
+    found = rundir.checkpoint() if resume else None
+    if resume and found is None and rundir.results() is not None:
+        return rundir.results()  # finished, and its checkpoint removed since
+    if found is None:
+        return TrainState(), None
+    saved_model, saved = load_checkpoint(found)
+    model.load_state_dict(saved_model.state_dict())
+    sampler.load_state_dict(saved["sampler"][info.rank])
+    set_rng_state(saved["rng"][info.rank])
+    state = TrainState(saved["step"], saved["tokens_seen"], saved["elapsed"])
+    if progress:
+        print(f"resumed from {found} at step {state.step}/{steps_total}", file=sys.stderr)
+    if state.step >= steps_total and rundir.results() is not None:
+        return rundir.results()
+    return state, saved
+
+
+def _build_optimizer(model: LanguageModel, run: RunConfig, info: DistInfo, device: torch.device, steps_total: int, saved: dict | None):
+    """Wrap the model for the processes (DDP / FSDP2), then AdamW and the schedule, restored when resuming.
+
+    The optimiser is built after wrapping because FSDP2 shards the parameters in place: an optimiser built
+    before would hold the unsharded tensors. torch.compile comes last, around the wrapped model."""
+    t = run.train
+    wrapped = wrap_model(model, info, t.parallel, device)
     optimizer = torch.optim.AdamW(
         param_groups(model, t.weight_decay), lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps, fused=device.type == "cuda"
     )
     scheduler = cosine_schedule(optimizer, steps_total, t.warmup_frac, t.final_lr_frac)
-    if state is not None:
-        if sharded:
-            set_optimizer_state_dict(wrapped, optimizer, state["optimizer"], options=FULL)
+    if saved is not None:
+        if info.enabled and t.parallel == "fsdp":  # the checkpoint holds the full state; load it shard by shard
+            set_optimizer_state_dict(wrapped, optimizer, saved["optimizer"], options=FULL)
         else:
-            optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
+            optimizer.load_state_dict(saved["optimizer"])
+        scheduler.load_state_dict(saved["scheduler"])
     if t.compile:
         wrapped = torch.compile(wrapped)
-    autocast = autocast_for(t.precision, device)
-    logger = MetricsLogger(out, t.tensorboard, t.wandb_project if t.wandb else None, run.to_dict()) if info.is_main else None
-    tokens_per_step = t.batch_size * t.grad_accum * info.world_size * seq_len
-    flops_per_token = train_flops_per_token(cfg, seq_len)
-    peak = peak_flops(device) if device.type == "cuda" else None
+    return wrapped, optimizer, scheduler
 
+
+def _loop(s: _Session, stop_at: int | None) -> Interrupted | None:
+    """Optimiser steps until the budget is spent, with logging, validation and checkpoints; returns
+    `Interrupted` when a signal or `stop_at` ends it early (after a checkpoint)."""
+    t = s.run.train
+    autocast = autocast_for(t.precision, s.device)
+    s.logger = MetricsLogger(s.rundir.path, t.tensorboard, t.wandb_project if t.wandb else None, s.run.to_dict()) if s.info.is_main else None
+    meter = _Throughput(train_flops_per_token(s.cfg, s.seq_len), peak_flops(s.device) if s.device.type == "cuda" else None)
     stop_signal: list[int] = []
     handlers = _install_signal_handlers(stop_signal)
-
-    def checkpoint() -> None:
-        model_state = get_model_state_dict(model, options=FULL) if sharded else model.state_dict()
-        optim_state = get_optimizer_state_dict(model, optimizer, options=FULL) if sharded else optimizer.state_dict()
-        samplers = _gather(sampler.state_dict(), info)
-        rngs = _gather(rng_state(), info)
-        if info.is_main:
-            state = {
-                "step": step,
-                "tokens_seen": tokens_seen,
-                "elapsed": elapsed_before + time.perf_counter() - resumed_at,
-                "optimizer": optim_state,
-                "scheduler": scheduler.state_dict(),
-                "sampler": samplers,
-                "rng": rngs,
-                "run": run.to_dict(),
-            }
-            save_checkpoint(ckpt_dir, cfg, model_state, state)
-        barrier(info)
-
-    resumed_at = time.perf_counter()
-    bar = tqdm(total=steps_total, initial=step, disable=not progress, unit="step", dynamic_ncols=True, file=sys.stderr)
-    window_start, window_tokens = time.perf_counter(), 0
+    s.state.resumed_at = time.perf_counter()
+    bar = tqdm(total=s.steps_total, initial=s.state.step, disable=not s.progress, unit="step", dynamic_ncols=True, file=sys.stderr)
     try:
-        while step < steps_total:
-            loss_sum = 0.0
-            for micro in range(t.grad_accum):
-                x, y = sampler.next_batch(t.batch_size)
-                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-                sync = contextlib.nullcontext()
-                if info.enabled and t.parallel == "ddp" and micro < t.grad_accum - 1:
-                    sync = wrapped.no_sync()
-                with sync:
-                    with autocast:
-                        loss = _lm_loss(wrapped, x, y) / t.grad_accum
-                    loss.backward()
-                loss_sum += loss.item()
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
-            loss_value = all_reduce_mean(loss_sum, info, device)
-            if not math.isfinite(loss_value) or not torch.isfinite(grad_norm):
-                last = find_checkpoint(out)
-                kept = f"the last good checkpoint ({last}) is kept" if last else "no checkpoint had been written yet"
-                raise TrainingError(
-                    f"training diverged: loss {loss_value} / gradient norm {grad_norm.item()} at step {step + 1}; "
-                    f"stopped without saving; {kept} (try a lower lr)"
-                )
-            lr = scheduler.get_last_lr()[0]
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
-            tokens_seen += tokens_per_step
-            window_tokens += tokens_per_step
-            if step % t.log_every == 0 or step == steps_total:
-                now = time.perf_counter()
-                tok_s = window_tokens / max(now - window_start, 1e-9)
-                window_start, window_tokens = now, 0
-                record = {"loss": loss_value, "lr": lr, "grad_norm": grad_norm.item(), "tokens_per_s": tok_s, "tokens": tokens_seen}
-                if peak:
-                    record["mfu"] = tok_s * flops_per_token / (peak * info.world_size)
-                if logger:
-                    logger.log(step, **record)
-                bar.set_postfix(loss=f"{loss_value:.3f}", lr=f"{lr:.2e}", tok_s=f"{tok_s:,.0f}", **({"mfu": f"{record['mfu']:.1%}"} if peak else {}))
+        while s.state.step < s.steps_total:
+            loss, grad_norm, lr = _optimizer_step(s, autocast)
+            step = s.state.step
+            meter.add(s.tokens_per_step)
+            if step % t.log_every == 0 or step == s.steps_total:
+                _log_step(s, bar, meter, loss=loss, lr=lr, grad_norm=grad_norm)
             bar.update(1)
-            if t.eval_every and step % t.eval_every == 0 and step < steps_total:
-                val = evaluate(wrapped, splits["valid"], seq_len, t.batch_size, device, t.eval_batches, autocast)
-                if logger:
-                    logger.log(step, val_loss=val["loss"], val_perplexity=val["perplexity"], val_bits_per_byte=val["bits_per_byte"])
-                _say(bar, f"step {step}: val loss {val['loss']:.4f}, ppl {val['perplexity']:.2f}, bpb {val['bits_per_byte']:.4f}", progress)
-            if stop_signal or (stop_at is not None and step >= stop_at and step < steps_total):
-                checkpoint()
+            if t.eval_every and step % t.eval_every == 0 and step < s.steps_total:
+                _validate(s, bar, autocast)
+            if stop_signal or (stop_at is not None and step >= stop_at and step < s.steps_total):
+                _checkpoint(s)
                 if stop_signal:
-                    _say(bar, f"stopped by signal {stop_signal[0]} at step {step}; checkpoint saved in {ckpt_dir}; continue with --resume", info.is_main)
-                    return Interrupted(step, stop_signal[0], ckpt_dir)
-                return Interrupted(step, 0, ckpt_dir)
-            if t.save_every and step % t.save_every == 0 and step < steps_total:
-                checkpoint()
-        checkpoint()
+                    _say(bar, f"stopped by signal {stop_signal[0]} at step {step}; checkpoint saved in {s.rundir.ckpt_dir}; continue with --resume", s.info.is_main)
+                return Interrupted(step, stop_signal[0] if stop_signal else 0, s.rundir.ckpt_dir)
+            if t.save_every and step % t.save_every == 0 and step < s.steps_total:
+                _checkpoint(s)
+        _checkpoint(s)
     finally:
         bar.close()
         _restore_signal_handlers(handlers)
-        if logger:
-            logger.close()
+        if s.logger:
+            s.logger.close()
+    return None
 
-    wall = elapsed_before + time.perf_counter() - resumed_at
-    results = {"status": "finished", "steps": step, "tokens_seen": tokens_seen, "train_wall_time_s": wall}
+
+def _optimizer_step(s: _Session, autocast) -> tuple[float, float, float]:
+    """One optimiser step over `grad_accum` micro-batches; returns (loss, gradient norm, learning rate),
+    the loss averaged over micro-batches and processes. A non-finite loss or gradient stops training
+    before the optimiser touches the weights, so the last checkpoint stays the last good state."""
+    t = s.run.train
+    loss_sum = 0.0
+    for micro in range(t.grad_accum):
+        x, y = s.sampler.next_batch(t.batch_size)
+        x, y = x.to(s.device, non_blocking=True), y.to(s.device, non_blocking=True)
+        sync = contextlib.nullcontext()
+        if s.info.enabled and t.parallel == "ddp" and micro < t.grad_accum - 1:
+            sync = s.wrapped.no_sync()  # DDP all-reduces the gradients once, on the last micro-batch
+        with sync:
+            with autocast:
+                loss = s.wrapped(x, y) / t.grad_accum
+            loss.backward()
+        loss_sum += loss.item()
+    grad_norm = torch.nn.utils.clip_grad_norm_(s.model.parameters(), t.grad_clip)
+    loss_value = all_reduce_mean(loss_sum, s.info, s.device)
+    if not math.isfinite(loss_value) or not torch.isfinite(grad_norm):
+        last = s.rundir.checkpoint()
+        kept = f"the last good checkpoint ({last}) is kept" if last else "no checkpoint had been written yet"
+        raise TrainingError(
+            f"training diverged: loss {loss_value} / gradient norm {grad_norm.item()} at step {s.state.step + 1}; "
+            f"stopped without saving; {kept} (try a lower lr)"
+        )
+    lr = s.scheduler.get_last_lr()[0]  # the rate this step uses
+    s.optimizer.step()
+    s.scheduler.step()
+    s.optimizer.zero_grad(set_to_none=True)
+    s.state.step += 1
+    s.state.tokens_seen += s.tokens_per_step
+    return loss_value, grad_norm.item(), lr
+
+
+class _Throughput:
+    """Tokens per second since the last report, and the model FLOP utilisation when the peak is known."""
+
+    def __init__(self, flops_per_token: int, peak: float | None) -> None:
+        self.flops_per_token, self.peak = flops_per_token, peak
+        self.start, self.tokens = time.perf_counter(), 0
+
+    def add(self, tokens: int) -> None:
+        self.tokens += tokens
+
+    def report(self, world_size: int) -> dict:
+        now = time.perf_counter()
+        tok_s = self.tokens / max(now - self.start, 1e-9)
+        self.start, self.tokens = now, 0
+        out = {"tokens_per_s": tok_s}
+        if self.peak:
+            out["mfu"] = tok_s * self.flops_per_token / (self.peak * world_size)
+        return out
+
+
+def _log_step(s: _Session, bar: tqdm, meter: _Throughput, loss: float, lr: float, grad_norm: float) -> None:
+    """One metrics record (main process) and the progress bar's summary."""
+    speed = meter.report(s.info.world_size)
+    record = {"loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens_per_s": speed["tokens_per_s"], "tokens": s.state.tokens_seen}
+    record.update({k: v for k, v in speed.items() if k == "mfu"})
+    if s.logger:
+        s.logger.log(s.state.step, **record)
+    mfu = {"mfu": f"{record['mfu']:.1%}"} if "mfu" in record else {}
+    bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{record['tokens_per_s']:,.0f}", **mfu)
+
+
+def _validate(s: _Session, bar: tqdm, autocast) -> None:
+    """Loss on a few validation batches (`eval_batches`), logged and shown."""
+    t = s.run.train
+    val = evaluate(s.wrapped, s.splits["valid"], s.seq_len, t.batch_size, s.device, t.eval_batches, autocast)
+    if s.logger:
+        s.logger.log(s.state.step, val_loss=val["loss"], val_perplexity=val["perplexity"], val_bits_per_byte=val["bits_per_byte"])
+    _say(bar, f"step {s.state.step}: val loss {val['loss']:.4f}, ppl {val['perplexity']:.2f}, bpb {val['bits_per_byte']:.4f}", s.progress)
+
+
+def _checkpoint(s: _Session) -> None:
+    """Save everything a bit-exact resume needs. Every process takes part (FSDP2 gathers the full model
+    and optimiser state; each process's sampler position and RNG streams are gathered); the main process
+    writes, and the barrier keeps the others from running ahead of a checkpoint still being written."""
+    model_state = get_model_state_dict(s.model, options=FULL) if s.sharded else s.model.state_dict()
+    optim_state = get_optimizer_state_dict(s.model, s.optimizer, options=FULL) if s.sharded else s.optimizer.state_dict()
+    samplers = _gather(s.sampler.state_dict(), s.info)
+    rngs = _gather(rng_state(), s.info)
+    if s.info.is_main:
+        trainer_state = {
+            "step": s.state.step,
+            "tokens_seen": s.state.tokens_seen,
+            "elapsed": s.state.elapsed(),
+            "optimizer": optim_state,
+            "scheduler": s.scheduler.state_dict(),
+            "sampler": samplers,
+            "rng": rngs,
+            "run": s.run.to_dict(),
+        }
+        save_checkpoint(s.rundir.ckpt_dir, s.cfg, model_state, trainer_state)
+    barrier(s.info)
+
+
+def _finish(s: _Session, started: float, tokenizer_name: str) -> dict:
+    """Evaluate on the whole validation and test splits and write results.json (main process)."""
+    t = s.run.train
+    autocast = autocast_for(t.precision, s.device)
+    wall = s.state.elapsed()
+    results = {"status": "finished", "steps": s.state.step, "tokens_seen": s.state.tokens_seen, "train_wall_time_s": wall}
     for split in ("valid", "test"):
-        metrics = evaluate(wrapped, splits[split], seq_len, t.batch_size, device, None, autocast)
+        metrics = evaluate(s.wrapped, s.splits[split], s.seq_len, t.batch_size, s.device, None, autocast)
         results.update({f"{split}_{k}": v for k, v in metrics.items()})
     results.update(
         {
-            "parameters": parameter_breakdown(model),
-            "tokens_per_s": tokens_seen / max(wall, 1e-9),
-            "wall_time_s": elapsed_before + time.perf_counter() - resumed_at,
+            "parameters": parameter_breakdown(s.model),
+            "tokens_per_s": s.state.tokens_seen / max(wall, 1e-9),
+            "wall_time_s": s.state.elapsed(),
             "total_time_s": time.perf_counter() - started,
-            "device": _device_name(device),
-            "world_size": info.world_size,
-            "model": cfg.to_dict(),
-            "config": run.to_dict(),
-            "tokenizer": tokenizer.name,
+            "device": device_name(s.device),
+            "world_size": s.info.world_size,
+            "model": s.cfg.to_dict(),
+            "config": s.run.to_dict(),
+            "tokenizer": tokenizer_name,
             "data": t.data,
         }
     )
-    if info.is_main:
-        tmp = out / "results.json.tmp"
-        tmp.write_text(json.dumps(results, indent=2))
-        tmp.replace(out / "results.json")
-        if progress:
+    if s.info.is_main:
+        s.rundir.write_results(results)
+        if s.progress:
             print(
                 f"test loss {results['test_loss']:.4f}, perplexity {results['test_perplexity']:.2f}, "
-                f"bits per byte {results['test_bits_per_byte']:.4f} ({wall:.0f} s training); results in {out / 'results.json'}",
+                f"bits per byte {results['test_bits_per_byte']:.4f} ({wall:.0f} s training); results in {s.rundir.results_json}",
                 file=sys.stderr,
             )
     return results
-
-
-# settings that may change between a run and its resumption without making it a different run
-_RUNTIME_KEYS = {"device", "compile", "eval_every", "eval_batches", "log_every", "save_every", "wandb", "wandb_project", "tensorboard", "data_dir", "parallel"}
 
 
 def _say(bar: tqdm, message: str, show: bool) -> None:
@@ -353,11 +442,3 @@ def _install_signal_handlers(flag: list[int]):
 def _restore_signal_handlers(handlers: dict) -> None:
     for s, h in handlers.items():
         signal.signal(s, h)
-
-
-def _device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    import platform
-
-    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"

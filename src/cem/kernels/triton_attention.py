@@ -1,7 +1,7 @@
 """Fused Triton CEM attention: `triton_cem_attention`, an autograd Function over the kernels of
 `_triton_kernels.py` (forward with online softmax; backward as a query-side and a key-side kernel).
 
-Same semantics as `cem.layers.functional.cem_attention_eager` without `v` (values are the keys):
+Same semantics as `cem.layers.attention_core.cem_attention_eager` without `v` (values are the keys):
 
     logit_kij = (k_j^k · q_i^k + ĥ_j · qd_i^k) / sqrt(d) - m_k (q_start + i - j) + s_k [q_start + i = j]
     o_i^k     = Σ_{j <= q_start + i} softmax_j(logit_kij) k_j^k
@@ -138,10 +138,6 @@ def _kernels(interpret: bool):
             spec.loader.exec_module(mod)
         _KERNEL_MODULES[interpret] = mod
     return mod
-
-
-def _strides4(t: Tensor | None) -> tuple[int, int, int, int]:
-    return tuple(t.stride()) if t is not None else (0, 0, 0, 0)
 
 
 def _qd_strides(qd: Tensor | None) -> tuple[int, int, int, int]:

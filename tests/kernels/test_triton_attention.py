@@ -1,4 +1,5 @@
-"""The fused Triton CEM attention kernel and the backend dispatcher against `cem_attention_eager`.
+"""The fused Triton CEM attention kernel, alone and through the attention core's backend choice, against
+`cem_attention_eager`.
 
 On CPU the kernels run in Triton's interpreter (see conftest.py); where CUDA is available the same cases
 also run compiled on the GPU. Inputs are fresh random tensors (never zeros), with a random nonzero self
@@ -14,18 +15,13 @@ import sys
 import pytest
 import torch
 
-from cem.layers.functional import alibi_slopes, cem_attention_eager
+from cem.layers import attention_core as core
+from cem.layers.attention_core import auto_backend, cem_attention, cem_attention_eager, resolve_backend
+from cem.layers.position import alibi_slopes
 
 triton = pytest.importorskip("triton", reason="triton is not installed (pip install triton); kernel tests need it")
 
-from cem.kernels import (  # noqa: E402
-    HAS_TRITON,
-    KernelConfig,
-    auto_backend,
-    cem_attention,
-    resolve_backend,
-    triton_cem_attention,
-)
+from cem.kernels import HAS_TRITON, KernelConfig, triton_cem_attention  # noqa: E402
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
@@ -200,21 +196,20 @@ def test_decode_matches_full_forward():
     torch.testing.assert_close(step, full[:, :, 26:], atol=1e-5, rtol=1e-5)
 
 
-# ---------------------------------------------------------------- dispatcher
+# ---------------------------------------------------------------- the backend choice (cem.layers.attention_core)
 
 
 def test_auto_backend_choice(monkeypatch):
-    from cem.kernels import dispatch
-
+    monkeypatch.setattr(core, "_RESOLVED", {})
     assert auto_backend("cpu") == "sdpa"
     assert auto_backend("cpu", shared_diag=True) == "eager"  # the diagonal term once for all heads
-    monkeypatch.setitem(dispatch._TRITON_OK, "cuda", True)  # as if the CUDA self-check had passed
+    monkeypatch.setitem(core._TRITON_OK, "cuda", True)  # as if the CUDA self-check had passed
     assert auto_backend("cuda") == ("triton" if HAS_TRITON else "sdpa")
-    monkeypatch.setitem(dispatch._TRITON_OK, "cuda", False)  # ... or failed
+    monkeypatch.setitem(core._TRITON_OK, "cuda", False)  # ... or failed
     assert auto_backend("cuda") == "sdpa"
-    assert auto_backend("cuda", v=torch.zeros(1)) == "sdpa"
+    assert auto_backend("cuda", values=True) == "sdpa"
     with pytest.warns(UserWarning, match="falling back to sdpa"):
-        assert resolve_backend("triton", "cuda", v=torch.zeros(1)) == "sdpa"
+        assert resolve_backend("triton", "cuda", values=True) == "sdpa"
     with pytest.raises(ValueError, match="unknown attention backend"):
         resolve_backend("cuda-graph", "cpu")
 
@@ -261,14 +256,15 @@ def test_imports_without_triton():
         "import sys; sys.modules['triton'] = None\n"
         "import torch\n"
         "import cem.kernels as ck\n"
-        "from cem.layers.functional import alibi_slopes\n"
+        "from cem.layers import attention_core as core\n"
+        "from cem.layers.position import alibi_slopes\n"
         "assert not ck.HAS_TRITON\n"
-        "assert ck.auto_backend('cuda') == 'sdpa'\n"
+        "assert core.auto_backend('cuda') == 'sdpa'\n"
         "q = torch.randn(1, 2, 5, 8); k = torch.randn(1, 2, 5, 8)\n"
-        "o = ck.cem_attention(q, k, None, None, alibi_slopes(2), torch.ones(2))\n"
+        "o = core.cem_attention(q, k, None, None, alibi_slopes(2), torch.ones(2))\n"
         "assert o.shape == q.shape\n"
         "try:\n"
-        "    ck.cem_attention(q, k, None, None, alibi_slopes(2), None, backend='triton')\n"
+        "    core.cem_attention(q, k, None, None, alibi_slopes(2), None, backend='triton')\n"
         "except RuntimeError as e:\n"
         "    assert 'triton' in str(e)\n"
         "else:\n"
@@ -297,15 +293,13 @@ def test_kernels_compile_for_sm90():
 
 def test_triton_self_check(monkeypatch):
     """The self-check that gates "auto" passes for the real kernel and catches a broken one."""
-    from cem.kernels import dispatch
-
-    monkeypatch.setattr(dispatch, "_TRITON_OK", {})
-    assert dispatch.triton_self_check("cpu")
+    monkeypatch.setattr(core, "_TRITON_OK", {})
+    assert core.triton_self_check("cpu")
 
     def broken(q, k, qd, hn, slopes, self_bias, q_start=0):
         return triton_cem_attention(q, k, qd, hn, slopes, self_bias, q_start) * 1.01
 
-    monkeypatch.setattr(dispatch, "_TRITON_OK", {})
-    monkeypatch.setattr(dispatch, "triton_cem_attention", broken)
+    monkeypatch.setattr(core, "_TRITON_OK", {})
+    monkeypatch.setattr(core, "triton_cem_attention", broken)
     with pytest.warns(UserWarning, match="disagrees with the eager path"):
-        assert not dispatch.triton_self_check("cpu")
+        assert not core.triton_self_check("cpu")

@@ -1,0 +1,86 @@
+"""The machine a run uses: device choice, bf16 autocast, the machine's name and its measured peak FLOP/s.
+
+One home for what training, evaluation and the benchmarks all need to know about the hardware.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import platform
+import time
+from pathlib import Path
+
+import torch
+
+__all__ = ["PRECISIONS", "autocast_for", "cpu_model", "device_name", "peak_flops", "pick_device"]
+
+PRECISIONS = ("auto", "bf16", "fp32")
+
+
+def pick_device(name: str) -> torch.device:
+    """"auto" (CUDA when available, else the CPU) or a torch device name; ValueError for an unknown name
+    or for CUDA on a machine without it."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"unknown device {name!r}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r}: no CUDA device is available (torch.cuda.is_available() is False)")
+    return device
+
+
+def uses_bf16(precision: str, device: torch.device) -> bool:
+    """Whether `precision` means bf16 autocast on `device` ("auto": on a GPU that supports it)."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; expected auto, bf16 or fp32")
+    return precision == "bf16" or (precision == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported())
+
+
+def autocast_for(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
+    """bf16 autocast where `uses_bf16` says so; else nothing."""
+    return torch.autocast(device.type, dtype=torch.bfloat16) if uses_bf16(precision, device) else contextlib.nullcontext()
+
+
+def cpu_model() -> str:
+    """The CPU model name from /proc/cpuinfo (platform's answer where that file is missing)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def device_name(device: torch.device) -> str:
+    """The GPU's name, or the CPU model with the number of threads torch uses."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    n = torch.get_num_threads()
+    return f"{cpu_model()} ({n} thread{'s' if n != 1 else ''})"
+
+
+@functools.lru_cache(maxsize=None)
+def peak_flops(device: torch.device, dtype: torch.dtype = torch.bfloat16, n: int = 8192, repeats: int = 20) -> float:
+    """The device's measured matmul FLOP/s (the denominator of MFU, never a hard-coded figure): the best of
+    `repeats` n×n×n matmuls in `dtype` (bf16 on GPU; fp32 and n <= 1024 on the CPU)."""
+    if device.type != "cuda":
+        dtype = torch.float32
+        n = min(n, 1024)
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    for _ in range(3):
+        a @ b
+    best = float("inf")
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        a @ b
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        best = min(best, time.perf_counter() - start)
+    return 2 * n**3 / best

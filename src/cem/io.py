@@ -1,0 +1,51 @@
+"""Atomic file writes: readers see the old file, no file, or the whole new one, never half of it."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+__all__ = ["atomic_write", "atomic_write_json", "atomic_write_text"]
+
+
+@contextlib.contextmanager
+def atomic_write(path: str | os.PathLike) -> Iterator[BinaryIO]:
+    """Yield a binary temp file next to `path`; on success fsync it and rename it onto `path`.
+
+    On an exception the temp file is removed and `path` is left as it was.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)  # the rename itself survives a crash
+    finally:
+        os.close(dir_fd)
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write `text` (UTF-8) to `path` atomically."""
+    with atomic_write(path) as f:
+        f.write(text.encode("utf-8"))
+    return Path(path)
+
+
+def atomic_write_json(path: str | os.PathLike, obj, indent: int | None = 2) -> Path:
+    """Write `obj` as JSON to `path` atomically."""
+    return atomic_write_text(path, json.dumps(obj, indent=indent))

@@ -1,0 +1,281 @@
+"""The CEM attention core, in one place: the logits, four implementations of the same maths, and the
+choice between them (docs/design.md, attention, "What the layer computes").
+
+For every head k and query position i (query i sits at absolute position q_start + i):
+
+    logit_kij = ( k_j^k · q_i^k + ĥ_j · (d_k ∘ u_i) ) / τ + b_kij,   b_kij = -m_k (i - j) + s_k [i = j]
+    o_i^k     = Σ_{j <= i} softmax_j(logit_kij) v_j^k                 (v = k: values are the keys)
+
+Backends, one signature `(q, k, qd, hn, slopes, self_bias, q_start=0, v=None)`:
+
+- "eager": `cem_attention_eager`, reads like the equations; its logits are `cem_logits`, which
+  `CEMAttention.energy` uses too;
+- "sdpa": PyTorch's fused `scaled_dot_product_attention`, the diagonal term folded into the dot
+  product by concatenating [q, d∘u] and [k, ĥ] (`fold_diagonal`);
+- "flex": the FlexAttention baseline: ALiBi, the self bias and the causal mask as a `score_mod`, the
+  diagonal folded in like sdpa; `torch.compile`d on CUDA, forward-only on CPU (PyTorch has no CPU
+  backward for it);
+- "triton": the fused kernel of `cem.kernels` (values tied to keys: with `v` it falls back to sdpa);
+- "auto": "triton" on CUDA once the kernel has passed its self-check there (`triton_self_check`),
+  "eager" on CPU with a shared diagonal (SDPA's concatenation would repeat the diagonal term per head,
+  2.5-8x slower, docs/benchmarks/attention_cpu.md), else "sdpa".
+
+`check_backend` rejects an unknown name (ModelConfig and CEMAttention call it at build time);
+`resolve_backend` turns a requested name into the one that runs, decided once per device and cached.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..kernels import HAS_TRITON, triton_cem_attention
+from ._checks import check_choice
+from .position import position_bias
+
+BACKENDS = ("auto", "eager", "sdpa", "flex", "triton")
+
+__all__ = [
+    "BACKENDS",
+    "auto_backend",
+    "cem_attention",
+    "cem_attention_eager",
+    "cem_attention_flex",
+    "cem_attention_sdpa",
+    "cem_logits",
+    "check_backend",
+    "diag_scores",
+    "fold_diagonal",
+    "resolve_backend",
+    "triton_self_check",
+]
+
+
+# ----------------------------------------------------------------------------------------------- the maths
+
+
+def diag_scores(qd: Tensor, hn: Tensor) -> Tensor:
+    """ĥ_j · (d_k ∘ u_i) for every head: qd (B, Jq, D) shared or (B, K, Jq, D) per head; hn (B, Jk, D)."""
+    if qd.dim() == 3:
+        return (qd @ hn.transpose(-1, -2)).unsqueeze(1)  # (B, 1, Jq, Jk): once for all heads
+    return qd @ hn.unsqueeze(1).transpose(-1, -2)  # (B, K, Jq, Jk)
+
+
+def fold_diagonal(q: Tensor, k: Tensor, qd: Tensor | None, hn: Tensor | None) -> tuple[Tensor, Tensor]:
+    """[q^k, d_k ∘ u] and [k^k, ĥ] per head, so that one dot product gives k·q + ĥ·(d∘u) (fused paths)."""
+    if qd is None:
+        return q, k
+    n_heads = q.shape[1]
+    qd_h = qd.unsqueeze(1).expand(-1, n_heads, -1, -1) if qd.dim() == 3 else qd
+    hn_h = hn.unsqueeze(1).expand(-1, n_heads, -1, -1)
+    return torch.cat([q, qd_h.to(q.dtype)], dim=-1), torch.cat([k, hn_h.to(k.dtype)], dim=-1)
+
+
+def cem_logits(
+    q: Tensor, k: Tensor, qd: Tensor | None, hn: Tensor | None, slopes: Tensor, self_bias: Tensor | None, q_start: int = 0
+) -> Tensor:
+    """logit_kij (B, K, Jq, Jk), -inf where j > q_start + i.
+
+    q (B, K, Jq, d), k (B, K, Jk, d), qd = d ∘ u (B, Jq, D) or (B, K, Jq, D) or None, hn = ĥ (B, Jk, D).
+    """
+    tau = math.sqrt(q.shape[-1])
+    scores = q @ k.transpose(-1, -2)
+    if qd is not None:
+        scores = scores + diag_scores(qd, hn)
+    return scores / tau + position_bias(slopes, self_bias, q_start, q.shape[-2], k.shape[-2], q.dtype)
+
+
+def cem_attention_eager(
+    q: Tensor,
+    k: Tensor,
+    qd: Tensor | None,
+    hn: Tensor | None,
+    slopes: Tensor,
+    self_bias: Tensor | None,
+    q_start: int = 0,
+    v: Tensor | None = None,
+) -> Tensor:
+    """o_i^k = Σ_j softmax_j(logit_kij) v_j^k with v = k unless given; v (B, K, Jk, dv). Returns (B, K, Jq, dv)."""
+    p = torch.softmax(cem_logits(q, k, qd, hn, slopes, self_bias, q_start), dim=-1)
+    return p @ (k if v is None else v)
+
+
+def cem_attention_sdpa(
+    q: Tensor,
+    k: Tensor,
+    qd: Tensor | None,
+    hn: Tensor | None,
+    slopes: Tensor,
+    self_bias: Tensor | None,
+    q_start: int = 0,
+    v: Tensor | None = None,
+) -> Tensor:
+    """Same as `cem_attention_eager` through `F.scaled_dot_product_attention`.
+
+    The diagonal term is a dot product too: [q^k, d_k ∘ u_i] · [k^k, ĥ_j] = k·q + ĥ·(d∘u), so it is
+    folded in by concatenating along the feature axis; the scale stays 1/sqrt(head width).
+    """
+    tau = math.sqrt(q.shape[-1])
+    values = k if v is None else v
+    q, k = fold_diagonal(q, k, qd, hn)
+    bias = position_bias(slopes, self_bias, q_start, q.shape[-2], k.shape[-2], q.dtype)
+    return F.scaled_dot_product_attention(q, k, values, attn_mask=bias, scale=1.0 / tau)
+
+
+_compiled_flex: Callable | None = None
+
+
+def _flex_fn(device: torch.device) -> Callable:
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if device.type != "cuda":
+        return flex_attention
+    global _compiled_flex
+    if _compiled_flex is None:
+        _compiled_flex = torch.compile(flex_attention, dynamic=False)
+    return _compiled_flex
+
+
+def cem_attention_flex(
+    q: Tensor,
+    k: Tensor,
+    qd: Tensor | None,
+    hn: Tensor | None,
+    slopes: Tensor,
+    self_bias: Tensor | None,
+    q_start: int = 0,
+    v: Tensor | None = None,
+) -> Tensor:
+    """Same as `cem_attention_eager` through FlexAttention (the baseline the Triton kernel must beat)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    d = q.shape[-1]
+    values = k if v is None else v
+    q, k = fold_diagonal(q, k, qd, hn)
+    device = q.device
+    # tensors, not Python ints, so a compiled graph is not specialised on q_start
+    offset = torch.tensor(int(q_start), device=device)
+    m = slopes.detach().to(device=device, dtype=torch.float32)
+    s = self_bias.to(device=device, dtype=torch.float32) if self_bias is not None else torch.zeros_like(m)
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        rel = q_idx + offset - kv_idx
+        score = score - m[h] * rel + torch.where(rel == 0, s[h], torch.zeros_like(s[h]))
+        return torch.where(rel >= 0, score, -float("inf"))
+
+    if device.type != "cuda" and not torch.is_grad_enabled():
+        # PyTorch's CPU FlexAttention refuses inputs that require grad, even under no_grad
+        q, k, values, s = q.detach(), k.detach(), values.detach(), s.detach()
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    block_mask = None
+    if device.type == "cuda":
+
+        def causal(b, h, q_idx, kv_idx):
+            return kv_idx <= q_idx + offset
+
+        block_mask = create_block_mask(causal, None, None, n_q, n_k, device=device)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
+        return _flex_fn(device)(q, k, values, score_mod=score_mod, block_mask=block_mask, scale=1.0 / math.sqrt(d))
+
+
+# ----------------------------------------------------------------------------------------------- the choice
+
+
+def check_backend(backend: str) -> str:
+    """`backend` if it is one of `BACKENDS`, else a ValueError naming them (called at build time)."""
+    check_choice("attention backend", backend, BACKENDS)
+    return backend
+
+
+_TRITON_OK: dict[str, bool] = {}  # device -> the self-check's verdict
+_RESOLVED: dict[tuple, str] = {}  # (requested, device, separate values, shared diagonal) -> backend run
+
+
+def triton_self_check(device: torch.device | str) -> bool:
+    """Whether the Triton kernel matches the eager path on `device` (output and every gradient, fresh random
+    inputs, float32); run once per device before "auto" trusts the kernel, cached."""
+    key = str(torch.device(device))
+    if key not in _TRITON_OK:
+        g = torch.Generator(device=device).manual_seed(0)
+        B, K, J, d = 2, 3, 37, 16
+
+        def rand(*shape):
+            return torch.randn(*shape, generator=g, device=device).requires_grad_(True)
+
+        args = [rand(B, K, J, d), rand(B, K, J, d), rand(B, J, K * d), rand(B, J, K * d)]
+        slopes, self_bias = torch.linspace(0.5, 0.05, K, device=device), rand(K)
+        with torch.enable_grad():
+            outs = []
+            for fn in (triton_cem_attention, cem_attention_eager):
+                o = fn(*args, slopes, self_bias)
+                grads = torch.autograd.grad(o.square().sum(), [*args, self_bias])
+                outs.append([o, *grads])
+        _TRITON_OK[key] = all(torch.allclose(a, b, rtol=1e-3, atol=1e-3) for a, b in zip(*outs))
+        if not _TRITON_OK[key]:
+            warnings.warn(f"the Triton CEM kernel disagrees with the eager path on {key}; 'auto' uses sdpa there", stacklevel=2)
+    return _TRITON_OK[key]
+
+
+def auto_backend(device: torch.device | str, values: bool = False, shared_diag: bool = False) -> str:
+    """The backend that "auto" runs on `device` (see the module doc), given whether separate values are
+    passed and whether the diagonal is shared. Inside torch.compile the self-check cannot run: resolve
+    once eagerly first, as the trainer does."""
+    device = torch.device(device)
+    if device.type == "cuda" and HAS_TRITON and not values:
+        if torch.compiler.is_compiling():
+            return "triton" if _TRITON_OK.get(str(device), True) else "sdpa"
+        return "triton" if triton_self_check(device) else "sdpa"
+    if device.type == "cpu" and shared_diag:
+        return "eager"
+    return "sdpa"
+
+
+def _decide(backend: str, device: torch.device | str, values: bool, shared_diag: bool) -> str:
+    if backend == "auto":
+        return auto_backend(device, values, shared_diag)
+    if backend == "triton" and values:
+        warnings.warn("the triton CEM kernel ties values to keys; v given, falling back to sdpa", stacklevel=4)
+        return "sdpa"
+    if backend == "triton" and not HAS_TRITON:
+        raise RuntimeError("backend='triton' requested but triton is not installed (pip install triton)")
+    return backend
+
+
+def resolve_backend(backend: str, device: torch.device | str, values: bool = False, shared_diag: bool = False) -> str:
+    """The backend actually run for a requested one on `device` ("auto" decided, triton with separate
+    `values` falling back to sdpa), decided once per device and kind of input, then cached."""
+    check_backend(backend)
+    key = (backend, str(torch.device(device)), bool(values), bool(shared_diag))
+    chosen = _RESOLVED.get(key)
+    if chosen is None:
+        chosen = _decide(backend, device, bool(values), bool(shared_diag))
+        if not torch.compiler.is_compiling():  # decided without the self-check: do not keep it
+            _RESOLVED[key] = chosen
+    return chosen
+
+
+_IMPLEMENTATIONS = {"eager": cem_attention_eager, "sdpa": cem_attention_sdpa, "flex": cem_attention_flex}
+
+
+def cem_attention(
+    q: Tensor,
+    k: Tensor,
+    qd: Tensor | None,
+    hn: Tensor | None,
+    slopes: Tensor,
+    self_bias: Tensor | None,
+    q_start: int = 0,
+    v: Tensor | None = None,
+    backend: str = "auto",
+) -> Tensor:
+    """The CEM attention core through `backend` (see the module doc); the same maths for all of them."""
+    chosen = resolve_backend(backend, q.device, values=v is not None, shared_diag=qd is not None and qd.dim() == 3)
+    if chosen == "triton":
+        return triton_cem_attention(q, k, qd, hn, slopes, self_bias, q_start)
+    return _IMPLEMENTATIONS[chosen](q, k, qd, hn, slopes, self_bias, q_start, v)

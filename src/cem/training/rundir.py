@@ -1,0 +1,169 @@
+"""A run directory: the one place that knows its layout, whether it holds "the same run", and how to load
+what a run left behind.
+
+    run.json        the run's identity (model, tokenizer, corpus, training settings), its full config and
+                    total steps; written when training starts
+    tokenizer/      the tokenizer, reloadable with `cem.data.load_tokenizer`
+    ckpt/           the latest checkpoint (`checkpoint.py`; `ckpt.old/` while a swap is interrupted)
+    metrics.jsonl   one record per logged step (also metrics.csv, tensorboard/)
+    results.json    the final results; its presence means the run is finished
+
+One rule decides whether two runs are the same: `run_identity` (the model, the tokenizer, the corpus, and
+every training setting except the `RUNTIME_KEYS`, which may change between a run and its resumption).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import torch
+
+from ..io import atomic_write_json
+from ..model import LanguageModel, ModelConfig, load_pretrained
+from .checkpoint import find_checkpoint, load_checkpoint, verify_checkpoint
+from .config import RunConfig, TrainConfig
+
+# training settings that may change between a run and its resumption without making it a different run
+RUNTIME_KEYS = frozenset(
+    {"device", "compile", "eval_every", "eval_batches", "log_every", "save_every", "wandb", "wandb_project",
+     "tensorboard", "data_dir", "parallel"}
+)  # fmt: skip
+_TRAIN_DEFAULTS = dataclasses.asdict(TrainConfig())
+
+
+def run_identity(run: RunConfig, model: ModelConfig | None = None, tokenizer: str | None = None, corpus: dict | None = None) -> dict:
+    """What makes a run this run. The trainer knows all four parts; a caller that only has the config
+    (e.g. a sweep deciding whether a finished run can be reused) leaves the others out, and only the parts
+    given are compared."""
+    identity = {"train": {k: v for k, v in run.to_dict()["train"].items() if k not in RUNTIME_KEYS}}
+    for key, value in (("model", None if model is None else model.to_dict()), ("tokenizer", tokenizer), ("corpus", corpus)):
+        if value is not None:
+            identity[key] = value
+    return identity
+
+
+class RunDir:
+    """Paths and contents of one run directory (see the module doc for its layout)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    def __repr__(self) -> str:
+        return f"RunDir({str(self.path)!r})"
+
+    # ------------------------------------------------------------------ layout
+
+    @property
+    def run_json(self) -> Path:
+        return self.path / "run.json"
+
+    @property
+    def tokenizer_dir(self) -> Path:
+        return self.path / "tokenizer"
+
+    @property
+    def ckpt_dir(self) -> Path:
+        return self.path / "ckpt"
+
+    @property
+    def results_json(self) -> Path:
+        return self.path / "results.json"
+
+    @property
+    def metrics_jsonl(self) -> Path:
+        return self.path / "metrics.jsonl"
+
+    @property
+    def metrics_csv(self) -> Path:
+        return self.path / "metrics.csv"
+
+    @property
+    def tensorboard_dir(self) -> Path:
+        return self.path / "tensorboard"
+
+    # ------------------------------------------------------------------ identity
+
+    def read_run(self) -> dict | None:
+        """The contents of run.json, None if there is none (ValueError if it is unreadable)."""
+        if not self.run_json.exists():
+            return None
+        try:
+            return json.loads(self.run_json.read_text())
+        except json.JSONDecodeError:
+            raise ValueError(f"{self.run_json} is corrupted; choose another output directory") from None
+
+    def differences(self, identity: dict) -> list[str]:
+        """What differs between the run recorded here and `identity` (`run_identity`): "tokenizer",
+        "corpus", "model", or "training setting NAME"; [] for the same run or when nothing is recorded.
+        A training setting the record lacks (added to TrainConfig since) counts as its default."""
+        recorded = self.read_run()
+        if recorded is None:
+            return []
+        diff = [key for key in ("tokenizer", "corpus", "model") if key in identity and recorded.get(key) != identity[key]]
+        saved = recorded.get("train", {})
+        for key, value in identity.get("train", {}).items():
+            if saved.get(key, _TRAIN_DEFAULTS.get(key)) != value:
+                diff.append(f"training setting {key}")
+        return diff
+
+    def claim(self, identity: dict, resume: bool) -> None:
+        """Refuse to mix runs: raise ValueError if this directory holds a different run, or this same run
+        without `resume`."""
+        diff = self.differences(identity)
+        if diff:
+            raise ValueError(f"output directory {self.path} already holds a different run ({diff[0]} differs); choose another --out")
+        if self.run_json.exists() and not resume:
+            raise ValueError(f"output directory {self.path} already holds this run; pass --resume to continue it or choose another --out")
+
+    def write_run(self, identity: dict, run: RunConfig, total_steps: int, tokenizer) -> None:
+        """Record the run (run.json) and save its tokenizer."""
+        atomic_write_json(self.run_json, {**identity, "config": run.to_dict(), "total_steps": total_steps})
+        tokenizer.save(self.tokenizer_dir)
+
+    def train_settings(self) -> dict:
+        """The run's training settings (`TrainConfig` as a dict), from run.json or else the checkpoint."""
+        recorded = self.read_run()
+        if recorded is not None and "config" in recorded:
+            return recorded["config"]["train"]
+        ckpt = self.checkpoint()
+        if ckpt is None:
+            raise FileNotFoundError(f"no run.json or checkpoint in {self.path}")
+        return torch.load(ckpt / "trainer_state.pt", map_location="cpu", weights_only=False)["run"]["train"]
+
+    # ------------------------------------------------------------------ contents
+
+    def checkpoint(self) -> Path | None:
+        """The checkpoint directory to resume from, None if there is none."""
+        return find_checkpoint(self.path)
+
+    def results(self) -> dict | None:
+        """The final results, None while the run is unfinished."""
+        return json.loads(self.results_json.read_text()) if self.results_json.exists() else None
+
+    def write_results(self, results: dict) -> None:
+        atomic_write_json(self.results_json, results)
+
+    def load_tokenizer(self):
+        """The run's tokenizer, None if the directory has none (a saved model directory)."""
+        from ..data import load_tokenizer
+
+        return load_tokenizer(self.tokenizer_dir) if self.tokenizer_dir.exists() else None
+
+    def load_checkpoint(self, map_location: str | torch.device = "cpu") -> tuple[LanguageModel, dict]:
+        """The verified model and trainer state of the run's checkpoint."""
+        ckpt = self.checkpoint()
+        if ckpt is None:
+            raise FileNotFoundError(f"no checkpoint in {self.path}")
+        return load_checkpoint(ckpt, map_location)
+
+    def load_model(self, map_location: str | torch.device = "cpu") -> LanguageModel:
+        """The model of the run's (verified) checkpoint, or of the directory itself when it is a model
+        saved with `save_pretrained`."""
+        if not self.path.exists():
+            raise FileNotFoundError(f"no run or model directory at {self.path}")
+        ckpt = self.checkpoint()
+        if ckpt is not None:
+            verify_checkpoint(ckpt)
+        return load_pretrained(ckpt if ckpt is not None else self.path, map_location=map_location)

@@ -1,0 +1,63 @@
+"""The attention core's backend choice: validated at build time, resolved once per device, and the same
+maths on every backend."""
+
+import pytest
+import torch
+
+from cem.layers import CEMAttention
+from cem.layers import attention_core as core
+from cem.layers.position import alibi_slopes
+from cem.model import model_config
+
+
+def test_unknown_backend_is_a_build_time_error():
+    with pytest.raises(ValueError, match="unknown attn_backend 'trtion'.*'auto', 'eager', 'sdpa', 'flex', 'triton'"):
+        model_config("tiny", "cem", attn_backend="trtion")
+    with pytest.raises(ValueError, match="unknown attention backend 'trtion'.*'triton'"):
+        CEMAttention(16, 2, backend="trtion")
+    with pytest.raises(ValueError, match="unknown attention backend"):
+        core.resolve_backend("cuda-graph", "cpu")
+
+
+def test_resolution_on_cpu_and_its_cache(monkeypatch):
+    monkeypatch.setattr(core, "_RESOLVED", {})
+    assert CEMAttention(16, 2, kq_diag="shared").resolved_backend("cpu") == "eager"  # diagonal once for all heads
+    assert CEMAttention(16, 2, kq_diag="per_head").resolved_backend("cpu") == "sdpa"
+    assert CEMAttention(16, 2, kq_diag="none", backend="flex").resolved_backend("cpu") == "flex"
+    assert core._RESOLVED[("auto", "cpu", False, True)] == "eager"
+    calls = []
+    monkeypatch.setattr(core, "_decide", lambda *a: calls.append(a) or "sdpa")
+    core.resolve_backend("auto", "cpu", shared_diag=True)
+    assert calls == []  # decided once, then read from the cache
+
+
+@pytest.mark.parametrize("backend", ["eager", "sdpa", "auto"])
+@pytest.mark.parametrize("diag", ["shared", "head", None])
+def test_backends_agree(backend, diag):
+    g = torch.Generator().manual_seed(0)
+    B, K, J, d, D = 2, 3, 9, 4, 12
+    q, k = torch.randn(B, K, J, d, generator=g), torch.randn(B, K, J, d, generator=g)
+    qd = {"shared": torch.randn(B, J, D, generator=g), "head": torch.randn(B, K, J, D, generator=g), None: None}[diag]
+    hn = torch.randn(B, J, D, generator=g)
+    slopes, sb = alibi_slopes(K), torch.randn(K, generator=g)
+    ref = torch.softmax(core.cem_logits(q, k, qd, hn, slopes, sb), dim=-1) @ k
+    out = core.cem_attention(q, k, qd, hn, slopes, sb, backend=backend)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_trainer_prints_the_backend_that_runs(tmp_path, capsys, monkeypatch):
+    """The default model (shared diagonal) on CPU runs eager, and the trainer says so."""
+    import random
+
+    from cem.training import load_run_config, train
+
+    monkeypatch.setenv("CEM_CACHE_DIR", str(tmp_path / "cache"))
+    rng = random.Random(0)
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for split, n in (("train", 400), ("valid", 100), ("test", 100)):
+        (corpus / f"{split}.txt").write_text(" ".join(rng.choice(["a", "bc", "def"]) for _ in range(n)))
+    cfg = load_run_config(None, ["context=16", "tensorboard=false", "device=cpu"], data=str(corpus), preset="tiny",
+                          arch="cem", batch_size=2, max_steps=1, eval_batches=1)  # fmt: skip
+    train(cfg, tmp_path / "run", progress=True)
+    assert "CEM attention backend on cpu: eager" in capsys.readouterr().err

@@ -1,0 +1,60 @@
+"""RunDir: a run directory's layout, its one identity rule, and loading what a run left behind."""
+
+import json
+
+import pytest
+
+from cem.training import RunDir, load_run_config, run_identity, train
+from cem.training.rundir import RUNTIME_KEYS
+
+
+def test_layout():
+    run = RunDir("runs/x")
+    assert run.run_json.name == "run.json" and run.results_json.name == "results.json"
+    assert run.tokenizer_dir.name == "tokenizer" and run.ckpt_dir.name == "ckpt" and run.metrics_jsonl.name == "metrics.jsonl"
+
+
+def test_identity_ignores_runtime_keys_and_compares_only_what_is_given(tmp_path):
+    base = load_run_config(None, ["lr=1e-3"])
+    run = RunDir(tmp_path)
+    assert run.differences(run_identity(base)) == []  # nothing recorded yet
+    identity = run_identity(base, tokenizer="byte", corpus={"name": "c"})
+    run.write_run(identity, base, 10, tokenizer=type("T", (), {"save": lambda self, d: None})())
+    assert not RUNTIME_KEYS & set(json.loads(run.run_json.read_text())["train"])
+    assert run.differences(run_identity(load_run_config(None, ["lr=1e-3", "device=cpu", "log_every=3"]))) == []
+    assert run.differences(run_identity(load_run_config(None, ["lr=2e-3"]))) == ["training setting lr"]
+    assert run.differences(run_identity(base, tokenizer="bpe:300")) == ["tokenizer"]
+    with pytest.raises(ValueError, match="pass --resume"):
+        run.claim(identity, resume=False)
+    run.claim(identity, resume=True)
+    with pytest.raises(ValueError, match="different run \\(corpus differs\\)"):
+        run.claim(run_identity(base, tokenizer="byte", corpus={"name": "other"}), resume=True)
+
+
+def test_a_setting_missing_from_an_old_record_counts_as_its_default(tmp_path):
+    base = load_run_config(None, [])
+    identity = run_identity(base)
+    del identity["train"]["grad_clip"]  # as if written before grad_clip existed
+    (tmp_path / "run.json").write_text(json.dumps(identity))
+    assert RunDir(tmp_path).differences(run_identity(base)) == []
+    assert RunDir(tmp_path).differences(run_identity(load_run_config(None, ["grad_clip=0.5"]))) == ["training setting grad_clip"]
+
+
+def test_corrupted_record_is_a_clear_error(tmp_path):
+    (tmp_path / "run.json").write_text("{")
+    with pytest.raises(ValueError, match="corrupted"):
+        RunDir(tmp_path).claim(run_identity(load_run_config(None, [])), resume=True)
+
+
+def test_loads_what_a_run_left(tiny_args, tmp_path):
+    cfg = load_run_config(None, ["context=32"], **tiny_args, max_steps=2)
+    results = train(cfg, tmp_path / "r", progress=False)
+    run = RunDir(tmp_path / "r")
+    assert run.results()["test_loss"] == results["test_loss"]
+    assert run.checkpoint() == run.ckpt_dir
+    assert run.load_tokenizer().vocab_size == run.load_model().config.vocab_size
+    model, state = run.load_checkpoint()
+    assert state["step"] == 2 and run.train_settings()["max_steps"] == 2
+    assert RunDir(tmp_path / "missing").results() is None
+    with pytest.raises(FileNotFoundError, match="no run or model directory"):
+        RunDir(tmp_path / "missing").load_model()
