@@ -8,16 +8,14 @@ from pathlib import Path
 
 import torch
 
+from ..device import pick_device
+from ..io import atomic_write_json
 from ..data import build_split, load_corpus, load_tokenizer
 from ..layers.steps import DescentLayer
 from ..model.flops import forward_flops_per_token
 from ..training import RunDir
 from ..training.evaluate import evaluate
 from .stats import Interval, mean_std
-
-
-def _device(name: str) -> torch.device:
-    return torch.device("cuda" if name == "auto" and torch.cuda.is_available() else ("cpu" if name == "auto" else name))
 
 
 def load_run(run_dir: Path, data_dir: str | None = None, device: str = "auto"):
@@ -28,7 +26,7 @@ def load_run(run_dir: Path, data_dir: str | None = None, device: str = "auto"):
     tokenizer = load_tokenizer(run.tokenizer_dir)
     corpus = load_corpus(train["data"], data_dir or train.get("data_dir"))
     split = build_split(corpus, tokenizer, "test")
-    return model.to(_device(device)).eval(), split, train["seq_len"] or model.config.context
+    return model.to(pick_device(device)).eval(), split, train["seq_len"] or model.config.context
 
 
 def test_time_curve(run_dir: Path, steps=range(1, 7), data_dir: str | None = None, max_batches: int | None = None, device: str = "auto") -> list[dict]:
@@ -46,7 +44,7 @@ def test_time_curve(run_dir: Path, steps=range(1, 7), data_dir: str | None = Non
 
 def _cached(path: Path, compute):
     if not path.exists():
-        save_json(compute(), path)
+        atomic_write_json(path, compute())
     return json.loads(path.read_text())
 
 
@@ -167,10 +165,3 @@ def gp_study(c) -> tuple[list, dict]:
             d.to_dict(),
         ))
     return findings, {"gp_rows": summary}
-
-
-def save_json(obj, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(obj, indent=2))
-    tmp.replace(path)

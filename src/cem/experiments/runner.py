@@ -5,14 +5,14 @@ RESULTS/ID/ (summary.json, ID.png) and the runs in RESULTS/runs/."""
 from __future__ import annotations
 
 import os
-import platform
 import sys
 import time
 from pathlib import Path
 
 import torch
 
-from .analysis import save_json
+from ..device import cpu_model
+from ..io import atomic_write_json
 from .registry import ALL_IDS, EXPERIMENTS, SUITE_ORDER, Context
 from .scales import Scale, get_scale
 from .sweep import run_sweep, summarize
@@ -22,13 +22,7 @@ def machine() -> str:
     """The GPU's name, or the CPU's model name and core count."""
     if torch.cuda.is_available():
         return torch.cuda.get_device_name()
-    model = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return f"{model}, {os.cpu_count()} cores"
+    return f"{cpu_model()}, {os.cpu_count()} cores"
 
 
 def _check_id(exp_id: str) -> None:
@@ -84,7 +78,7 @@ def _analyse(exp_id: str, sc: Scale, root: Path, results: dict, data_dir: str | 
         "train_time_s": sum(r["wall_time_s"] for r in results.values()),
     }
     exp.plot(summary, f"{exp_id}: {exp.question} ({sc.name} scale, {sc.data})", out / f"{exp_id}.png")
-    save_json(summary, out / "summary.json")
+    atomic_write_json(out / "summary.json", summary)
     return summary
 
 

@@ -2,17 +2,8 @@
 
 from __future__ import annotations
 
-import math
-
-
+from ..stats import mean_std
 from .config import KERNELS, GPConfig
-
-
-def _mean_std(values: list[float]) -> tuple[float, float]:
-    n = len(values)
-    mean = sum(values) / n
-    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else 0.0
-    return mean, std
 
 
 def summarize(rows: list[dict]) -> list[dict]:
@@ -32,10 +23,10 @@ def summarize(rows: list[dict]) -> list[dict]:
         for key in ("rmse", "nrmse", "rmse_f", "train_rmse", "wall_s", "gp_oracle_rmse"):
             vals = [r[key] for r in rs if r.get(key) is not None]
             if vals:
-                s[f"{key}_mean"], s[f"{key}_std"] = _mean_std(vals)
+                s[f"{key}_mean"], s[f"{key}_std"] = mean_std(vals)
         rel = [r["rmse"] / base[(kernel, r["seed"])] - 1 for r in rs if (kernel, r["seed"]) in base]
         if rel:
-            s["rel_t1_mean"], s["rel_t1_std"] = _mean_std(rel)
+            s["rel_t1_mean"], s["rel_t1_std"] = mean_std(rel)
         s["params"] = rs[0]["params"]
         s["flops"] = rs[0]["flops"]
         out.append(s)
