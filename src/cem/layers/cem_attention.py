@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 from ..kernels import dispatch  # eager, sdpa, flex or the fused Triton kernel (module: import-cycle safe)
 from ._checks import check_choice, check_heads, check_residual
-from .functional import ALIBI_SLOPES, alibi_slopes, diag_scores, position_bias
+from .functional import ALIBI_SLOPES, alibi_slopes, cem_attention_energy, cem_logits
 from .norm import RMSNorm
 from .precond import make_preconditioner
 from .steps import DescentLayer
@@ -86,12 +86,23 @@ class CEMAttention(DescentLayer):
         slopes = alibi_slopes(self.n_heads, q.device, self.alibi)
         return dispatch.cem_attention(q, k, qd, hn, slopes, self.self_bias, q_start=q_start, v=v, backend=self.backend)
 
-    def direction(self, u: Tensor, k: Tensor, hn: Tensor | None, q_start: int = 0) -> Tensor:
-        """The descent direction Σ_k P_k (W_Q^kᵀ o^k [+ d_k ∘ Σ_j p_kij ĥ_j]) = -P ∇_u ε at u (B, J, D)."""
+    def direction(self, u: Tensor, k: Tensor, hn: Tensor | None, q_start: int = 0, with_energy: bool = False):
+        """The descent direction Σ_k P_k (W_Q^kᵀ o^k [+ d_k ∘ Σ_j p_kij ĥ_j]) = -P ∇_u ε at u (B, J, D);
+        `with_energy=True` returns (direction, ε(u)) with ε (B, J) from the same logits (eager form)."""
         q = self._heads(self.w_q(u))
         value_diag = self.exact_gradient and self.kq_diag is not None
         v = torch.cat([k, hn.unsqueeze(1).expand(-1, self.n_heads, -1, -1)], dim=-1) if value_diag else None
-        o = self._attend(q, k, self._diag_query(u), hn, q_start, v)
+        energy = None
+        if with_energy:
+            slopes = alibi_slopes(self.n_heads, q.device, self.alibi)
+            o, energy = cem_attention_energy(q, k, self._diag_query(u), hn, slopes, self.self_bias, q_start, v)
+        else:
+            o = self._attend(q, k, self._diag_query(u), hn, q_start, v)
+        y = self._project(o, value_diag)
+        return (y, energy) if with_energy else y
+
+    def _project(self, o: Tensor, value_diag: bool) -> Tensor:
+        """Σ_k P_k (W_Q^kᵀ o^k [+ d_k ∘ o_ĥ^k]) from the attention outputs o (B, K, J, d [+ D])."""
         o, o_hn = (o[..., : self.head_dim], o[..., self.head_dim :]) if value_diag else (o, None)
         if self.precond is None and not value_diag:
             return o.transpose(1, 2).flatten(2) @ self.w_q.weight  # Σ_k W_Q^kᵀ o^k in one matmul
@@ -123,20 +134,16 @@ class CEMAttention(DescentLayer):
         """x^(0) = h (or ĥ), x^(t+1) = x^(t) + η_t direction(norm(x^(t))); returns x^(T) (B, J, D)."""
         check_residual(h, self.dim, "CEMAttention")
         hn, k, ctx, q_start = self.context(h, cache)
-        return self.descend(h, hn, lambda u: self.direction(u, k, ctx, q_start))
+        return self.descend(h, hn, lambda u, with_energy=False: self.direction(u, k, ctx, q_start, with_energy))
 
     def energy(self, u: Tensor, h: Tensor) -> Tensor:
         """ε(u_i | ĥ_{1:i}) for every position i, shape (B, J): the energy the forward pass descends."""
         check_residual(u, self.dim, "CEMAttention.energy")
         check_residual(h, self.dim, "CEMAttention.energy")
         hn = self.norm(h)
-        tau = math.sqrt(self.head_dim)
-        scores = self._heads(self.w_q(u)) @ self._heads(self.w_k(hn)).transpose(-1, -2)
-        qd = self._diag_query(u)
-        if qd is not None:
-            scores = scores + diag_scores(qd, hn)
-        logits = scores / tau + position_bias(alibi_slopes(self.n_heads, u.device, self.alibi), self.self_bias, 0, u.shape[1], h.shape[1], u.dtype)
-        return -tau * torch.logsumexp(logits, dim=-1).sum(dim=1)
+        slopes = alibi_slopes(self.n_heads, u.device, self.alibi)
+        logits = cem_logits(self._heads(self.w_q(u)), self._heads(self.w_k(hn)), self._diag_query(u), hn, slopes, self.self_bias)
+        return -math.sqrt(self.head_dim) * torch.logsumexp(logits, dim=-1).sum(dim=1)
 
     def extra_repr(self) -> str:
         diag = "none" if self.kq_diag is None else ("shared" if self.kq_diag.dim() == 1 else "per_head")

@@ -111,13 +111,37 @@ def cem_attention_eager(
     q (B, K, Jq, d), k (B, K, Jk, d), qd = d ∘ u (B, Jq, D) or (B, K, Jq, D) or None, hn = ĥ (B, Jk, D),
     v (B, K, Jk, dv) defaults to k. Returns (B, K, Jq, dv).
     """
+    p = torch.softmax(cem_logits(q, k, qd, hn, slopes, self_bias, q_start), dim=-1)
+    return p @ (k if v is None else v)
+
+
+def cem_logits(
+    q: Tensor, k: Tensor, qd: Tensor | None, hn: Tensor | None, slopes: Tensor, self_bias: Tensor | None, q_start: int = 0
+) -> Tensor:
+    """logit_kij = (k_j^k · q_i^k + ĥ_j · (d_k ∘ u_i)) / τ + b_kij, shape (B, K, Jq, Jk) (-inf where j > i)."""
     tau = math.sqrt(q.shape[-1])
     scores = q @ k.transpose(-1, -2)
     if qd is not None:
         scores = scores + diag_scores(qd, hn)
-    logits = scores / tau + position_bias(slopes, self_bias, q_start, q.shape[-2], k.shape[-2], q.dtype)
-    p = torch.softmax(logits, dim=-1)
-    return p @ (k if v is None else v)
+    return scores / tau + position_bias(slopes, self_bias, q_start, q.shape[-2], k.shape[-2], q.dtype)
+
+
+def cem_attention_energy(
+    q: Tensor,
+    k: Tensor,
+    qd: Tensor | None,
+    hn: Tensor | None,
+    slopes: Tensor,
+    self_bias: Tensor | None,
+    q_start: int = 0,
+    v: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """`cem_attention_eager`'s output and, from the same logits, the interaction energy of every query,
+    ε_i = -τ Σ_k logsumexp_j(logit_kij) (eq. 1), shape (B, Jq): the energy costs one logsumexp."""
+    logits = cem_logits(q, k, qd, hn, slopes, self_bias, q_start)
+    lse = torch.logsumexp(logits, dim=-1, keepdim=True)
+    o = torch.exp(logits - lse) @ (k if v is None else v)
+    return o, -math.sqrt(q.shape[-1]) * lse.squeeze(-1).sum(dim=1)
 
 
 def cem_attention_sdpa(
