@@ -25,7 +25,8 @@ forward pass.
 - `guard` (0 = off): energy-guarded steps. A step whose E(u^(t+1)) > E(u^(t)) is retried with η_t halved,
   per position, up to `guard` times (Armijo backtracking with c = 0: accept on non-increase); a position
   whose step still raises E after `guard` halvings takes no step and stops.
-Every layer counts the steps its positions took (`steps_used()`, `reset_steps_used()`), whatever the mode.
+Every layer counts the steps its positions took (`steps_used()`, `reset_steps_used()`), whatever the mode;
+with an option on, `last_steps_used` holds the steps of every position (B, J) of the last forward pass.
 """
 
 from __future__ import annotations
@@ -88,6 +89,7 @@ class DescentLayer(nn.Module):
         self.drawn_steps: int | None = None
         self.adaptive_tol: float | None = None
         self.guard = 0
+        self.last_steps_used: Tensor | None = None
         self.reset_steps_used()
 
     @property
@@ -200,5 +202,6 @@ class DescentLayer(nn.Module):
             active = take & (e_old - e > tol * e_old.abs()) if tol is not None else take
             if not bool(active.any()):
                 break
+        self.last_steps_used = used  # (B, J): the steps each position took in this (checked) forward
         self._count(used.sum(), used.numel())
         return x
