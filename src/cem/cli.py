@@ -92,7 +92,10 @@ def cmd_generate(args) -> int:
         raise ValueError(f"{run.path} has no tokenizer/ directory; generate from a run directory written by `cem train`")
     ids = tokenizer.encode(args.prompt) or [tokenizer.eot_id]
     gen = torch.Generator().manual_seed(args.seed)
-    out = model.generate(torch.tensor(ids), args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.steps, gen)
+    out = model.generate(
+        torch.tensor(ids), args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.steps, gen,
+        adaptive_tol=args.adaptive_tol, guard=args.guard,
+    )
     print(tokenizer.decode(out.tolist()))
     return 0
 
@@ -190,7 +193,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=0.8)
     p.add_argument("--top-k", type=int, default=None, dest="top_k")
     p.add_argument("--top-p", type=float, default=0.95, dest="top_p")
-    p.add_argument("--steps", type=int, help="recursion steps T of every CEM layer (test-time compute)")
+    p.add_argument("--steps", type=int, help="recursion steps T of every CEM layer (test-time compute; the maximum with --adaptive-tol)")
+    p.add_argument("--adaptive-tol", type=float, dest="adaptive_tol",
+                   help="adaptive steps: a position stops once its relative energy decrease is <= this (default: the model's)")
+    p.add_argument("--guard", type=int, help="energy-guarded steps: halve a step that raises the energy up to this many times (0 = off)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_generate)
 

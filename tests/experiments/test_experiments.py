@@ -137,11 +137,18 @@ def test_test_time_and_energy(corpus, tmp_path, monkeypatch):
     monkeypatch.setenv("CEM_CACHE_DIR", str(tmp_path / "cache"))
     scale = smoke(corpus, seeds=(0,), recursion_seeds=(0, 1))
     tt = run_experiment("test-time", "smoke", tmp_path / "res", **scale)
-    assert set(tt["curves"]) == {"full CEM trained T=1", "full CEM trained T=2", "full CEM trained T~U{1..3}"}
-    curve = tt["curves"]["full CEM trained T=2"]
-    assert [r["eval_steps"] for r in curve] == [1, 2, 3]
-    assert curve[0]["flops_per_token"] < curve[1]["flops_per_token"] < curve[2]["flops_per_token"]
-    assert len(tt["findings"]) == 3  # T=1 -> 2 and T=2 -> 3; the T=3 model has no deeper evaluation here
+    cem = ["full CEM trained T=1", "full CEM trained T=2", "full CEM trained T~U{1..3}"]
+    assert set(tt["curves"]) == {*cem, "Llama, plain reuse at test time"}
+    for curve in tt["curves"].values():
+        assert [r["eval_steps"] for r in curve] == [1, 2, 3]
+        assert curve[0]["flops_per_token"] < curve[1]["flops_per_token"] < curve[2]["flops_per_token"]
+    assert set(tt["adaptive"]) == {f"{m}, adaptive tol {t}" for m in cem for t in ("0.01", "0.001")}
+    for label, curve in tt["adaptive"].items():  # adaptive: at most T steps, fewer FLOPs than fixed T
+        fixed = tt["curves"][label.split(", adaptive")[0]]
+        assert all(1 <= r["steps_used"] <= r["eval_steps"] + 1e-9 for r in curve)
+        assert all(a["flops_per_token"] <= f["flops_per_token"] + 1e-6 for a, f in zip(curve, fixed))
+    # T=1 -> 2, 3; T=2 -> 3; the T=3 model has no deeper evaluation here; Llama reused x2, x3
+    assert len(tt["findings"]) == 5
     en = run_experiment("energy", "smoke", tmp_path / "res", **scale)
     layers = en["energy"]
     assert len(layers) == 2 * 2  # micro: 2 blocks x (attention, MLP)

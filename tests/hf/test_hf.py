@@ -199,6 +199,27 @@ def test_greedy_generate_matches_cem(arch, extra):
         assert set(cache.slot(name).buffers) == set(per_layer)
 
 
+def test_inference_options_generate_and_survive_save(tmp_path):
+    """`set_inference` on the wrapper: generate runs with adaptive, guarded steps (greedy equal to cem's),
+    the config says so, and save_pretrained / from_pretrained keep it."""
+    model = tiny("cem", rand=True, kq_diag="shared")
+    hf = ch.to_hf(model)
+    hf.set_steps(4)
+    hf.set_inference(adaptive_tol=0.05, guard=2)
+    assert (hf.config.attn_steps, hf.config.adaptive_tol, hf.config.guard) == (4, 0.05, 2)
+    prompt = ids_of(length=5)
+    ref = model.generate(prompt, 6, temperature=0)
+    hf.reset_steps_used()
+    assert torch.equal(hf.generate(prompt, max_new_tokens=6, do_sample=False), ref)
+    assert 1 <= hf.steps_used()["all"] < 4
+    hf.save_pretrained(tmp_path)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert {(m.steps, m.adaptive_tol, m.guard) for m in loaded.model.descent_layers()} == {(4, 0.05, 2)}
+    assert torch.equal(loaded.generate(prompt, max_new_tokens=6, do_sample=False), ref)
+    with pytest.raises(ValueError, match="adaptive_tol"):
+        ch.CEMConfig(adaptive_tol=-1.0)
+
+
 def test_cem_cache_without_diagonal_is_half_of_llama():
     caches = {}
     for arch, extra in (("cem", {"kq_diag": "none"}), ("llama", {})):

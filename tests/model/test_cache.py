@@ -38,12 +38,46 @@ def test_cached_logits_equal_full_forward(variant, steps):
     ids = torch.randint(0, 61, (2, 13))
     with torch.no_grad():
         full = model(ids)
-        cache = model.new_cache(20)
-        parts = [model(ids[:, :5], cache=cache)]  # prefill, then chunks of 1, 3, then ones
-        parts.append(model(ids[:, 5:6], cache=cache))
-        parts.append(model(ids[:, 6:9], cache=cache))
-        parts += [model(ids[:, t : t + 1], cache=cache) for t in range(9, 13)]
-    torch.testing.assert_close(torch.cat(parts, dim=1), full, rtol=1e-10, atol=1e-10)
+        cached = cached_run(model, ids)
+    torch.testing.assert_close(cached, full, rtol=1e-10, atol=1e-10)
+
+
+def cached_run(model, ids, cache_len=20):
+    """Logits of `ids` fed to a cache as a prefill of 5, a single token, a chunk of 3, then single tokens."""
+    cache = model.new_cache(cache_len)
+    parts = [model(ids[:, :5], cache=cache), model(ids[:, 5:6], cache=cache), model(ids[:, 6:9], cache=cache)]
+    parts += [model(ids[:, t : t + 1], cache=cache) for t in range(9, ids.shape[1])]
+    return torch.cat(parts, dim=1)
+
+
+@pytest.mark.parametrize("options", [dict(adaptive_tol=0.02), dict(adaptive_tol=0.05, guard=3), dict(guard=4)])
+@pytest.mark.parametrize("variant", ["cem-shared", "cem-perhead", "cem-exact", "cem-norm-start-app-a"])
+def test_cached_inference_options_equal_full_forward(variant, options):
+    """With adaptive or guarded steps every position takes its own steps, from its own u and causal context:
+    decoding with the cache takes the same steps (same totals) and gives the same logits as the full pass."""
+    model = build(variant, 5)
+    model.set_steps(5 if "guard" not in options else 3)
+    if "guard" in options:
+        for m in model.descent_layers():
+            m.step_size = 4.0  # large enough that the guard halves some steps
+    model.set_inference(**options)
+    ids = torch.randint(0, 61, (2, 13))
+    with torch.no_grad():
+        full = model(ids)
+        totals = [m.steps_total for m in model.descent_layers()]
+        full_used = model.steps_used()
+        model.reset_steps_used()
+        cached = cached_run(model, ids)
+    torch.testing.assert_close(cached, full, rtol=1e-10, atol=1e-10)
+    assert [m.steps_total for m in model.descent_layers()] == totals
+    assert model.steps_used() == full_used
+    if "adaptive_tol" in options:
+        assert 1 <= full_used["all"] < model.descent_layers()[0].steps  # some positions stopped early
+    if "guard" in options and variant != "cem-exact":  # the guard changed some steps (exact gradients
+        # at this init never raise the energy, even with large steps: u = norm(x) stays on the sphere)
+        model.set_inference()
+        with torch.no_grad():
+            assert not torch.allclose(model(ids), full)
 
 
 def test_generate_matches_greedy_full_forward():
@@ -63,6 +97,19 @@ def test_generate_steps_override_is_temporary():
     out = model.generate(prompt, 3, temperature=0.8, top_k=10, top_p=0.9, steps=3, generator=torch.Generator().manual_seed(1))
     assert out.shape == (8,) and torch.equal(out[:5], prompt)
     assert {m.steps for m in model.descent_layers()} == {1}
+
+
+def test_generate_inference_options_are_temporary_and_match_full_forward():
+    model = build("cem-shared", 4)
+    prompt = torch.randint(0, 61, (2, 4))
+    out = model.generate(prompt, 5, temperature=0, adaptive_tol=0.02, guard=2)
+    assert all((m.adaptive_tol, m.guard) == (None, 0) for m in model.descent_layers())
+    model.set_inference(adaptive_tol=0.02, guard=2)
+    ids = prompt
+    with torch.no_grad():
+        for _ in range(5):
+            ids = torch.cat([ids, model(ids)[:, -1].argmax(-1, keepdim=True)], dim=1)
+    assert torch.equal(out, ids)
 
 
 def cache_bytes(arch, **kw):

@@ -101,5 +101,9 @@ def test_cli_train_eval_generate(tiny_args, tmp_path, capsys):
     assert metrics["bits_per_byte"] == pytest.approx(final["test_bits_per_byte"], rel=1e-6)
     assert main(["generate", "--ckpt", out, "--prompt", "the ", "--max-new-tokens", "10", "--steps", "2"]) == 0
     assert capsys.readouterr().out.startswith("the ")
+    assert main(["generate", "--ckpt", out, "--prompt", "the ", "--max-new-tokens", "5", "--steps", "4", "--adaptive-tol", "1e-3", "--guard", "2"]) == 0
+    assert capsys.readouterr().out.startswith("the ")
+    assert main(["generate", "--ckpt", out, "--max-new-tokens", "2", "--adaptive-tol", "-1"]) == 2
+    assert "adaptive_tol" in capsys.readouterr().err
     assert main(["info", "--preset", "134M", "--arch", "cem"]) == 0
     assert "| attention | 28.312M | 14.165M | 0.500 |" in capsys.readouterr().out

@@ -29,16 +29,62 @@ def load_run(run_dir: Path, data_dir: str | None = None, device: str = "auto"):
     return model.to(pick_device(device)).eval(), split, train["seq_len"] or model.config.context
 
 
-def test_time_curve(run_dir: Path, steps=range(1, 7), data_dir: str | None = None, max_batches: int | None = None, device: str = "auto") -> list[dict]:
-    """Test perplexity and forward FLOPs per token of a trained model with every CEM layer run at T = each of `steps`."""
+def flops_at(cfg, seq_len: int, attn_steps: float, mlp_steps: float) -> float:
+    """Forward FLOPs per token with (possibly fractional, average) recursion depths: the count is affine in
+    each sublayer's T, so it interpolates between T = 1 and T = 2 (the energy an adaptive step also
+    computes is not counted)."""
+
+    def at(a: int, m: int) -> int:
+        return forward_flops_per_token(cfg.replace(attn_steps=a, mlp_steps=m), seq_len)
+
+    base = at(1, 1)
+    return base + (attn_steps - 1) * (at(2, 1) - base) + (mlp_steps - 1) * (at(1, 2) - base)
+
+
+def _reuse(model, times: int) -> None:
+    """Plain layer reuse at test time: every sublayer of a (Llama) model applied `times` times."""
+    from ..layers import Reuse
+
+    for block in model.blocks:
+        for name in ("attn", "mlp"):
+            layer = getattr(block, name)
+            inner = layer.layer if isinstance(layer, Reuse) else layer
+            setattr(block, name, Reuse(inner, times) if times > 1 else inner)
+
+
+def test_time_curve(
+    run_dir: Path,
+    steps=range(1, 7),
+    data_dir: str | None = None,
+    max_batches: int | None = None,
+    device: str = "auto",
+    adaptive_tol: float | None = None,
+) -> list[dict]:
+    """Test perplexity and forward FLOPs per token of a trained model at each T of `steps`: every CEM layer
+    run at T (with `adaptive_tol`, at most T with per-position adaptive steps, whose average is reported);
+    a model without CEM layers (Llama) applies each sublayer T times instead (plain reuse, the control)."""
     model, split, seq_len = load_run(run_dir, data_dir, device)
     dev = next(model.parameters()).device
+    cem = bool(model.descent_layers())
+    cfg = model.config
     rows = []
     for t in steps:
-        model.set_steps(t)
+        if cem:
+            model.set_steps(t)
+            model.set_inference(adaptive_tol=adaptive_tol)
+            model.reset_steps_used()
+        else:
+            _reuse(model, t)
         m = evaluate(model, split, seq_len, 16, dev, max_batches)
-        flops = forward_flops_per_token(model.current_config(), seq_len)
-        rows.append({"eval_steps": t, "test_perplexity": m["perplexity"], "test_bits_per_byte": m["bits_per_byte"], "flops_per_token": flops})
+        row = {"eval_steps": t, "test_perplexity": m["perplexity"], "test_bits_per_byte": m["bits_per_byte"]}
+        if cem:
+            used = model.steps_used()
+            a = used["attn"] if used["attn"] is not None else cfg.attn_steps
+            b = used["mlp"] if used["mlp"] is not None else cfg.mlp_steps
+            row.update(attn_steps_used=a, mlp_steps_used=b, flops_per_token=flops_at(cfg, seq_len, a, b))
+        else:
+            row["flops_per_token"] = forward_flops_per_token(cfg.replace(attn_reuse=t, mlp_reuse=t), seq_len)
+        rows.append(row)
     return rows
 
 
@@ -48,47 +94,65 @@ def _cached(path: Path, compute):
     return json.loads(path.read_text())
 
 
+ADAPTIVE_TOLS = (1e-2, 1e-3)  # relative energy decrease below which a position stops (test-time study)
+
+
+def _curve_rows(steps, runs: list[list[dict]]) -> list[dict]:
+    """Seed means (with 95% intervals) of per-seed test-time curves."""
+    out = []
+    for i, t in enumerate(steps):
+        ppl = [r[i]["test_perplexity"] for r in runs]
+        row = {
+            "eval_steps": t,
+            "flops_per_token": mean_std([r[i]["flops_per_token"] for r in runs])[0],
+            "test_perplexity": mean_std(ppl)[0],
+            "test_perplexity_ci": Interval.of(ppl).to_dict(),
+            "test_perplexity_per_seed": ppl,
+        }
+        if "attn_steps_used" in runs[0][i]:
+            row["steps_used"] = mean_std([(r[i]["attn_steps_used"] + r[i]["mlp_steps_used"]) / 2 for r in runs])[0]
+        out.append(row)
+    return out
+
+
 def test_time_study(c) -> tuple[list, dict]:
-    """Every model of the experiment evaluated at each T of the scale's `eval_steps`; per model, the
-    finding "more test-time steps than trained lower perplexity", on seed-paired differences."""
+    """Every model of the experiment evaluated at each T of the scale's `eval_steps`, fixed and (CEM models)
+    adaptive with each tolerance of ADAPTIVE_TOLS up to that T; the Llama control applies its sublayers T
+    times (plain reuse at test time). Per model, the finding "more test-time steps than trained lower
+    perplexity", on seed-paired differences."""
     from .registry import Finding
 
     steps = list(c.scale.eval_steps)
-    curves, per_seed = {}, {}
+    curves, adaptive = {}, {}
     for v in c.variants:
-        runs = []
-        for s in c.scale.seeds_for("recursion"):
-            run_dir = c.root / "runs" / v.spec.with_seed(s).slug
-            name = "test_time_" + "_".join(map(str, steps)) + ".json"
-            runs.append(_cached(run_dir / name, lambda: test_time_curve(run_dir, steps, c.data_dir, device=c.device)))
-        per_seed[v.label] = runs
-        curves[v.label] = [
-            {
-                "eval_steps": t,
-                "flops_per_token": runs[0][i]["flops_per_token"],
-                "test_perplexity": mean_std([r[i]["test_perplexity"] for r in runs])[0],
-                "test_perplexity_ci": Interval.of([r[i]["test_perplexity"] for r in runs]).to_dict(),
-                "test_perplexity_per_seed": [r[i]["test_perplexity"] for r in runs],
-            }
-            for i, t in enumerate(steps)
-        ]
+        dirs = [c.root / "runs" / v.spec.with_seed(s).slug for s in c.scale.seeds_for("recursion")]
+        name = "test_time_" + "_".join(map(str, steps)) + ".json"
+        runs = [_cached(d / name, lambda d=d: test_time_curve(d, steps, c.data_dir, device=c.device)) for d in dirs]
+        curves[v.label] = _curve_rows(steps, runs)
+        if v.tags.get("kind") == "reuse":
+            continue
+        for tol in ADAPTIVE_TOLS:
+            name = f"test_time_adaptive_{tol:g}_" + "_".join(map(str, steps)) + ".json"
+            runs = [_cached(d / name, lambda d=d: test_time_curve(d, steps, c.data_dir, device=c.device, adaptive_tol=tol)) for d in dirs]
+            adaptive[f"{v.label}, adaptive tol {tol:g}"] = _curve_rows(steps, runs)
     findings = []
     for v in c.variants:
         trained = v.tags["steps"]
         at = {r["eval_steps"]: r["test_perplexity_per_seed"] for r in curves[v.label]}
         means = {t: mean_std(p)[0] for t, p in at.items()}
         best = min(means, key=means.get)
+        what = "applying each sublayer" if v.tags.get("kind") == "reuse" else "evaluating at"
         for more in sorted({trained + 1, max(steps)}):
             if more not in at or more <= trained:
                 continue
             d = Interval.of([a - b for a, b in zip(at[trained], at[more])])
             findings.append(Finding(
-                f"(ours) {v.label}: evaluating at T={more} instead of the trained T={trained} lowers perplexity",
+                f"(ours) {v.label}: {what} T={more} instead of the trained T={trained} lowers perplexity",
                 d.verdict(+1),
                 f"perplexity at T={trained} minus at T={more}: {d.text()}; means " + ", ".join(f"T={t}: {p:.3f}" for t, p in means.items()) + f"; best T={best}",
                 d.to_dict(),
             ))
-    return findings, {"curves": curves}
+    return findings, {"curves": curves, "adaptive": adaptive}
 
 
 @torch.no_grad()

@@ -163,20 +163,34 @@ def plot_step_sizes(summary, title, path):
 
 
 def plot_test_time(summary, title, path):
-    """Test perplexity against forward FLOPs per token as T at evaluation grows, one line per trained model."""
-    fig, ax = plt.subplots(figsize=(6, 4.6))
+    """Test perplexity against forward FLOPs per token as T at evaluation grows: one line per trained model
+    (fixed T), its adaptive evaluations as open markers, plain reuse of a Llama dashed."""
+    fig, ax = plt.subplots(figsize=(7, 5))
+    colors = {}
     for label, rows in summary["curves"].items():
         x = [r["flops_per_token"] / 1e6 for r in rows]
         y = [r["test_perplexity"] for r in rows]
-        err = [max(0.0, (r["test_perplexity_ci"]["hi"] - r["test_perplexity_ci"]["lo"]) / 2) if r["test_perplexity_ci"]["n"] > 1 else 0.0 for r in rows]
-        ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label=label)
+        err = [_ci_err(r) for r in rows]
+        line = ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label=f"{label} (fixed T)", ls="--" if "reuse" in label else "-")
+        colors[label] = line[0].get_color()
         for xi, yi, r in zip(x, y, rows):
-            ax.annotate(f"T={r['eval_steps']}", (xi, yi), fontsize=6, xytext=(2, 3), textcoords="offset points")
-    ax.set_xlabel("forward FLOPs per token (M), growing with T at evaluation")
+            ax.annotate(f"{r['eval_steps']}", (xi, yi), fontsize=6, xytext=(2, 3), textcoords="offset points")
+    for label, rows in summary.get("adaptive", {}).items():
+        model, tol = label.split(", adaptive tol ")
+        ax.errorbar([r["flops_per_token"] / 1e6 for r in rows], [r["test_perplexity"] for r in rows], yerr=[_ci_err(r) for r in rows],
+                    marker="^" if tol == "0.01" else "v", mfc="none", ls=":", capsize=2, color=colors.get(model), label=f"{model}, adaptive, tol {tol}")
+    ax.set_xlabel("forward FLOPs per token (M); numbers: the T (or reuse count) at evaluation")
     ax.set_ylabel("test perplexity")
-    ax.legend(fontsize=8)
+    ax.set_yscale("log")
+    ax.legend(fontsize=6)
     n = next(iter(summary["curves"].values()))[0]["test_perplexity_ci"]["n"]
-    _finish(fig, ax, title, path, f"Points: mean test perplexity over {n} seeds at each evaluation T; error bars: 95% confidence interval of the mean (t).")
+    _finish(fig, ax, title, path, f"Points: mean test perplexity over {n} seeds; error bars: 95% confidence interval of the mean (t). "
+            "Adaptive points sit at their average steps used (at most the T shown); the energy they also compute is not counted.")
+
+
+def _ci_err(r: dict) -> float:
+    ci = r["test_perplexity_ci"]
+    return max(0.0, (ci["hi"] - ci["lo"]) / 2) if ci["n"] > 1 else 0.0
 
 
 def plot_energy(summary, title, path):

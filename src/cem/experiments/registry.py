@@ -375,6 +375,7 @@ def testtime_variants(s: Scale) -> list[Variant]:
             RunSpec.make(b, "cem", attn_steps=3, mlp_steps=3, train_depth="model", train_depth_max=3),
             {"group": "random depth", "steps": 3},
         ),
+        Variant("Llama, plain reuse at test time", RunSpec.make(b, "llama"), {"group": "plain reuse", "steps": 1, "kind": "reuse"}),
     ]
 
 
@@ -410,7 +411,7 @@ EXPERIMENTS: dict[str, Experiment] = {
         Experiment("step-size", "step size η at T = 1, 2, 3: constant 1, 1/T, or learned per step (diag+low-rank P)", step_size_variants, step_size_findings, plots.plot_step_sizes, "recursion", paper=False),
         Experiment("positional", "position encoding (RoPE, ALiBi) vs energy structure", positional_variants, positional_findings, plots.plot_points, paper=False),
         Experiment("readings", "the paper's two ambiguous readings: ALiBi slopes and the start point x0", readings_variants, readings_findings, plots.plot_points, paper=False),
-        Experiment("test-time", "perplexity against test-time compute: models trained at T=1, T=2 and random depth, evaluated at T=1..8", testtime_variants, testtime_findings, plots.plot_test_time, "recursion", paper=False),
+        Experiment("test-time", "perplexity against test-time compute: full CEM trained at T=1, T=2 and random depth, evaluated at T=1..8 (fixed and adaptive), against Llama with plain reuse", testtime_variants, testtime_findings, plots.plot_test_time, "recursion", paper=False),
         Experiment("energy", "the energy of each layer at each recursion step on held-out text", lambda s: testtime_variants(s)[1:2], energy_findings, plots.plot_energy, paper=False),
         Experiment("table3", "recursion on synthetic Gaussian-process regression (10 input dims)", None, table3_findings, plots.plot_table3),
     ]

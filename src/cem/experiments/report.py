@@ -42,7 +42,10 @@ def _curves(s: dict) -> list[str]:
     lines = ["", "| trained | " + " | ".join(f"T={r['eval_steps']}" for r in first) + " |", "|---" * (1 + len(first)) + "|"]
     for label, rows in curves.items():
         lines.append(f"| {label} | " + " | ".join(f"{r['test_perplexity']:.3f} ({r['flops_per_token'] / 1e6:.2f} MFLOP)" for r in rows) + " |")
-    return lines + ["", "Cells: mean test perplexity over seeds (forward FLOPs per token at that T)."]
+    for label, rows in s.get("adaptive", {}).items():
+        lines.append(f"| {label} | " + " | ".join(f"{r['test_perplexity']:.3f} ({r['steps_used']:.2f} steps, {r['flops_per_token'] / 1e6:.2f} MFLOP)" for r in rows) + " |")
+    return lines + ["", "Cells: mean test perplexity over seeds (forward FLOPs per token at that T; adaptive rows: at most that T, "
+                    "with the average steps per CEM layer used). The Llama row applies each sublayer T times (plain reuse)."]
 
 
 def _short_runs(summaries: list[dict]) -> list[str]:

@@ -146,9 +146,28 @@ class CEMForCausalLM(CEMPreTrainedModel, GenerationMixin):
         context = self.config.context
         return HFCache(min(max_len or context, context), limit=context)
 
+    def set_steps(self, steps: int | None = None, attn_steps: int | None = None, mlp_steps: int | None = None) -> None:
+        """`LanguageModel.set_steps` on the wrapped model, then `sync_config` (so `config` says what runs)."""
+        self.model.set_steps(steps, attn_steps, mlp_steps)
+        self.sync_config()
+
+    def set_inference(self, adaptive_tol: float | None = None, guard: int = 0) -> None:
+        """`LanguageModel.set_inference` (adaptive and energy-guarded steps) on the wrapped model, then
+        `sync_config`: later `generate` and forward calls use it, and `save_pretrained` saves it."""
+        self.model.set_inference(adaptive_tol, guard)
+        self.sync_config()
+
+    def steps_used(self) -> dict:
+        """`LanguageModel.steps_used`: average recursion steps per position since `reset_steps_used`."""
+        return self.model.steps_used()
+
+    def reset_steps_used(self) -> None:
+        self.model.reset_steps_used()
+
     def sync_config(self) -> CEMConfig:
-        """Copy the live recursion depths and step sizes of the CEM layers (changed with `set_steps` or by
-        hand) into `config`, so that a saved model reloads as it runs now."""
+        """Copy the live recursion depths, step sizes and inference options of the CEM layers (changed
+        with `set_steps` / `set_inference` or by hand) into `config`, so that a saved model reloads as it
+        runs now."""
         for name, value in self.model.live_steps().items():
             setattr(self.config, name, value)
         return self.config

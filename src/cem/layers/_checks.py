@@ -33,3 +33,17 @@ def check_residual(h: Tensor, dim: int, what: str) -> None:
         raise ValueError(f"{what} expects input width {dim}, got shape {tuple(h.shape)}")
     if not h.is_floating_point():
         raise ValueError(f"{what} expects a floating-point input, got dtype {h.dtype}")
+
+
+def check_tolerance(name: str, value: float | None) -> None:
+    """Raise ValueError unless `value` is None (off) or a finite number >= 0."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+        raise ValueError(f"{name} must be None (off) or a finite number >= 0, got {value!r}")
+
+
+def check_nonnegative_int(name: str, value: int) -> None:
+    """Raise ValueError unless `value` is an integer >= 0."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be an integer >= 0, got {value!r}")

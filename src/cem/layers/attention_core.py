@@ -105,6 +105,24 @@ def cem_attention_eager(
     return p @ (k if v is None else v)
 
 
+def cem_attention_energy(
+    q: Tensor,
+    k: Tensor,
+    qd: Tensor | None,
+    hn: Tensor | None,
+    slopes: Tensor,
+    self_bias: Tensor | None,
+    q_start: int = 0,
+    v: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """`cem_attention_eager`'s output and, from the same logits, the interaction energy of every query,
+    ε_i = -τ Σ_k logsumexp_j(logit_kij) (eq. 1), shape (B, Jq): the energy costs one logsumexp."""
+    logits = cem_logits(q, k, qd, hn, slopes, self_bias, q_start)
+    lse = torch.logsumexp(logits, dim=-1, keepdim=True)
+    o = torch.exp(logits - lse) @ (k if v is None else v)
+    return o, -math.sqrt(q.shape[-1]) * lse.squeeze(-1).sum(dim=1)
+
+
 def cem_attention_sdpa(
     q: Tensor,
     k: Tensor,

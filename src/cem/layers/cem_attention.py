@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from ._checks import check_choice, check_heads, check_residual
-from .attention_core import cem_attention, cem_logits, check_backend, resolve_backend
+from .attention_core import cem_attention, cem_attention_energy, cem_logits, check_backend, resolve_backend
 from .position import ALIBI_SLOPES, alibi_slopes
 from .norm import RMSNorm
 from .precond import make_preconditioner
@@ -98,12 +98,23 @@ class CEMAttention(DescentLayer):
         """Whether the core also carries ĥ as values, for the exact gradient's value-side diagonal term."""
         return self.exact_gradient and self.kq_diag is not None
 
-    def direction(self, u: Tensor, k: Tensor, hn: Tensor | None, q_start: int = 0) -> Tensor:
-        """The descent direction Σ_k P_k (W_Q^kᵀ o^k [+ d_k ∘ Σ_j p_kij ĥ_j]) = -P ∇_u ε at u (B, J, D)."""
+    def direction(self, u: Tensor, k: Tensor, hn: Tensor | None, q_start: int = 0, with_energy: bool = False):
+        """The descent direction Σ_k P_k (W_Q^kᵀ o^k [+ d_k ∘ Σ_j p_kij ĥ_j]) = -P ∇_u ε at u (B, J, D);
+        `with_energy=True` returns (direction, ε(u)) with ε (B, J) from the same logits (eager form)."""
         q = self._heads(self.w_q(u))
         value_diag = self._value_diag
         v = torch.cat([k, hn.unsqueeze(1).expand(-1, self.n_heads, -1, -1)], dim=-1) if value_diag else None
-        o = self._attend(q, k, self._diag_query(u), hn, q_start, v)
+        energy = None
+        if with_energy:
+            slopes = alibi_slopes(self.n_heads, q.device, self.alibi)
+            o, energy = cem_attention_energy(q, k, self._diag_query(u), hn, slopes, self.self_bias, q_start, v)
+        else:
+            o = self._attend(q, k, self._diag_query(u), hn, q_start, v)
+        y = self._project(o, value_diag)
+        return (y, energy) if with_energy else y
+
+    def _project(self, o: Tensor, value_diag: bool) -> Tensor:
+        """Σ_k P_k (W_Q^kᵀ o^k [+ d_k ∘ o_ĥ^k]) from the attention outputs o (B, K, J, d [+ D])."""
         o, o_hn = (o[..., : self.head_dim], o[..., self.head_dim :]) if value_diag else (o, None)
         if self.precond is None and not value_diag:
             return o.transpose(1, 2).flatten(2) @ self.w_q.weight  # Σ_k W_Q^kᵀ o^k in one matmul
@@ -135,7 +146,7 @@ class CEMAttention(DescentLayer):
         """x^(0) = h (or ĥ), x^(t+1) = x^(t) + η_t direction(norm(x^(t))); returns x^(T) (B, J, D)."""
         check_residual(h, self.dim, "CEMAttention")
         hn, k, ctx, q_start = self.context(h, cache)
-        return self.descend(h, hn, lambda u: self.direction(u, k, ctx, q_start))
+        return self.descend(h, hn, lambda u, with_energy=False: self.direction(u, k, ctx, q_start, with_energy))
 
     def energy(self, u: Tensor, h: Tensor) -> Tensor:
         """ε(u_i | ĥ_{1:i}) for every position i, shape (B, J): the energy the forward pass descends."""

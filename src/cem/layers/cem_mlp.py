@@ -71,22 +71,27 @@ class CEMMLP(DescentLayer):
         self.w_up = nn.Linear(dim, hidden_dim, bias=False)
         self.precond = make_preconditioner(precond, 1, dim, precond_rank)
 
-    def direction(self, u: Tensor, gamma: Tensor) -> Tensor:
-        """P Vᵀ(γ ∘ SiLU(V u)) = -P ∇_u ξ (convex: SiLU(sign(γ) ∘ V u)), shape (B, J, D)."""
+    def direction(self, u: Tensor, gamma: Tensor, with_energy: bool = False):
+        """P Vᵀ(γ ∘ SiLU(V u)) = -P ∇_u ξ (convex: SiLU(sign(γ) ∘ V u)), shape (B, J, D);
+        `with_energy=True` returns (direction, ξ(u)) with ξ (B, J) from the same V u (eq. 7)."""
         z = self.w_up(u)
         if self.convex:
             z = sign_ste(gamma) * z
         y = (gamma * F.silu(z)) @ self.w_up.weight  # Vᵀ(...): the down projection is the tied Vᵀ
         if self.precond is not None:
             y = self.precond(y.unsqueeze(-2)).squeeze(-2)
-        return y
+        return (y, self._energy(z, gamma)) if with_energy else y
+
+    def _energy(self, z: Tensor, gamma: Tensor) -> Tensor:
+        """ξ = -γ · φ(z), or -|γ| · φ(z) for the convex energy, where z is V u (convex: sign(γ) ∘ V u)."""
+        return -((gamma.abs() if self.convex else gamma) * silu_integral(z)).sum(-1)
 
     def forward(self, h: Tensor, cache=None) -> Tensor:
         """x^(0) = h (or ĥ), x^(t+1) = x^(t) + η_t direction(norm(x^(t))); returns x^(T). `cache` is unused."""
         check_residual(h, self.dim, "CEMMLP")
         hn = self.norm(h)
         gamma = self.w_gate(hn)
-        return self.descend(h, hn, lambda u: self.direction(u, gamma))
+        return self.descend(h, hn, lambda u, with_energy=False: self.direction(u, gamma, with_energy))
 
     def energy(self, u: Tensor, h: Tensor) -> Tensor:
         """ξ(u_i | ĥ_i) for every position, shape (B, J)."""
@@ -94,9 +99,7 @@ class CEMMLP(DescentLayer):
         check_residual(h, self.dim, "CEMMLP.energy")
         gamma = self.w_gate(self.norm(h))
         z = self.w_up(u)
-        if self.convex:
-            return -(gamma.abs() * silu_integral(torch.sign(gamma) * z)).sum(-1)
-        return -(gamma * silu_integral(z)).sum(-1)
+        return self._energy(torch.sign(gamma) * z if self.convex else z, gamma)
 
     def extra_repr(self) -> str:
         precond = "identity" if self.precond is None else f"rank {self.precond.rank}"

@@ -13,6 +13,20 @@ Start points x^(0):
   optimisation), so T = 1 is exactly a pre-norm residual sublayer;
 - `norm`: x^(0) = RMSNorm(h), Algorithm 1 read literally (`h ← RMSNorm(h); x ← h`): the sublayer's output
   replaces the residual stream by its normalised value plus the steps.
+
+Inference options (eval mode or `torch.no_grad()` only; a training forward with either on raises ValueError).
+Both read the layer's own energy E (attention ε, MLP ξ) at u^(t) = norm(x^(t)) with the layer's fixed
+context, computed together with the step's direction (`direction(u, with_energy=True)`), so position i's
+steps depend only on its own u_i and its causal context: cached decoding takes the same steps as the full
+forward pass.
+- `adaptive_tol` (None = off): position i stops after the step t where its relative energy decrease is
+  small, E(u^(t)) - E(u^(t+1)) <= adaptive_tol · |E(u^(t))| (a step that raises E stops it too); it keeps
+  x^(t+1), and the recursion ends early once every position has stopped, at most T steps in all.
+- `guard` (0 = off): energy-guarded steps. A step whose E(u^(t+1)) > E(u^(t)) is retried with η_t halved,
+  per position, up to `guard` times (Armijo backtracking with c = 0: accept on non-increase); a position
+  whose step still raises E after `guard` halvings takes no step and stops.
+Every layer counts the steps its positions took (`steps_used()`, `reset_steps_used()`), whatever the mode;
+with an option on, `last_steps_used` holds the steps of every position (B, J) of the last forward pass.
 """
 
 from __future__ import annotations
@@ -20,7 +34,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ._checks import check_choice, check_positive_int
+from ._checks import check_choice, check_nonnegative_int, check_positive_int, check_tolerance
 
 STEP_SCHEDULES = ("constant", "inverse", "learned")
 STARTS = ("residual", "norm")
@@ -55,7 +69,7 @@ class DescentLayer(nn.Module):
     built or trained model (the test-time compute knob of §2.3).
 
     In training, `draw_steps` can set the T of the next forward passes (random-depth training); evaluation
-    always uses `steps`.
+    always uses `steps`. `adaptive_tol` and `guard` are the inference options of the module docstring.
     """
 
     def __init__(
@@ -73,6 +87,10 @@ class DescentLayer(nn.Module):
         self.start = start
         self.eta = StepSize(step_size, learn_step_size, step_schedule, learned_steps or steps)
         self.drawn_steps: int | None = None
+        self.adaptive_tol: float | None = None
+        self.guard = 0
+        self.last_steps_used: Tensor | None = None
+        self.reset_steps_used()
 
     @property
     def steps(self) -> int:
@@ -91,6 +109,38 @@ class DescentLayer(nn.Module):
     def step_size(self, value: float) -> None:
         self.eta.step_size = float(value)
 
+    @property
+    def adaptive_tol(self) -> float | None:
+        return self._adaptive_tol
+
+    @adaptive_tol.setter
+    def adaptive_tol(self, value: float | None) -> None:
+        check_tolerance("adaptive_tol", value)
+        self._adaptive_tol = None if value is None else float(value)
+
+    @property
+    def guard(self) -> int:
+        return self._guard
+
+    @guard.setter
+    def guard(self, value: int) -> None:
+        check_nonnegative_int("guard", value)
+        self._guard = value
+
+    def reset_steps_used(self) -> None:
+        """Zero the step counters read by `steps_used`."""
+        self.steps_total: int | Tensor = 0
+        self.positions_total = 0
+
+    def steps_used(self) -> float | None:
+        """Average steps per position over the forward passes since `reset_steps_used` (None before any)."""
+        return float(self.steps_total) / self.positions_total if self.positions_total else None
+
+    def _count(self, steps: int | Tensor, positions: int) -> None:
+        if not torch.compiler.is_compiling():  # plain Python counters: kept out of compiled graphs
+            self.steps_total = self.steps_total + steps
+            self.positions_total += positions
+
     def depth(self) -> int:
         """The T of this forward pass: a drawn depth while training with random depth, else `steps`."""
         return self.drawn_steps if (self.training and self.drawn_steps is not None) else self.steps
@@ -100,11 +150,58 @@ class DescentLayer(nn.Module):
         return (h, hn) if self.start == "residual" else (hn, None)
 
     def descend(self, h: Tensor, hn: Tensor, direction) -> Tensor:
-        """x^(0) from `start`, then x^(t+1) = x^(t) + η_t direction(norm(x^(t))) for t < T; returns x^(T)."""
+        """x^(0) from `start`, then x^(t+1) = x^(t) + η_t direction(norm(x^(t))) for t < T; returns x^(T).
+
+        `direction(u, with_energy=False)` is the layer's -P ∇_u E; with `with_energy=True` it returns
+        (direction, E(u)) with E per position (B, J), which the inference options need.
+        """
         x, u = self.start_point(h, hn)
         steps = self.depth()
+        if self.adaptive_tol is not None or self.guard:
+            return self._descend_checked(x, u, steps, direction)
         for t in range(steps):
             if t > 0 or u is None:
                 u = self.norm(x)
             x = x + self.eta(t, steps) * direction(u)
+        self._count(steps * x.shape[:-1].numel(), x.shape[:-1].numel())
+        return x
+
+    def _descend_checked(self, x: Tensor, u: Tensor | None, steps: int, direction) -> Tensor:
+        """The recursion with `adaptive_tol` and / or `guard` (module docstring): per-position steps."""
+        if self.training and torch.is_grad_enabled():
+            raise ValueError(
+                f"adaptive_tol={self.adaptive_tol} and guard={self.guard} are inference options (eval mode or "
+                "torch.no_grad()); turn them off (set_inference()) to train"
+            )
+        tol, guard = self.adaptive_tol, self.guard
+        d, e = direction(self.norm(x) if u is None else u, with_energy=True)
+        active = torch.ones_like(e, dtype=torch.bool)
+        used = torch.zeros_like(e, dtype=torch.long)
+        for t in range(steps):
+            eta = self.eta(t, steps)
+            if t == steps - 1 and not guard:  # the last step: no energy needed after it
+                x = torch.where(active.unsqueeze(-1), x + eta * d, x)
+                used += active
+                break
+            eta = torch.full_like(e, float(eta)).unsqueeze(-1)  # η_t per position, halved by the guard
+            x_new = x + eta * d
+            d_new, e_new = direction(self.norm(x_new), with_energy=True)
+            for _ in range(guard):
+                worse = active & (e_new > e)
+                if not bool(worse.any()):
+                    break
+                eta = torch.where(worse.unsqueeze(-1), eta / 2, eta)
+                x_try = x + eta * d
+                d_try, e_try = direction(self.norm(x_try), with_energy=True)
+                w = worse.unsqueeze(-1)
+                x_new, d_new, e_new = torch.where(w, x_try, x_new), torch.where(w, d_try, d_new), torch.where(worse, e_try, e_new)
+            take = active & (e_new <= e) if guard else active
+            x, d = torch.where(take.unsqueeze(-1), x_new, x), torch.where(take.unsqueeze(-1), d_new, d)
+            e_old, e = e, torch.where(take, e_new, e)
+            used += take
+            active = take & (e_old - e > tol * e_old.abs()) if tol is not None else take
+            if not bool(active.any()):
+                break
+        self.last_steps_used = used  # (B, J): the steps each position took in this (checked) forward
+        self._count(used.sum(), used.numel())
         return x

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, fields
 
 from ..layers import ALIBI_SLOPES, KQ_DIAGONALS, MLP_ENERGIES, POSITIONS, PRECONDITIONERS, STARTS, STEP_SCHEDULES
-from ..layers._checks import check_choice, check_heads, check_positive_int
+from ..layers._checks import check_choice, check_heads, check_nonnegative_int, check_positive_int, check_tolerance
 from ..layers.attention_core import BACKENDS
 
 LAYER_KINDS = ("llama", "cem")
@@ -52,6 +52,9 @@ class ModelConfig:
     train_depth: str = "fixed"  # training T: "fixed" (attn_steps / mlp_steps) | "model" / "layer" (uniform on 1..train_depth_max, per batch)
     train_depth_max: int = 3
     learn_step_size: bool = False
+    # inference options of the recursion (cem.layers.steps; eval / no_grad only), saved with the model
+    adaptive_tol: float | None = None  # stop a position once its relative energy decrease <= adaptive_tol (None = off)
+    guard: int = 0  # energy-guarded steps: halve η_t per position up to `guard` times until E does not rise (0 = off)
     norm_eps: float = 1e-6
     init_std: float = 0.02
     tie_embeddings: bool = False
@@ -72,6 +75,8 @@ class ModelConfig:
         check_choice("start", self.start, STARTS)
         check_choice("step_schedule", self.step_schedule, STEP_SCHEDULES)
         check_choice("train_depth", self.train_depth, TRAIN_DEPTHS)
+        check_tolerance("adaptive_tol", self.adaptive_tol)
+        check_nonnegative_int("guard", self.guard)
         if self.mlp_width_mult <= 0:
             raise ValueError(f"mlp_width_mult must be > 0, got {self.mlp_width_mult}")
 

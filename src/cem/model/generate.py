@@ -45,9 +45,13 @@ def generate(
     top_p: float | None = None,
     steps: int | None = None,
     generator: torch.Generator | None = None,
+    *,
+    adaptive_tol: float | None = None,
+    guard: int | None = None,
 ) -> Tensor:
     """Prompt (B, J) or (J,) followed by `max_new_tokens` sampled ids; `steps` overrides the recursion T of
-    every CEM layer for this call only (the test-time compute knob)."""
+    every CEM layer for this call only (the test-time compute knob), and so do `adaptive_tol` and `guard`
+    (the inference options of `LanguageModel.set_inference`; None keeps the model's)."""
     squeeze = prompt_ids.dim() == 1
     ids = prompt_ids.unsqueeze(0) if squeeze else prompt_ids
     model.check_ids(ids)
@@ -59,12 +63,15 @@ def generate(
             f"sequence too long: prompt {ids.shape[1]} + max_new_tokens {max_new_tokens} - 1 = {total} > context {model.config.context}"
         )
     layers = model.descent_layers()
-    saved = [m.steps for m in layers]
+    saved = [(m.steps, m.adaptive_tol, m.guard) for m in layers]
     was_training = model.training
     model.eval()
     try:
         if steps is not None:
             model.set_steps(steps)
+        for m in layers:
+            m.adaptive_tol = m.adaptive_tol if adaptive_tol is None else adaptive_tol
+            m.guard = m.guard if guard is None else guard
         cache = model.new_cache(max(total, ids.shape[1]))
         logits = model(ids, cache=cache, last_only=True)[:, -1]
         out = [ids]
@@ -74,8 +81,8 @@ def generate(
             if i < max_new_tokens - 1:
                 logits = model(nxt, cache=cache)[:, -1]
     finally:
-        for m, s in zip(layers, saved):
-            m.steps = s
+        for m, (s, tol, g) in zip(layers, saved):
+            m.steps, m.adaptive_tol, m.guard = s, tol, g
         model.train(was_training)
     result = torch.cat(out, dim=1)
     return result.squeeze(0) if squeeze else result

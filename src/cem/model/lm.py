@@ -6,6 +6,7 @@ import torch
 from torch import Tensor, nn
 
 from ..layers import CEMMLP, CEMAttention, GatedMLP, LlamaAttention, Reuse, RMSNorm
+from ..layers._checks import check_nonnegative_int, check_tolerance
 from ..layers.steps import DescentLayer
 from .cache import Cache
 from .config import ModelConfig
@@ -84,6 +85,7 @@ class LanguageModel(nn.Module):
         self.apply(self._init_weights)
         if cfg.tie_embeddings:
             self.head.weight = self.embed.weight
+        self.set_inference(cfg.adaptive_tol, cfg.guard)
 
     def _init_weights(self, module: nn.Module) -> None:
         if isinstance(module, (nn.Linear, nn.Embedding)):
@@ -167,9 +169,44 @@ class LanguageModel(nn.Module):
             if new is not None:
                 m.steps = new
 
+    def set_inference(self, adaptive_tol: float | None = None, guard: int = 0) -> None:
+        """Set the inference options of every CEM layer (`cem.layers.steps`), exactly as given: adaptive
+        steps stop a position once its relative energy decrease is <= `adaptive_tol` (None = off, the
+        fixed T of `set_steps` is then the maximum); `guard` > 0 halves a step that raises the energy up to
+        `guard` times (0 = off). Eval mode or `torch.no_grad()` only."""
+        check_tolerance("adaptive_tol", adaptive_tol)  # before changing any layer
+        check_nonnegative_int("guard", guard)
+        for m in self.descent_layers():
+            m.adaptive_tol, m.guard = adaptive_tol, guard
+
+    def reset_steps_used(self) -> None:
+        """Zero every CEM layer's step counters (see `steps_used`)."""
+        for m in self.descent_layers():
+            m.reset_steps_used()
+
+    def steps_used(self) -> dict:
+        """Average recursion steps per position since `reset_steps_used` (or since the model was built):
+        `attn`, `mlp` (over the CEM layers of that kind), `all` (over every CEM layer application) and
+        `layers` (by module name); None where nothing ran. Read it after `evaluate(...)` with adaptive steps."""
+        named = [(n, m) for n, m in self.named_modules() if isinstance(m, DescentLayer)]
+        out: dict = {"layers": {n: m.steps_used() for n, m in named}}
+        for kind, pick in (("attn", CEMAttention), ("mlp", CEMMLP), ("all", DescentLayer)):
+            group = [m for _, m in named if isinstance(m, pick)]
+            positions = sum(m.positions_total for m in group)
+            out[kind] = float(sum(m.steps_total for m in group)) / positions if positions else None
+        return out
+
     def live_steps(self) -> dict:
-        """attn_steps / attn_step_size / mlp_steps / mlp_step_size as the CEM layers hold them now."""
+        """attn_steps / attn_step_size / mlp_steps / mlp_step_size (and adaptive_tol / guard) as the CEM
+        layers hold them now."""
         out: dict = {}
+        layers = self.descent_layers()
+        for name in ("adaptive_tol", "guard"):
+            values = {getattr(m, name) for m in layers}
+            if len(values) > 1:
+                raise ValueError(f"the CEM layers differ in {name} {sorted(values, key=str)}; a config holds one value")
+            if values:
+                out[name] = values.pop()
         for kind, is_attn in (("attn", True), ("mlp", False)):
             layers = [m for m in self.descent_layers() if isinstance(m, CEMAttention) == is_attn]
             if not layers:
@@ -197,8 +234,13 @@ class LanguageModel(nn.Module):
         top_p: float | None = None,
         steps: int | None = None,
         generator: torch.Generator | None = None,
+        *,
+        adaptive_tol: float | None = None,
+        guard: int | None = None,
     ) -> Tensor:
         """Sample continuations with the cache; see `cem.model.generate.generate`."""
         from .generate import generate
 
-        return generate(self, prompt_ids, max_new_tokens, temperature, top_k, top_p, steps, generator)
+        return generate(
+            self, prompt_ids, max_new_tokens, temperature, top_k, top_p, steps, generator, adaptive_tol=adaptive_tol, guard=guard
+        )

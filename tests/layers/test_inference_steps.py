@@ -1,0 +1,163 @@
+"""The inference options of the recursion (cem.layers.steps): adaptive steps and energy-guarded steps,
+in float64, against plain fixed-T recursions of the same layer."""
+
+import pytest
+import torch
+
+from cem.layers import CEMMLP, CEMAttention
+from cem.model import LanguageModel, model_config
+
+B, J, D, K, M = 2, 7, 24, 3, 20
+
+LAYERS = {
+    "attention": lambda **kw: CEMAttention(D, K, kq_diag="none", **kw),
+    "attention-exact-precond": lambda **kw: CEMAttention(D, K, kq_diag="per_head", exact_gradient=True, precond="diag_lowrank", **kw),
+    "mlp": lambda **kw: CEMMLP(D, M, **kw),
+    "mlp-convex": lambda **kw: CEMMLP(D, M, energy="convex", precond="diag", **kw),
+}
+
+
+def build(kind, rand, seed=7, **kw):
+    return rand(LAYERS[kind](**kw).double(), seed=seed).eval()
+
+
+def plain(layer, h, steps, step_size=None):
+    """x^(steps) of the plain recursion (options off) and E(norm(x^(steps))) per position."""
+    saved = (layer.steps, layer.step_size, layer.adaptive_tol, layer.guard)
+    layer.steps, layer.adaptive_tol, layer.guard = steps, None, 0
+    if step_size is not None:
+        layer.step_size = step_size
+    try:
+        x = layer(h)
+        return x, layer.energy(layer.norm(x), h)
+    finally:
+        layer.steps, layer.step_size, layer.adaptive_tol, layer.guard = saved
+
+
+@pytest.mark.parametrize("kind", sorted(LAYERS))
+def test_direction_energy_is_the_layer_energy(rand, kind):
+    """direction(u, with_energy=True) gives the plain direction and `energy(u, h)` from the same pass."""
+    layer = build(kind, rand)
+    h, u = torch.randn(2, B, J, D, dtype=torch.float64)
+    with torch.no_grad():
+        if isinstance(layer, CEMAttention):
+            hn, k, ctx, q_start = layer.context(h)
+            both = layer.direction(u, k, ctx, q_start, with_energy=True)
+            alone = layer.direction(u, k, ctx, q_start)
+        else:
+            gamma = layer.w_gate(layer.norm(h))
+            both, alone = layer.direction(u, gamma, with_energy=True), layer.direction(u, gamma)
+        torch.testing.assert_close(both[0], alone, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(both[1], layer.energy(u, h), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", sorted(LAYERS))
+def test_adaptive_steps_follow_the_stopping_rule(rand, kind):
+    """Each position's output is the plain recursion run for its own number of steps n_i, and n_i is the
+    first step whose relative energy decrease is <= tol (or T)."""
+    T = 6
+    layer = build(kind, rand, steps=T, step_size=0.3)
+    h = torch.randn(B, J, D, dtype=torch.float64)
+    with torch.no_grad():
+        runs = [(h, layer.energy(layer.norm(h), h))] + [plain(layer, h, t) for t in range(1, T + 1)]
+        energies = torch.stack([e for _, e in runs])  # (T + 1, B, J)
+        decrease = (energies[:-1] - energies[1:]) / energies[:-1].abs()  # after step t + 1
+        middle = decrease[1:].flatten().sort().values[decrease[1:].numel() // 2 - 1 :][:2]
+        tol = float(middle.mean())  # between two decreases (no tie): stops some positions early
+        layer.adaptive_tol = tol
+        layer.reset_steps_used()
+        out = layer(h)
+    steps = layer.last_steps_used
+    assert steps.min() >= 1 and steps.max() <= T and len(steps.unique()) > 1
+    for b in range(B):
+        for i in range(J):
+            n = int(steps[b, i])
+            torch.testing.assert_close(out[b, i], runs[n][0][b, i], rtol=1e-12, atol=1e-12)
+            assert all(decrease[t, b, i] > tol for t in range(n - 1))
+            assert n == T or decrease[n - 1, b, i] <= tol
+    assert layer.steps_used() == pytest.approx(steps.double().mean().item())
+
+
+@pytest.mark.parametrize("kind", sorted(LAYERS))
+def test_adaptive_extremes_equal_fixed_steps(rand, kind):
+    layer = build(kind, rand, steps=4, step_size=0.2)
+    h = torch.randn(B, J, D, dtype=torch.float64)
+    with torch.no_grad():
+        layer.adaptive_tol = 1e9  # every position stops after its first step
+        torch.testing.assert_close(layer(h), plain(layer, h, 1)[0], rtol=1e-12, atol=1e-12)
+        assert layer.steps_used() == 1
+        layer.reset_steps_used()
+        layer.adaptive_tol = 0.0  # stops only where a step raised the energy
+        out = layer(h)
+        if bool((layer.last_steps_used == 4).all()):
+            torch.testing.assert_close(out, plain(layer, h, 4)[0], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", sorted(LAYERS))
+def test_guard_never_raises_the_energy(rand, kind):
+    """With a large η the plain steps raise the energy somewhere; the guarded ones never do, at any step."""
+    T, eta = 4, 8.0
+    layer = build(kind, rand, steps=T, step_size=eta, seed=3)
+    h = torch.randn(B, J, D, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        e0 = layer.energy(layer.norm(h), h)
+        unguarded = torch.stack([e0] + [plain(layer, h, t)[1] for t in range(1, T + 1)])
+        if kind != "mlp-convex":  # on the convex energy (App. B) even these steps happen to descend
+            assert bool((unguarded[1:] > unguarded[:-1]).any()), "the plain steps should raise the energy somewhere"
+        layer.guard = 12
+        energies = [e0]
+        for t in range(1, T + 1):
+            layer.steps = t
+            x = layer(h)
+            energies.append(layer.energy(layer.norm(x), h))
+    for before, after in zip(energies, energies[1:]):
+        assert bool((after <= before).all())
+    assert bool((energies[-1] < energies[0]).any())
+
+
+@pytest.mark.parametrize("kind", sorted(LAYERS))
+def test_guard_with_tiny_steps_is_the_plain_step(rand, kind):
+    layer = build(kind, rand, steps=3, step_size=1e-4)
+    layer.guard = 5
+    h = torch.randn(B, J, D, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(layer(h), plain(layer, h, 3)[0], rtol=1e-13, atol=1e-13)
+    assert bool((layer.last_steps_used == 3).all())
+
+
+def test_options_are_refused_in_training_and_validated():
+    layer = CEMMLP(D, M, steps=2)
+    h = torch.randn(B, J, D)
+    for option, value in (("adaptive_tol", 1e-3), ("guard", 2)):
+        setattr(layer, option, value)
+        with pytest.raises(ValueError, match=option):
+            layer(h)
+        with torch.no_grad():
+            layer(h)  # no_grad (or eval mode) is inference
+        layer.adaptive_tol, layer.guard = None, 0
+    for option, bad in (("adaptive_tol", -1e-3), ("adaptive_tol", float("nan")), ("guard", -1), ("guard", 1.5)):
+        with pytest.raises(ValueError, match=option):
+            setattr(layer, option, bad)
+        with pytest.raises(ValueError, match=option):
+            model_config("micro", "cem", **{option: bad})
+    model = LanguageModel(model_config("micro", "cem", vocab_size=32))
+    with pytest.raises(ValueError, match="adaptive_tol"):
+        model.set_inference(adaptive_tol=-1)
+    assert all(m.adaptive_tol is None for m in model.descent_layers())
+
+
+def test_model_steps_used_and_config():
+    model = LanguageModel(model_config("micro", "cem", vocab_size=32, attn_steps=3, mlp_steps=2)).eval()
+    ids = torch.randint(0, 32, (2, 9))
+    with torch.no_grad():
+        model(ids)
+        used = model.steps_used()
+        assert (used["attn"], used["mlp"], used["all"]) == (3, 2, 2.5)
+        model.reset_steps_used()
+        assert model.steps_used()["all"] is None
+        model.set_inference(adaptive_tol=1e9, guard=2)
+        model(ids)
+    assert model.steps_used()["all"] == 1 and set(model.steps_used()["layers"].values()) == {1.0}
+    cfg = model.current_config()
+    assert (cfg.adaptive_tol, cfg.guard) == (1e9, 2)
+    assert all((m.adaptive_tol, m.guard) == (1e9, 2) for m in LanguageModel(cfg).descent_layers())
