@@ -18,6 +18,7 @@ resumed run always finds one when one exists; leftovers are removed once a newer
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -124,9 +125,11 @@ def save_checkpoint(directory: Path, cfg: ModelConfig, model_state: dict, traine
         manifest = {"format": FORMAT_VERSION, "step": int(trainer_state.get("step", 0)), "files": files}
         _op("write_manifest", atomic_write_json, tmp / MANIFEST, manifest)
         _op("fsync", _fsync_dir, tmp)
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(OSError):
             _op("rmtree", shutil.rmtree, tmp)
+        if isinstance(e, Exception) and _disk_full(parent, e):
+            raise OSError(errno.ENOSPC, f"no space left on device while writing a checkpoint in {parent} (the previous checkpoint is kept)") from e
         raise
     if directory.is_dir():
         if old.exists():
@@ -136,6 +139,18 @@ def save_checkpoint(directory: Path, cfg: ModelConfig, model_state: dict, traine
     _op("rename", os.replace, tmp, directory)
     _op("fsync", _fsync_dir, parent)
     clean_stale(parent, directory.name)
+
+
+def _disk_full(parent: Path, e: Exception) -> bool:
+    """Whether a failed write failed for want of space (torch and safetensors do not always say so)."""
+    if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+        return True
+    if "no space" in str(e).lower():
+        return True
+    try:
+        return shutil.disk_usage(parent).free < 16 << 20
+    except OSError:
+        return False
 
 
 def _discard(path: Path) -> None:

@@ -211,4 +211,6 @@ def load_run_config(yaml_path: str | Path | None = None, overrides: list[str] | 
             raise ValueError(f"override {item!r} must look like key=value")
         k, v = item.split("=", 1)
         pairs[k.strip()] = v.strip()
-    return apply_overrides(run, pairs)
+    run = apply_overrides(run, pairs)
+    run.model(run.model_overrides.get("vocab_size", 257))  # the model settings are checked now, not after the data loads
+    return run

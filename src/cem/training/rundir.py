@@ -34,7 +34,7 @@ from .config import RunConfig, TrainConfig
 # training settings that may change between a run and its resumption without making it a different run
 RUNTIME_KEYS = frozenset(
     {"device", "compile", "eval_every", "eval_batches", "log_every", "save_every", "wandb", "wandb_project",
-     "tensorboard", "data_dir", "parallel"}
+     "tensorboard", "data_dir", "parallel", "diverge_factor", "diverge_warmup"}
 )  # fmt: skip
 _TRAIN_DEFAULTS = dataclasses.asdict(TrainConfig())
 

@@ -235,6 +235,8 @@ def _train(run: RunConfig, rundir: RunDir, resume: bool, progress: bool, stop_at
     model = LanguageModel(cfg).to(device)
     _announce_backend(model, device, progress)
     sampler = SequenceSampler(splits["train"], seq_len, seed=t.seed, rank=info.rank, world_size=info.world_size)
+    if t.batch_size > sampler.n_windows:
+        raise ValueError(f"batch_size={t.batch_size} is more than the {sampler.n_windows} sequences of {seq_len} tokens in the train split")
     restored = _restore(rundir, resume, model, sampler, info, steps_total, progress)
     if isinstance(restored, dict):
         return restored  # the run had finished: its results
