@@ -69,6 +69,8 @@ def cmd_train(args) -> int:
 
     run = _run_config(args)
     t = run.train
+    if args.stop_at is not None and args.stop_at < 1:
+        raise ValueError(f"--stop-at must be a step >= 1, got {args.stop_at}")
     if t.max_steps is None and t.tokens is None:
         run.train.max_steps = 600  # the embedded default: a few minutes on a 2-core CPU
     if Path(t.data).expanduser().exists():  # a local corpus: recorded by its absolute path, usable from anywhere
@@ -104,6 +106,8 @@ def cmd_eval(args) -> int:
     data = args.data or (run.read_run() or {}).get("config", {}).get("train", {}).get("data", "python-stdlib")
     device = pick_device(args.device)
     split = build_split(load_corpus(data, args.data_dir), tokenizer, args.split)
+    if args.seq_len is not None and args.seq_len < 1:
+        raise ValueError(f"--seq-len must be >= 1, got {args.seq_len}")
     seq_len = args.seq_len or model.config.context
     metrics = evaluate(model.to(device), split, seq_len, args.batch_size, device, args.max_batches, autocast_for("auto", device))
     metrics = {"data": data, "split": args.split, **metrics, "parameters": parameter_breakdown(model)}

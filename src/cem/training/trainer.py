@@ -166,6 +166,8 @@ def train(run: RunConfig, out: str | Path, resume: bool = False, progress: bool 
         device = torch.device("cuda", info.local_rank)
         torch.cuda.set_device(device)
     rundir = RunDir(out)
+    if rundir.path.exists() and not rundir.path.is_dir():
+        raise ValueError(f"output directory {rundir.path} is a file; choose a directory for --out")
     try:
         with rundir.lock() if info.is_main else contextlib.nullcontext():
             return _train(run, rundir, resume, progress and info.is_main, stop_at, device, info)
