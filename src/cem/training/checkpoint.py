@@ -52,15 +52,8 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path: Path) -> None:
+def _fsync(path: Path) -> None:
+    """Flush a file's data, or a directory's entries (its renames), to the disk."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -120,11 +113,11 @@ def save_checkpoint(directory: Path, cfg: ModelConfig, model_state: dict, traine
         _op("save_weights", save_weights, cfg, model_state, tmp)
         _op("torch.save", torch.save, {**trainer_state, "format": FORMAT_VERSION}, tmp / "trainer_state.pt")
         for p in sorted(tmp.iterdir()):
-            _op("fsync", _fsync_file, p)
+            _op("fsync", _fsync, p)
         files = {p.name: {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in sorted(tmp.iterdir())}
         manifest = {"format": FORMAT_VERSION, "step": int(trainer_state.get("step", 0)), "files": files}
         _op("write_manifest", atomic_write_json, tmp / MANIFEST, manifest)
-        _op("fsync", _fsync_dir, tmp)
+        _op("fsync", _fsync, tmp)
     except BaseException as e:
         with contextlib.suppress(OSError):
             _op("rmtree", shutil.rmtree, tmp)
@@ -135,9 +128,9 @@ def save_checkpoint(directory: Path, cfg: ModelConfig, model_state: dict, traine
         if old.exists():
             _discard(old)
         _op("rename", os.replace, directory, old)
-        _op("fsync", _fsync_dir, parent)
+        _op("fsync", _fsync, parent)
     _op("rename", os.replace, tmp, directory)
-    _op("fsync", _fsync_dir, parent)
+    _op("fsync", _fsync, parent)
     clean_stale(parent, directory.name)
 
 
