@@ -3,12 +3,40 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
 USER_ERRORS = (ValueError, FileNotFoundError)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with its usage errors on one line (`cem train: error: ...`, exit 2)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM outside the training loop (which saves a checkpoint on it instead)."""
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated()
+
+
+def _one_line(e: BaseException) -> str:
+    """An exception as one line: an OSError with its file, a full disk said as such."""
+    if isinstance(e, OSError) and not isinstance(e, FileNotFoundError) and e.strerror:
+        text = f"{e.strerror}: {e.filename}" if e.filename else e.strerror
+        if e.errno == errno.ENOSPC and "space" not in text.lower():
+            text = f"no space left on device: {text}"
+    else:
+        text = str(e) or type(e).__name__
+    return " ".join(text.split())
 
 
 def _add_run_args(p: argparse.ArgumentParser) -> None:
@@ -41,8 +69,12 @@ def cmd_train(args) -> int:
 
     run = _run_config(args)
     t = run.train
+    if args.stop_at is not None and args.stop_at < 1:
+        raise ValueError(f"--stop-at must be a step >= 1, got {args.stop_at}")
     if t.max_steps is None and t.tokens is None:
         run.train.max_steps = 600  # the embedded default: a few minutes on a 2-core CPU
+    if Path(t.data).expanduser().exists():  # a local corpus: recorded by its absolute path, usable from anywhere
+        t.data = str(Path(t.data).expanduser().resolve())
     out = Path(args.out or f"runs/{t.arch}-{t.preset}-{Path(t.data).name.replace(':', '_')}-s{t.seed}")
     result = train(run, out, resume=args.resume, progress=not args.quiet, stop_at=args.stop_at)
     if isinstance(result, Interrupted):
@@ -74,6 +106,8 @@ def cmd_eval(args) -> int:
     data = args.data or (run.read_run() or {}).get("config", {}).get("train", {}).get("data", "python-stdlib")
     device = pick_device(args.device)
     split = build_split(load_corpus(data, args.data_dir), tokenizer, args.split)
+    if args.seq_len is not None and args.seq_len < 1:
+        raise ValueError(f"--seq-len must be >= 1, got {args.seq_len}")
     seq_len = args.seq_len or model.config.context
     metrics = evaluate(model.to(device), split, seq_len, args.batch_size, device, args.max_batches, autocast_for("auto", device))
     metrics = {"data": data, "split": args.split, **metrics, "parameters": parameter_breakdown(model)}
@@ -90,6 +124,8 @@ def cmd_generate(args) -> int:
     model, tokenizer, run = _load_run(args.ckpt)
     if tokenizer is None:
         raise ValueError(f"{run.path} has no tokenizer/ directory; generate from a run directory written by `cem train`")
+    if tokenizer.vocab_size != model.config.vocab_size:
+        raise ValueError(f"vocabulary mismatch: tokenizer has {tokenizer.vocab_size} symbols, model {model.config.vocab_size}")
     ids = tokenizer.encode(args.prompt) or [tokenizer.eot_id]
     gen = torch.Generator().manual_seed(args.seed)
     out = model.generate(
@@ -154,7 +190,7 @@ def cmd_report(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="cem", description="Causal Energy Minimization language models")
+    parser = _Parser(prog="cem", description="Causal Energy Minimization language models")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("train", help="train a model (no arguments: a small CEM model on python-stdlib, minutes on a CPU)")
@@ -234,18 +270,50 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(stray or extra)}")
     if extra:  # key=value settings written among the options
         args.overrides = [*args.overrides, *extra]
+    return _run(args)
+
+
+def _run(args) -> int:
+    """Run a command; every expected failure is one line on stderr and a non-zero exit code: 2 for bad
+    input, 1 for a failed run, 130 / 143 for Ctrl-C / SIGTERM. Anything else is also one line, unless
+    $CEM_DEBUG is set (then the traceback)."""
+    import torch
+    import yaml
+
+    from .training import TrainingError
+
+    def fail(message: str, code: int) -> int:
+        print(f"cem {args.command}: error: {message}", file=sys.stderr)
+        return code
+
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        signal.signal(signal.SIGTERM, _raise_terminated)
+    except ValueError:  # not the main thread
+        previous = None
     try:
         return args.func(args)
+    except Terminated:
+        return fail("terminated (SIGTERM)", 143)
+    except KeyboardInterrupt:
+        return fail("interrupted (Ctrl-C)", 130)
     except USER_ERRORS as e:
-        print(f"cem {args.command}: error: {e}", file=sys.stderr)
-        return 2
-    except RuntimeError as e:
-        from .training import TrainingError
-
-        if isinstance(e, TrainingError):
-            print(f"cem {args.command}: error: {e}", file=sys.stderr)
-            return 1
-        raise
+        return fail(_one_line(e), 2)
+    except yaml.YAMLError as e:
+        return fail(f"invalid YAML: {_one_line(e)}", 2)
+    except TrainingError as e:
+        return fail(_one_line(e), 1)
+    except (MemoryError, torch.OutOfMemoryError) as e:
+        return fail(f"out of memory ({_one_line(e)}); try a smaller batch_size, seq_len or model", 1)
+    except OSError as e:
+        return fail(_one_line(e), 1)
+    except Exception as e:  # noqa: BLE001 - one line instead of a traceback; CEM_DEBUG=1 shows it
+        if os.environ.get("CEM_DEBUG"):
+            raise
+        return fail(f"{type(e).__name__}: {_one_line(e)} (unexpected; set CEM_DEBUG=1 for the traceback)", 1)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

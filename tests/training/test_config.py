@@ -30,10 +30,51 @@ def test_bad_overrides(items, match):
         apply_overrides(RunConfig(), items)
 
 
-def test_bad_model_override_is_caught_when_building():
-    run = load_run_config(None, ["kq_diag=full"])
+def test_bad_model_override_is_caught_when_parsing():
     with pytest.raises(ValueError, match="unknown kq_diag 'full'"):
-        run.model(100)
+        load_run_config(None, ["kq_diag=full"])
+
+
+@pytest.mark.parametrize(
+    "items,match",
+    [
+        (["grad_clip=-1"], "grad_clip must be > 0"),
+        (["grad_clip=0"], "grad_clip must be > 0"),
+        (["grad_accum=0"], "grad_accum must be an integer >= 1"),
+        (["max_steps=-5"], "max_steps must be an integer >= 1"),
+        (["final_lr_frac=-3"], "final_lr_frac must be >= 0"),
+        (["warmup_frac=-5"], "warmup_frac must be >= 0"),
+        (["warmup_frac=1"], "warmup_frac must be < 1"),
+        (["seq_len=0"], "seq_len must be an integer >= 1"),
+        (["tokens=inf"], "tokens must be a finite number"),
+        (["max_steps=3", "tokens=1e5"], "not both"),
+        (["parallel=zero3"], "unknown parallel 'zero3'"),
+        (["lr=nan"], "lr must be a finite number"),
+        (["log_every=0"], "log_every must be an integer >= 1"),
+        (["init_std=-1"], "init_std must be > 0"),
+        (["norm_eps=-1"], "norm_eps must be > 0"),
+        (["attn_step_size=nan"], "attn_step_size must be a finite number"),
+        (["mlp_width_mult=inf"], "mlp_width_mult must be a finite number"),
+        (["batch_size=1.5"], "bad value for batch_size"),
+        (["seed=-1"], "seed must be an integer >= 0"),
+        (["diverge_factor=0.5"], "diverge_factor must be 0"),
+        (["data_encoding=klingon"], "unknown data_encoding"),
+    ],
+)
+def test_bad_values_name_the_setting_at_parse_time(items, match):
+    with pytest.raises(ValueError, match=match):
+        load_run_config(None, items)
+
+
+def test_yaml_errors_name_the_file_and_line(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("lr: 1e-3\nmodel: [unclosed\n")
+    with pytest.raises(ValueError, match=f"{bad}: invalid YAML at line"):
+        load_run_config(bad)
+    tagged = tmp_path / "tag.yaml"
+    tagged.write_text("lr: !!python/object/apply:os.system ['touch pwned']\n")
+    with pytest.raises(ValueError, match="invalid YAML.*no !!python tags"):
+        load_run_config(tagged)
 
 
 def test_schedule():

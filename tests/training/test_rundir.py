@@ -24,11 +24,35 @@ def test_identity_ignores_runtime_keys_and_compares_only_what_is_given(tmp_path)
     assert run.differences(run_identity(load_run_config(None, ["lr=1e-3", "device=cpu", "log_every=3"]))) == []
     assert run.differences(run_identity(load_run_config(None, ["lr=2e-3"]))) == ["training setting lr"]
     assert run.differences(run_identity(base, tokenizer="bpe:300")) == ["tokenizer"]
+    (tmp_path / "ckpt").mkdir()  # progress to protect (without one, the record is taken over: see below)
+    (tmp_path / "ckpt" / "manifest.json").write_text(json.dumps({"format": 1, "step": 1, "files": {}}))
     with pytest.raises(ValueError, match="pass --resume"):
         run.claim(identity, resume=False)
     run.claim(identity, resume=True)
     with pytest.raises(ValueError, match="different run \\(corpus differs\\)"):
         run.claim(run_identity(base, tokenizer="byte", corpus={"name": "other"}), resume=True)
+
+
+def test_a_run_that_saved_nothing_does_not_block_the_next(tmp_path):
+    base = load_run_config(None, ["lr=1e-3"])
+    run = RunDir(tmp_path)
+    run.write_run(run_identity(base), base, 10, tokenizer=type("T", (), {"save": lambda self, d: None})())
+    run.metrics_jsonl.write_text('{"step": 1, "loss": 5.0}\n')
+    run.claim(run_identity(load_run_config(None, ["lr=2e-3"])), resume=False)  # e.g. failed at start-up
+    assert not run.run_json.exists() and not run.metrics_jsonl.exists()
+
+
+def test_lock_names_the_holder_and_is_released(tmp_path):
+    from cem.training.rundir import RunLockedError
+    import os
+
+    run = RunDir(tmp_path / "r")
+    with run.lock():
+        with pytest.raises(RunLockedError, match=f"in use by another process \\(pid {os.getpid()}"):
+            with RunDir(tmp_path / "r").lock():
+                pass
+    with run.lock():  # released on exit
+        pass
 
 
 def test_a_setting_missing_from_an_old_record_counts_as_its_default(tmp_path):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from cem.cli import main
-from cem.training import Interrupted, TrainingError, find_checkpoint, load_run_config, train, verify_checkpoint
+from cem.training import Interrupted, TrainingError, find_checkpoint, load_checkpoint, load_run_config, train, verify_checkpoint
 
 
 def run_cfg(tiny_args, **kw):
@@ -50,14 +50,30 @@ def test_resume_with_different_model_is_refused(tiny_args, tmp_path):
         train(run_cfg(tiny_args, max_steps=2, tokenizer="bpe:300"), tmp_path / "r", resume=True, progress=False)
 
 
-def test_divergence_stops_and_keeps_last_checkpoint(tiny_args, tmp_path):
-    cfg = run_cfg(tiny_args, max_steps=40, lr=1e6, overrides=["context=32", "save_every=1", "warmup_frac=0"])
-    with pytest.raises(TrainingError, match="diverged.*last good checkpoint"):
+@pytest.mark.parametrize("lr", [1e6, 1e3, 30.0])
+def test_divergence_stops_and_keeps_last_checkpoint(tiny_args, tmp_path, lr):
+    """Finite blow-ups too (lr 1e3 gave a loss of 558,693 and weights of 3.7e9 before the guard): the run
+    stops, says so, and no checkpoint ever holds the blown-up weights, nor is any called good."""
+    cfg = run_cfg(tiny_args, max_steps=40, lr=lr, overrides=["context=32", "save_every=1", "warmup_frac=0"])
+    with pytest.raises(TrainingError, match="diverged") as err:
         train(cfg, tmp_path / "r", progress=False)
+    assert "good" not in str(err.value)
     ckpt = find_checkpoint(tmp_path / "r")
+    if ckpt is None:
+        assert "no checkpoint had been written yet" in str(err.value)
+        return
     verify_checkpoint(ckpt)
-    state = torch.load(ckpt / "trainer_state.pt", weights_only=False)
-    assert state["step"] >= 1
+    assert f"{ckpt} (step " in str(err.value)
+    model, _ = load_checkpoint(ckpt)
+    assert max(p.abs().max().item() for p in model.parameters()) < 100
+
+
+def test_healthy_run_resumes_with_its_guard(tiny_args, tmp_path):
+    cfg = run_cfg(tiny_args, max_steps=6, overrides=["context=32", "diverge_warmup=2"])
+    train(cfg, tmp_path / "r", progress=False, stop_at=3)
+    _, state = load_checkpoint(find_checkpoint(tmp_path / "r"))
+    assert len(state["guard"]["losses"]) == 3
+    assert train(cfg, tmp_path / "r", resume=True, progress=False)["steps"] == 6
 
 
 def test_corrupted_checkpoint_is_detected(tiny_args, tmp_path):

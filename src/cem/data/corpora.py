@@ -36,12 +36,13 @@ def resolve_data_dir(data_dir: str | Path | None = None) -> Path:
     return Path(os.environ.get("CEM_DATA_DIR") or "data")
 
 
-def load_corpus(spec: str | Path, data_dir: str | Path | None = None, hf_max_docs: int = 100_000) -> Corpus:
+def load_corpus(spec: str | Path, data_dir: str | Path | None = None, hf_max_docs: int = 100_000, encoding: str = "utf-8") -> Corpus:
     """Load a corpus by spec.
 
     `spec` is one of KNOWN_CORPORA (files looked up under `resolve_data_dir(data_dir)`),
     a local `.txt`/`.jsonl`/`.parquet` file or a directory of them, or `hf:NAME[:CONFIG]`
-    for a Hugging Face dataset streamed for at most `hf_max_docs` documents per split.
+    for a Hugging Face dataset streamed for at most `hf_max_docs` documents per split. `encoding` is that of
+    local text files (a file that does not decode is refused).
     """
     spec = os.fspath(spec)
     if spec in _LOADERS:
@@ -50,7 +51,7 @@ def load_corpus(spec: str | Path, data_dir: str | Path | None = None, hf_max_doc
         return load_hf(spec, hf_max_docs)
     path = Path(spec).expanduser()
     if path.exists():
-        return load_local(path)
+        return load_local(path, encoding)
     if os.sep in spec or path.suffix:
         raise FileNotFoundError(f"corpus path {spec!r} does not exist")
     raise ValueError(

@@ -24,9 +24,15 @@ def load_hf(spec: str, max_docs: int) -> Corpus:
         raise ValueError(f"expected 'hf:NAME' or 'hf:NAME:CONFIG', got {spec!r}")
     if max_docs < 1:
         raise ValueError(f"hf_max_docs must be at least 1, got {max_docs}")
-    import datasets  # imported here: slow to import and only needed for hf: corpora
-
-    streams = datasets.load_dataset(name, config or None, streaming=True)
+    try:
+        import datasets  # imported here: slow to import and only needed for hf: corpora
+    except ImportError:
+        raise ValueError(f"{spec}: hf: corpora need the datasets package (pip install datasets)") from None
+    try:
+        streams = datasets.load_dataset(name, config or None, streaming=True)
+    except Exception as e:  # noqa: BLE001 - offline, unknown dataset, bad config: datasets raises many kinds
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ValueError(f"{spec}: datasets.load_dataset could not open it (offline, or no such dataset/config?): {type(e).__name__}: {first}") from None
     if "train" not in streams:
         raise ValueError(f"{spec}: dataset has no 'train' split (splits: {list(streams)})")
     train = _take_text(streams["train"], max_docs, f"{spec} train")

@@ -1,8 +1,16 @@
-"""Corpora from local files: `.txt` (one document), `.jsonl`/`.parquet` (`text` per row), or a directory of them."""
+"""Corpora from local files: `.txt`, `.jsonl`/`.parquet` (`text` per row), or a directory of them.
+
+A `.txt` file in a directory is one document. A single `.txt` file given as the corpus is cut into
+documents at blank lines (paragraphs), or at line ends when it has fewer than `MIN_PARAGRAPHS`
+paragraphs; its documents are then hashed 98/1/1 into train/valid/test like a directory's.
+Text is read in the given encoding (UTF-8 by default) and a file that does not decode is refused,
+naming the file and the byte, never read with replacement characters.
+"""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from cem.data.corpus import SPLITS, Corpus
@@ -12,14 +20,36 @@ SUFFIXES = (".txt", ".jsonl", ".parquet")
 # File stems that mark a split in a directory ("validation" is accepted for "valid").
 _SPLIT_STEMS = {"train": ("train",), "valid": ("valid", "validation"), "test": ("test",)}
 VALID_FRAC = TEST_FRAC = 0.01
+MIN_PARAGRAPHS = 20
+_BLANK_LINES = re.compile(r"\n[ \t]*\n\s*")
 
 
-def read_documents(path: Path) -> list[str]:
-    """Documents of one file; raises ValueError for an unsupported suffix or a file without text."""
+def _decode(path: Path, data: bytes, encoding: str) -> str:
+    try:
+        return data.decode(encoding)
+    except UnicodeDecodeError as e:
+        raise ValueError(
+            f"{path} is not {encoding} text (byte {e.start}: {data[e.start:e.start + 1]!r}); "
+            "give its encoding with data_encoding=NAME (e.g. data_encoding=latin-1)"
+        ) from None
+
+
+def split_text(text: str) -> list[str]:
+    """A single text file's documents: its paragraphs (blank-line separated), or its non-blank lines when
+    there are fewer than MIN_PARAGRAPHS paragraphs."""
+    paragraphs = [p for p in _BLANK_LINES.split(text) if p.strip()]
+    if len(paragraphs) >= MIN_PARAGRAPHS:
+        return paragraphs
+    return [line for line in text.splitlines() if line.strip()]
+
+
+def read_documents(path: Path, encoding: str = "utf-8") -> list[str]:
+    """Documents of one file; raises ValueError for an unsupported suffix, text that does not decode, or a
+    file without text."""
     if path.suffix == ".txt":
-        docs = [path.read_text(encoding="utf-8", errors="replace")]
+        docs = [_decode(path, path.read_bytes(), encoding)]
     elif path.suffix == ".jsonl":
-        docs = _read_jsonl(path)
+        docs = _read_jsonl(path, encoding)
     elif path.suffix == ".parquet":
         docs = _read_parquet(path)
     else:
@@ -29,36 +59,46 @@ def read_documents(path: Path) -> list[str]:
     return docs
 
 
-def _read_jsonl(path: Path) -> list[str]:
+def _read_jsonl(path: Path, encoding: str = "utf-8") -> list[str]:
     """The `text` field of every non-blank line of a JSON-lines file."""
     docs = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
+    for lineno, raw in enumerate(path.read_bytes().split(b"\n"), 1):
+        line = _decode(f"{path}:{lineno}", raw, encoding)
+        if not line.strip():
+            continue
+        try:
             row = json.loads(line)
-            if not isinstance(row, dict) or not isinstance(row.get("text"), str):
-                raise ValueError(f"{path}:{lineno}: expected a JSON object with a string field 'text'")
-            docs.append(row["text"])
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{lineno}: not JSON ({e.msg} at column {e.colno})") from None
+        if not isinstance(row, dict) or not isinstance(row.get("text"), str):
+            raise ValueError(f"{path}:{lineno}: expected a JSON object with a string field 'text'")
+        docs.append(row["text"])
     return docs
 
 
 def _read_parquet(path: Path) -> list[str]:
     """The `text` column of a parquet file."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    schema = pq.read_schema(path)
-    if "text" not in schema.names:
-        raise ValueError(f"{path}: no 'text' column (columns: {schema.names})")
-    return [t or "" for t in pq.read_table(path, columns=["text"]).column("text").to_pylist()]
+    try:
+        schema = pq.read_schema(path)
+        if "text" not in schema.names:
+            raise ValueError(f"{path}: no 'text' column (columns: {schema.names})")
+        kind = schema.field("text").type
+        if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+            raise ValueError(f"{path}: the 'text' column holds {kind}, not strings")
+        return [t or "" for t in pq.read_table(path, columns=["text"]).column("text").to_pylist()]
+    except (pa.ArrowException, OSError) as e:
+        raise ValueError(f"{path}: not a readable parquet file ({e})") from None
 
 
-def load_local(path: Path) -> Corpus:
+def load_local(path: Path, encoding: str = "utf-8") -> Corpus:
     """Corpus from a file or directory; splits from train/valid/test files, else hashed 98/1/1 by document."""
     if path.is_dir():
         split_files = _split_files(path)
         if split_files:
-            return Corpus(str(path), {s: read_documents(f) for s, f in split_files.items()})
+            return Corpus(str(path), {s: read_documents(f, encoding) for s, f in split_files.items()}, encoding=encoding)
         files = sorted(p for p in path.rglob("*") if p.suffix in SUFFIXES and p.is_file())
         if not files:
             raise ValueError(f"{path}: directory holds no {', '.join(SUFFIXES)} files")
@@ -66,12 +106,14 @@ def load_local(path: Path) -> Corpus:
         files = [path]
     docs, keys = [], []
     for file in files:
-        file_docs = read_documents(file)
+        file_docs = read_documents(file, encoding)
+        if file.suffix == ".txt" and not path.is_dir():
+            file_docs = split_text(file_docs[0])
         rel = file.relative_to(path).as_posix() if path.is_dir() else file.name
         docs += file_docs
         keys += [f"{rel}#{i}" for i in range(len(file_docs))]
     parts = hash_split(keys, VALID_FRAC, TEST_FRAC, source=str(path))
-    return Corpus(str(path), {s: [docs[i] for i in parts[s]] for s in SPLITS})
+    return Corpus(str(path), {s: [docs[i] for i in parts[s]] for s in SPLITS}, encoding=encoding)
 
 
 def _split_files(directory: Path) -> dict[str, Path]:

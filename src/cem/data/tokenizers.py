@@ -126,13 +126,33 @@ def load_tokenizer(directory: str | Path) -> Tokenizer:
     meta_path = directory / META_FILE
     if not meta_path.is_file():
         raise FileNotFoundError(f"no saved tokenizer in {directory} (missing {META_FILE})")
-    meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{meta_path} is corrupted: {e}") from None
+    if not isinstance(meta, dict) or "kind" not in meta:
+        raise ValueError(f"{meta_path} is corrupted: expected a mapping with a 'kind'")
     if meta["kind"] == "byte":
         return ByteTokenizer()
     if meta["kind"] == "hf":
-        backend = hf.Tokenizer.from_file(str(directory / "tokenizer.json"))
+        if not isinstance(meta.get("eot_id"), int) or not isinstance(meta.get("name"), str):
+            raise ValueError(f"{meta_path} is corrupted: an hf tokenizer needs an integer eot_id and a name")
+        backend = _backend_from_file(directory / "tokenizer.json")
+        if not 0 <= meta["eot_id"] < backend.get_vocab_size(with_added_tokens=True):
+            raise ValueError(f"{meta_path}: eot_id {meta['eot_id']} is outside the tokenizer's vocabulary")
         return HFTokenizer(backend, meta["eot_id"], meta["name"])
     raise ValueError(f"{meta_path}: unknown tokenizer kind {meta['kind']!r}")
+
+
+def _backend_from_file(path: Path) -> hf.Tokenizer:
+    """A `tokenizers.Tokenizer` from a tokenizer.json; ValueError naming the file if it is missing or broken."""
+    if not path.is_file():
+        raise FileNotFoundError(f"no tokenizer file at {path}")
+    try:
+        return hf.Tokenizer.from_file(str(path))
+    except Exception as e:  # noqa: BLE001 - the Rust backend raises a bare Exception
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ValueError(f"{path} is not a valid tokenizer file: {first}") from None
 
 
 def get_tokenizer(spec: str, corpus: Corpus | None = None, cache_dir: str | Path | None = None) -> Tokenizer:
@@ -187,7 +207,7 @@ def _load_pretrained(spec: str) -> Tokenizer:
         return load_tokenizer(path)
     json_path = path / "tokenizer.json" if path.is_dir() else path
     if json_path.is_file():
-        backend = hf.Tokenizer.from_file(str(json_path))
+        backend = _backend_from_file(json_path)
         eot_id = _find_eot_id(backend, json_path.parent)
         return HFTokenizer(backend, eot_id, _content_name("hf", backend, eot_id))
     try:

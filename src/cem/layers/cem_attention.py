@@ -14,7 +14,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from ._checks import check_choice, check_heads, check_residual
+from ._checks import check_choice, check_heads, check_residual, check_same_shape
 from .attention_core import cem_attention, cem_attention_energy, cem_logits, check_backend, resolve_backend
 from .position import ALIBI_SLOPES, alibi_slopes
 from .norm import RMSNorm
@@ -144,7 +144,7 @@ class CEMAttention(DescentLayer):
 
     def forward(self, h: Tensor, cache=None) -> Tensor:
         """x^(0) = h (or ĥ), x^(t+1) = x^(t) + η_t direction(norm(x^(t))); returns x^(T) (B, J, D)."""
-        check_residual(h, self.dim, "CEMAttention")
+        check_residual(h, self.dim, "CEMAttention", self.norm.weight.dtype)
         hn, k, ctx, q_start = self.context(h, cache)
         return self.descend(h, hn, lambda u, with_energy=False: self.direction(u, k, ctx, q_start, with_energy))
 
@@ -152,6 +152,7 @@ class CEMAttention(DescentLayer):
         """ε(u_i | ĥ_{1:i}) for every position i, shape (B, J): the energy the forward pass descends."""
         check_residual(u, self.dim, "CEMAttention.energy")
         check_residual(h, self.dim, "CEMAttention.energy")
+        check_same_shape(u, h, "CEMAttention.energy")
         hn = self.norm(h)
         slopes = alibi_slopes(self.n_heads, u.device, self.alibi)
         logits = cem_logits(self._heads(self.w_q(u)), self._heads(self.w_k(hn)), self._diag_query(u), hn, slopes, self.self_bias)

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._checks import check_choice, check_positive_int, check_residual
+from ._checks import check_choice, check_positive_int, check_residual, check_same_shape
 from .norm import RMSNorm
 from .precond import make_preconditioner
 from .steps import DescentLayer
@@ -88,7 +88,7 @@ class CEMMLP(DescentLayer):
 
     def forward(self, h: Tensor, cache=None) -> Tensor:
         """x^(0) = h (or ĥ), x^(t+1) = x^(t) + η_t direction(norm(x^(t))); returns x^(T). `cache` is unused."""
-        check_residual(h, self.dim, "CEMMLP")
+        check_residual(h, self.dim, "CEMMLP", self.norm.weight.dtype)
         hn = self.norm(h)
         gamma = self.w_gate(hn)
         return self.descend(h, hn, lambda u, with_energy=False: self.direction(u, gamma, with_energy))
@@ -97,6 +97,7 @@ class CEMMLP(DescentLayer):
         """ξ(u_i | ĥ_i) for every position, shape (B, J)."""
         check_residual(u, self.dim, "CEMMLP.energy")
         check_residual(h, self.dim, "CEMMLP.energy")
+        check_same_shape(u, h, "CEMMLP.energy")
         gamma = self.w_gate(self.norm(h))
         z = self.w_up(u)
         return self._energy(torch.sign(gamma) * z if self.convex else z, gamma)

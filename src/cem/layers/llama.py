@@ -40,7 +40,7 @@ class LlamaAttention(nn.Module):
 
     def forward(self, h: Tensor, cache=None) -> Tensor:
         """h + W_O concat_k softmax(q k^T / sqrt(d) + bias) v, causal; keys and values cached if asked."""
-        check_residual(h, self.dim, "LlamaAttention")
+        check_residual(h, self.dim, "LlamaAttention", self.norm.weight.dtype)
         hn = self.norm(h)
         q, k, v = self._heads(self.w_q(hn)), self._heads(self.w_k(hn)), self._heads(self.w_v(hn))
         start = 0 if cache is None else cache.length
@@ -79,6 +79,6 @@ class GatedMLP(nn.Module):
         self.w_down = nn.Linear(hidden_dim, dim, bias=False)
 
     def forward(self, h: Tensor, cache=None) -> Tensor:
-        check_residual(h, self.dim, "GatedMLP")
+        check_residual(h, self.dim, "GatedMLP", self.norm.weight.dtype)
         hn = self.norm(h)
         return h + self.w_down(self.w_gate(hn) * F.silu(self.w_up(hn)))

@@ -34,7 +34,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ._checks import check_choice, check_nonnegative_int, check_positive_int, check_tolerance
+from ._checks import check_choice, check_finite, check_nonnegative_int, check_positive_int, check_tolerance
 
 STEP_SCHEDULES = ("constant", "inverse", "learned")
 STARTS = ("residual", "norm")
@@ -48,6 +48,7 @@ class StepSize(nn.Module):
         super().__init__()
         check_choice("step_schedule", schedule, STEP_SCHEDULES)
         check_positive_int("learned_steps", learned_steps)
+        check_finite("step_size", step_size, 0, low_open=True)
         self.step_size = float(step_size)
         self.schedule = schedule
         self.gain = nn.Parameter(torch.ones(())) if learnable else None
@@ -107,6 +108,7 @@ class DescentLayer(nn.Module):
 
     @step_size.setter
     def step_size(self, value: float) -> None:
+        check_finite("step_size", value, 0, low_open=True)
         self.eta.step_size = float(value)
 
     @property

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, fields
 
 from ..layers import ALIBI_SLOPES, KQ_DIAGONALS, MLP_ENERGIES, POSITIONS, PRECONDITIONERS, STARTS, STEP_SCHEDULES
-from ..layers._checks import check_choice, check_heads, check_nonnegative_int, check_positive_int, check_tolerance
+from ..layers._checks import check_choice, check_finite, check_heads, check_nonnegative_int, check_positive_int, check_tolerance
 from ..layers.attention_core import BACKENDS
 
 LAYER_KINDS = ("llama", "cem")
@@ -61,8 +61,14 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         check_heads(self.dim, self.n_heads)
-        for name in ("vocab_size", "n_layers", "hidden_dim", "context", "attn_steps", "mlp_steps", "attn_reuse", "mlp_reuse", "train_depth_max"):
+        for name in ("vocab_size", "n_layers", "hidden_dim", "context", "attn_steps", "mlp_steps", "attn_reuse", "mlp_reuse", "train_depth_max",
+                     "attn_precond_rank", "mlp_precond_rank"):
             check_positive_int(name, getattr(self, name))
+        for name in ("attn_step_size", "mlp_step_size", "norm_eps", "init_std", "mlp_width_mult"):
+            check_finite(name, getattr(self, name), 0, low_open=True)
+        for name in ("exact_gradient", "learn_step_size", "tie_embeddings"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         check_choice("attn", self.attn, LAYER_KINDS)
         check_choice("mlp", self.mlp, LAYER_KINDS)
         check_choice("position", self.position, POSITIONS)
@@ -77,8 +83,6 @@ class ModelConfig:
         check_choice("train_depth", self.train_depth, TRAIN_DEPTHS)
         check_tolerance("adaptive_tol", self.adaptive_tol)
         check_nonnegative_int("guard", self.guard)
-        if self.mlp_width_mult <= 0:
-            raise ValueError(f"mlp_width_mult must be > 0, got {self.mlp_width_mult}")
 
     def learned_steps(self, steps: int) -> int:
         """How many per-step gains a `learned` schedule holds: the deepest T the layer is trained at."""
@@ -107,6 +111,8 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "ModelConfig":
+        if not isinstance(d, dict):
+            raise ValueError(f"a model config must be a mapping of settings, got {type(d).__name__}")
         return cls().replace(**d)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -14,11 +16,13 @@ def sample_next(
     generator: torch.Generator | None = None,
 ) -> Tensor:
     """One token id per row of `logits` (B, vocab): greedy at temperature 0, else top-k / nucleus sampling."""
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if not math.isfinite(temperature) or temperature < 0:
+        raise ValueError(f"temperature must be a finite number >= 0, got {temperature}")
     if temperature == 0:
         return logits.argmax(dim=-1)
-    logits = logits.float() / temperature
+    logits = logits.float()
+    # shifted so the largest logit is 0: a tiny temperature sends the others to -inf, never to NaN
+    logits = (logits - logits.amax(dim=-1, keepdim=True)) / temperature
     if top_k is not None:
         if top_k < 1:
             raise ValueError(f"top_k must be >= 1, got {top_k}")

@@ -56,8 +56,13 @@ def load_config(directory: str | Path) -> ModelConfig:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise ValueError(f"corrupted model config {path}: {e}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"corrupted model config {path}: expected a mapping of settings, got {type(data).__name__}")
     data.pop("format", None)
-    return ModelConfig.from_dict(data)
+    try:
+        return ModelConfig.from_dict(data)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"bad model config {path}: {e}") from None
 
 
 def load_pretrained(directory: str | Path, map_location: str | torch.device = "cpu") -> LanguageModel:

@@ -1,13 +1,24 @@
 """Training checkpoints: model, optimiser, schedule, data position and RNG state, written atomically.
 
 A checkpoint is a directory `ckpt/` holding `model.safetensors` + `config.json` (loadable on its own with
-`cem.model.load_pretrained`), `trainer_state.pt`, and `manifest.json` with the size and sha256 of every
-file. It is written to a temporary directory and swapped in with renames, so a crash mid-write leaves the
-previous checkpoint whole; a truncated or corrupted file is detected by the manifest and never loaded.
+`cem.model.load_pretrained`), `trainer_state.pt`, and `manifest.json` with the format version, the step,
+and the size and sha256 of every file. A truncated or corrupted file is detected by the manifest and never
+loaded.
+
+The trainer state is read with `torch.load(weights_only=True)`: tensors, numbers, strings and containers
+only, so a crafted `trainer_state.pt` cannot run code (the checksums sit next to it and are no defence).
+
+Saving is safe under any sequence of crashes (`save_checkpoint`): the new checkpoint is written whole into
+a temporary `.ckpt-*` directory (every file and the directory fsynced, the manifest last), then swapped in
+by renames that never remove the only complete checkpoint. `find_checkpoint` takes the complete
+checkpoint with the highest step among `ckpt/`, `ckpt.old/` and finished temporary directories, so a
+resumed run always finds one when one exists; leftovers are removed once a newer checkpoint is in place.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -23,6 +34,14 @@ from ..io import atomic_write_json
 from ..model import LanguageModel, ModelConfig, load_pretrained, save_weights
 
 MANIFEST = "manifest.json"
+FORMAT_VERSION = 1  # of the manifest and trainer state; a checkpoint with a higher one is refused
+_TMP_PREFIX = ".ckpt-"
+_TRASH_PREFIX = ".trash-ckpt-"
+
+
+def _op(name: str, fn, *args, **kwargs):
+    """Every file-system operation of a save goes through here (tests inject crashes at the k-th call)."""
+    return fn(*args, **kwargs)
 
 
 def _sha256(path: Path) -> str:
@@ -33,8 +52,24 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def _fsync(path: Path) -> None:
+    """Flush a file's data, or a directory's entries (its renames), to the disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def rng_state() -> dict:
-    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    """Every RNG stream, as tensors and plain numbers (no numpy objects, so `weights_only` loads it)."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "gauss": float(gauss)},
+        "python": random.getstate(),
+    }  # fmt: skip
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -42,43 +77,122 @@ def rng_state() -> dict:
 
 def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
+    n = state["numpy"]
+    if isinstance(n, dict):
+        np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
+    else:  # format 0: numpy's own tuple
+        np.random.set_state(n)
+    random.setstate(_as_tuples(state["python"]))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def _as_tuples(x):
+    """random.getstate() as random.setstate() wants it (tuples all the way down)."""
+    return tuple(_as_tuples(v) for v in x) if isinstance(x, (list, tuple)) else x
+
+
 def save_checkpoint(directory: Path, cfg: ModelConfig, model_state: dict, trainer_state: dict) -> None:
-    """Write model weights + trainer state to `directory` atomically (temp dir, manifest, rename swap)."""
+    """Write model weights + trainer state as the checkpoint `directory`, safe under any crash sequence.
+
+    1. everything goes into a fresh `.ckpt-*` directory, each file fsynced, the manifest last, the
+       directory fsynced: from then on it is a complete checkpoint `find_checkpoint` can use;
+    2. if `directory` exists (always complete: it is only ever made by renaming a complete temp) it becomes
+       `directory.old` (a stale `.old` is thrown away first: it is older than `directory`);
+    3. the temp directory becomes `directory`;
+    4. `.old` and leftover temp directories are thrown away (renamed to `.trash-*`, then deleted, so a
+       half-deleted directory never looks like a checkpoint).
+    Each rename is followed by an fsync of the parent directory.
+    """
     directory = Path(directory)
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".ckpt-", dir=directory.parent))
+    parent = directory.parent
+    old = directory.with_name(directory.name + ".old")
+    _op("mkdir", parent.mkdir, parents=True, exist_ok=True)
+    tmp = Path(_op("mkdtemp", tempfile.mkdtemp, prefix=_TMP_PREFIX, dir=parent))
     try:
-        save_weights(cfg, model_state, tmp)
-        torch.save(trainer_state, tmp / "trainer_state.pt")
+        _op("save_weights", save_weights, cfg, model_state, tmp)
+        _op("torch.save", torch.save, {**trainer_state, "format": FORMAT_VERSION}, tmp / "trainer_state.pt")
+        for p in sorted(tmp.iterdir()):
+            _op("fsync", _fsync, p)
         files = {p.name: {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in sorted(tmp.iterdir())}
-        atomic_write_json(tmp / MANIFEST, files)
-        old = directory.with_name(directory.name + ".old")
-        shutil.rmtree(old, ignore_errors=True)
-        if directory.exists():
-            os.replace(directory, old)
-        os.replace(tmp, directory)
-        shutil.rmtree(old, ignore_errors=True)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        manifest = {"format": FORMAT_VERSION, "step": int(trainer_state.get("step", 0)), "files": files}
+        _op("write_manifest", atomic_write_json, tmp / MANIFEST, manifest)
+        _op("fsync", _fsync, tmp)
+    except BaseException as e:
+        with contextlib.suppress(OSError):
+            _op("rmtree", shutil.rmtree, tmp)
+        if isinstance(e, Exception) and _disk_full(parent, e):
+            raise OSError(errno.ENOSPC, f"no space left on device while writing a checkpoint in {parent} (the previous checkpoint is kept)") from e
+        raise
+    if directory.is_dir():
+        if old.exists():
+            _discard(old)
+        _op("rename", os.replace, directory, old)
+        _op("fsync", _fsync, parent)
+    _op("rename", os.replace, tmp, directory)
+    _op("fsync", _fsync, parent)
+    clean_stale(parent, directory.name)
 
 
-def verify_checkpoint(directory: Path) -> None:
-    """Raise ValueError unless every file listed in the manifest is present, whole and unchanged."""
+def _disk_full(parent: Path, e: Exception) -> bool:
+    """Whether a failed write failed for want of space (torch and safetensors do not always say so)."""
+    if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+        return True
+    if "no space" in str(e).lower():
+        return True
+    try:
+        return shutil.disk_usage(parent).free < 16 << 20
+    except OSError:
+        return False
+
+
+def _discard(path: Path) -> None:
+    """Rename `path` out of the way, then delete it."""
+    trash = path.with_name(f"{_TRASH_PREFIX}{path.name}-{os.getpid()}-{os.urandom(4).hex()}")
+    _op("rename", os.replace, path, trash)
+    _op("rmtree", shutil.rmtree, trash, ignore_errors=True)
+
+
+def clean_stale(parent: Path, name: str = "ckpt") -> None:
+    """Remove `name.old`, leftover temporary checkpoint directories and trash, once `name/` is complete."""
+    if not (Path(parent) / name / MANIFEST).is_file():
+        return
+    for p in sorted(Path(parent).iterdir()):
+        if p.name == f"{name}.old" or p.name.startswith((_TMP_PREFIX, f".{_TMP_PREFIX}")):
+            _discard(p)
+        elif p.name.startswith(_TRASH_PREFIX):
+            _op("rmtree", shutil.rmtree, p, ignore_errors=True)
+
+
+def read_manifest(directory: Path) -> dict:
+    """The manifest as {"format", "step", "files"} (format 0: the flat file table of older checkpoints);
+    ValueError if it is missing, unreadable or of an unknown format version."""
     directory = Path(directory)
     manifest = directory / MANIFEST
     if not manifest.is_file():
         raise ValueError(f"checkpoint {directory} is incomplete: no {MANIFEST} (an interrupted write?)")
     try:
-        files = json.loads(manifest.read_text())
-    except json.JSONDecodeError:
+        data = json.loads(manifest.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
         raise ValueError(f"checkpoint {directory} is corrupted: unreadable {MANIFEST}") from None
-    for name, meta in files.items():
+    if not isinstance(data, dict):
+        raise ValueError(f"checkpoint {directory} is corrupted: {MANIFEST} is not a mapping")
+    if "files" not in data:
+        data = {"format": 0, "step": None, "files": data}
+    version = data.get("format")
+    if not isinstance(version, int) or not 0 <= version <= FORMAT_VERSION:
+        raise ValueError(
+            f"checkpoint {directory} has format version {version!r}; this cem reads versions up to {FORMAT_VERSION} (a newer cem wrote it?)"
+        )
+    if not isinstance(data["files"], dict) or not all(isinstance(m, dict) and {"bytes", "sha256"} <= m.keys() for m in data["files"].values()):
+        raise ValueError(f"checkpoint {directory} is corrupted: {MANIFEST} has no valid file table")
+    return data
+
+
+def verify_checkpoint(directory: Path) -> None:
+    """Raise ValueError unless every file listed in the manifest is present, whole and unchanged."""
+    directory = Path(directory)
+    for name, meta in read_manifest(directory)["files"].items():
         path = directory / name
         if not path.is_file():
             raise ValueError(f"checkpoint {directory} is incomplete: {name} is missing")
@@ -86,18 +200,60 @@ def verify_checkpoint(directory: Path) -> None:
             raise ValueError(f"checkpoint {directory} is corrupted: {name} does not match its checksum (truncated or altered)")
 
 
+def checkpoint_step(directory: Path) -> int | None:
+    """The step recorded in a checkpoint's manifest (None for a format-0 checkpoint)."""
+    return read_manifest(directory)["step"]
+
+
 def find_checkpoint(run_dir: Path) -> Path | None:
-    """The run's checkpoint directory, or its previous one if a swap was interrupted; None if there is none."""
-    for name in ("ckpt", "ckpt.old"):
-        path = Path(run_dir) / name
-        if (path / MANIFEST).is_file():
-            return path
-    return None
+    """The checkpoint to resume from: of `ckpt/`, `ckpt.old/` (a swap was interrupted) and finished
+    temporary `.ckpt-*` directories (a crash before the swap), the one with a manifest and the highest
+    step (`ckpt/` on a tie); None if there is none. Its files are verified when it is loaded."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        return None
+    candidates = [run_dir / "ckpt", run_dir / "ckpt.old"]
+    candidates += sorted(p for p in run_dir.iterdir() if p.name.startswith(_TMP_PREFIX) and p.is_dir())
+    best, best_step = None, None
+    for path in candidates:
+        if not (path / MANIFEST).is_file():
+            continue
+        try:
+            step = read_manifest(path)["step"]
+        except ValueError:
+            if path.name == "ckpt":  # the main checkpoint is damaged: say so when it is loaded
+                step = -1
+            else:
+                continue
+        step = -1 if step is None else step
+        if best is None or step > best_step:
+            best, best_step = path, step
+    return best
+
+
+def load_trainer_state(directory: Path) -> dict:
+    """The trainer state of a checkpoint, unpickled with `weights_only=True` (no code can run)."""
+    path = Path(directory) / "trainer_state.pt"
+    legacy = [np.ndarray, np.dtype, np.dtypes.UInt32DType]  # format 0 stored numpy's RNG state as an array
+    legacy.append(getattr(np, "_core", np.core).multiarray._reconstruct)
+    try:
+        with torch.serialization.safe_globals(legacy):
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise ValueError(f"checkpoint {directory} is incomplete: trainer_state.pt is missing") from None
+    except Exception as e:  # noqa: BLE001 - the unpickler raises UnpicklingError, RuntimeError, ...
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"refusing to load {path}: not a plain trainer state (only tensors, numbers and containers are read): {first}") from None
+    if not isinstance(state, dict) or "step" not in state:
+        raise ValueError(f"refusing to load {path}: not a cem trainer state")
+    version = state.get("format", 0)
+    if not isinstance(version, int) or not 0 <= version <= FORMAT_VERSION:
+        raise ValueError(f"{path} has format version {version!r}; this cem reads versions up to {FORMAT_VERSION}")
+    return state
 
 
 def load_checkpoint(directory: Path, map_location: str | torch.device = "cpu") -> tuple[LanguageModel, dict]:
     """The verified model and trainer state of a checkpoint."""
     verify_checkpoint(directory)
     model = load_pretrained(directory, map_location=map_location)
-    state = torch.load(Path(directory) / "trainer_state.pt", map_location="cpu", weights_only=False)
-    return model, state
+    return model, load_trainer_state(directory)

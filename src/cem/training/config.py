@@ -4,13 +4,18 @@ optional YAML file and `key=value` overrides."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import yaml
 
+from ..device import PRECISIONS
+from ..layers._checks import check_choice, check_finite, check_positive_int
 from ..model import ModelConfig, model_config
+
+PARALLEL = ("ddp", "fsdp")
 
 
 @dataclass
@@ -19,6 +24,7 @@ class TrainConfig:
 
     data: str = "python-stdlib"
     data_dir: str | None = None
+    data_encoding: str = "utf-8"  # of local .txt/.jsonl corpora; text that does not decode is refused
     tokenizer: str = "byte"
     preset: str = "small"
     arch: str = "cem"
@@ -47,6 +53,52 @@ class TrainConfig:
     wandb: bool = False
     wandb_project: str = "cem"
     tensorboard: bool = True
+    diverge_factor: float = 10.0  # stop when loss / gradient norm exceed this multiple of their running median (0: only non-finite)
+    diverge_warmup: int = 20  # steps before the running medians are used (before: loss vs ln(vocab))
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ValueError, naming the setting, for any value training could not use as meant."""
+        for name in ("batch_size", "grad_accum", "log_every", "eval_batches"):
+            check_positive_int(name, getattr(self, name))
+        for name in ("max_steps", "seq_len"):
+            if getattr(self, name) is not None:
+                check_positive_int(name, getattr(self, name))
+        for name in ("eval_every", "save_every", "diverge_warmup", "seed"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+        if self.seed >= 2**63:
+            raise ValueError(f"seed must be < 2**63, got {self.seed}")
+        check_finite("lr", self.lr, 0, low_open=True)
+        check_finite("beta1", self.beta1, 0, 1, high_open=True)
+        check_finite("beta2", self.beta2, 0, 1, high_open=True)
+        check_finite("eps", self.eps, 0, low_open=True)
+        check_finite("weight_decay", self.weight_decay, 0)
+        check_finite("grad_clip", self.grad_clip, 0, low_open=True)
+        check_finite("warmup_frac", self.warmup_frac, 0, 1, high_open=True)
+        check_finite("final_lr_frac", self.final_lr_frac, 0, 1)
+        check_finite("diverge_factor", self.diverge_factor, 0)
+        if 0 < self.diverge_factor <= 1:
+            raise ValueError(f"diverge_factor must be 0 (off) or > 1, got {self.diverge_factor!r}")
+        check_choice("parallel", self.parallel, PARALLEL)
+        check_choice("precision", self.precision, PRECISIONS)
+        try:
+            "".encode(self.data_encoding)
+        except (LookupError, TypeError):
+            raise ValueError(f"unknown data_encoding {self.data_encoding!r}") from None
+        if self.tokens is not None:
+            if self.max_steps is not None:
+                raise ValueError(f"give max_steps or tokens, not both (max_steps={self.max_steps}, tokens={self.tokens!r})")
+            if str(self.tokens).lower() != "chinchilla":
+                try:
+                    n = float(self.tokens)
+                except (TypeError, ValueError):
+                    raise ValueError(f"tokens must be a number or 'chinchilla', got {self.tokens!r}") from None
+                if not math.isfinite(n) or n < 1:
+                    raise ValueError(f"tokens must be a finite number >= 1 or 'chinchilla', got {self.tokens!r}")
 
 
 @dataclass
@@ -90,8 +142,17 @@ def _parse_value(key: str, raw) -> object:
             if str(raw).lower() in ("0", "false", "no", "off"):
                 return False
             raise ValueError
-        if target is int and isinstance(raw, str):
-            return int(float(raw)) if "e" in raw.lower() else int(raw)
+        if target is int and isinstance(raw, str) and "e" in raw.lower():
+            value = float(raw)
+            if not value.is_integer():
+                raise ValueError
+            return int(value)
+        if target is int and isinstance(raw, float):
+            if not raw.is_integer():
+                raise ValueError
+            return int(raw)
+        if target is str and not isinstance(raw, (str, int, float)):
+            raise ValueError
         return target(raw)
     except (TypeError, ValueError):
         raise ValueError(f"bad value for {key}: {raw!r} is not a {target.__name__}") from None
@@ -102,6 +163,8 @@ def apply_overrides(run: RunConfig, items: dict) -> RunConfig:
     train = dataclasses.asdict(run.train)
     model = dict(run.model_overrides)
     for key, raw in items.items():
+        if not isinstance(key, str):
+            raise ValueError(f"config keys must be names, got {key!r}")
         scope, _, name = key.rpartition(".")
         if scope not in ("", "train", "model"):
             raise ValueError(f"unknown config key {key!r}")
@@ -121,7 +184,15 @@ def load_run_config(yaml_path: str | Path | None = None, overrides: list[str] | 
         path = Path(yaml_path)
         if not path.is_file():
             raise FileNotFoundError(f"config file not found: {path}")
-        data = yaml.safe_load(path.read_text()) or {}
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        except UnicodeDecodeError:
+            raise ValueError(f"config file {path} is not UTF-8 text") from None
+        except yaml.YAMLError as e:
+            where = getattr(e, "problem_mark", None)
+            line = f" at line {where.line + 1}, column {where.column + 1}" if where is not None else ""
+            problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+            raise ValueError(f"config file {path}: invalid YAML{line}: {problem} (only plain values; no !!python tags)") from None
         if not isinstance(data, dict):
             raise ValueError(f"config file {path} must hold a mapping of keys to values")
         flat = {}
@@ -140,4 +211,6 @@ def load_run_config(yaml_path: str | Path | None = None, overrides: list[str] | 
             raise ValueError(f"override {item!r} must look like key=value")
         k, v = item.split("=", 1)
         pairs[k.strip()] = v.strip()
-    return apply_overrides(run, pairs)
+    run = apply_overrides(run, pairs)
+    run.model(run.model_overrides.get("vocab_size", 257))  # the model settings are checked now, not after the data loads
+    return run

@@ -25,6 +25,8 @@ def evaluate(
     The bytes of the evaluated tokens are the split's bytes per token times the tokens evaluated, so bits
     per byte compare across tokenizers (exact when the whole split is evaluated).
     """
+    if max_batches is not None and max_batches < 1:
+        raise ValueError(f"max_batches must be >= 1 (or None for the whole split), got {max_batches}")
     was_training = model.training
     model.eval()
     total, count = 0.0, 0

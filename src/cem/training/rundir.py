@@ -5,6 +5,7 @@ what a run left behind.
                     total steps; written when training starts
     tokenizer/      the tokenizer, reloadable with `cem.data.load_tokenizer`
     ckpt/           the latest checkpoint (`checkpoint.py`; `ckpt.old/` while a swap is interrupted)
+    .lock           held (flock) by the process writing the run; holds its pid
     metrics.jsonl   one record per logged step (also metrics.csv, tensorboard/)
     results.json    the final results; its presence means the run is finished
 
@@ -14,21 +15,26 @@ every training setting except the `RUNTIME_KEYS`, which may change between a run
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
+import fcntl
 import json
+import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
 from ..io import atomic_write_json
 from ..model import LanguageModel, ModelConfig, load_pretrained
-from .checkpoint import find_checkpoint, load_checkpoint, verify_checkpoint
+from .checkpoint import find_checkpoint, load_checkpoint, load_trainer_state, verify_checkpoint
 from .config import RunConfig, TrainConfig
 
 # training settings that may change between a run and its resumption without making it a different run
 RUNTIME_KEYS = frozenset(
     {"device", "compile", "eval_every", "eval_batches", "log_every", "save_every", "wandb", "wandb_project",
-     "tensorboard", "data_dir", "parallel"}
+     "tensorboard", "data_dir", "parallel", "diverge_factor", "diverge_warmup"}
 )  # fmt: skip
 _TRAIN_DEFAULTS = dataclasses.asdict(TrainConfig())
 
@@ -42,6 +48,10 @@ def run_identity(run: RunConfig, model: ModelConfig | None = None, tokenizer: st
         if value is not None:
             identity[key] = value
     return identity
+
+
+class RunLockedError(ValueError):
+    """Another live process holds the run directory."""
 
 
 class RunDir:
@@ -66,6 +76,10 @@ class RunDir:
     @property
     def ckpt_dir(self) -> Path:
         return self.path / "ckpt"
+
+    @property
+    def lock_file(self) -> Path:
+        return self.path / ".lock"
 
     @property
     def results_json(self) -> Path:
@@ -108,9 +122,43 @@ class RunDir:
                 diff.append(f"training setting {key}")
         return diff
 
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[None]:
+        """Hold the run directory for this process (an exclusive flock on `.lock`, which records the pid):
+        a second writer gets a ValueError naming the holder. The kernel drops the lock when the process
+        ends, however it ends, so a crashed run never leaves the directory locked."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.lock_file, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as e:
+                if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    raise
+                holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
+                raise RunLockedError(
+                    f"run directory {self.path} is in use by another process (pid {holder}, lock {self.lock_file}); "
+                    "wait for it to finish or stop it, or choose another --out"
+                ) from None
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            yield
+        finally:
+            os.close(fd)  # releases the flock
+
+    def started_only(self) -> bool:
+        """Whether the directory records a run that made no progress: run.json, but neither a checkpoint
+        nor results (it failed at start-up, or before its first checkpoint). Such a run may be replaced."""
+        return self.read_run() is not None and self.checkpoint() is None and not self.results_json.exists()
+
     def claim(self, identity: dict, resume: bool) -> None:
         """Refuse to mix runs: raise ValueError if this directory holds a different run, or this same run
-        without `resume`."""
+        without `resume`. A run that never saved a checkpoint is no run to protect: its record and
+        metrics are removed and the directory starts afresh."""
+        if self.started_only():
+            for path in (self.run_json, self.metrics_jsonl, self.metrics_csv):
+                path.unlink(missing_ok=True)
+            return
         diff = self.differences(identity)
         if diff:
             raise ValueError(f"output directory {self.path} already holds a different run ({diff[0]} differs); choose another --out")
@@ -130,7 +178,7 @@ class RunDir:
         ckpt = self.checkpoint()
         if ckpt is None:
             raise FileNotFoundError(f"no run.json or checkpoint in {self.path}")
-        return torch.load(ckpt / "trainer_state.pt", map_location="cpu", weights_only=False)["run"]["train"]
+        return load_trainer_state(ckpt)["run"]["train"]
 
     # ------------------------------------------------------------------ contents
 

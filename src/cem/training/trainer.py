@@ -5,8 +5,10 @@ from __future__ import annotations
 import contextlib
 import math
 import signal
+import statistics
 import sys
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +27,7 @@ from ..layers import CEMAttention
 from ..model import LanguageModel, ModelConfig, parameter_breakdown
 from ..model.params import chinchilla_tokens
 from ..model.flops import train_flops_per_token
-from .checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from .checkpoint import checkpoint_step, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from .config import RunConfig, TrainConfig
 from .distributed import DistInfo, all_reduce_mean, barrier, init_distributed, shutdown, wrap_model
 from .evaluate import evaluate
@@ -38,6 +40,77 @@ FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 class TrainingError(RuntimeError):
     """Training stopped on purpose (diverged loss); the message says what happened and what was kept."""
+
+
+class DivergenceGuard:
+    """Stops a run whose loss or gradient norm blows up, finite or not.
+
+    A value is out of bounds when it is not finite, or beyond `factor` times the median of the last
+    `window` values; before `warmup` values are known, the loss is compared with `factor` times the loss
+    of a uniform prediction, ln(vocab), and the weight norm with `factor` times its value at the start
+    (the gradient norm is not judged then). The weight norm after each update is judged too: a step that
+    blows the weights up is caught before any checkpoint holds them, even when the loss saturates.
+    `factor` 0 turns the finite checks off (non-finite values still stop the run)."""
+
+    def __init__(self, factor: float, warmup: int, vocab_size: int, window: int = 100) -> None:
+        self.factor, self.warmup = factor, warmup
+        self.uniform = math.log(vocab_size)
+        self.losses: deque[float] = deque(maxlen=window)
+        self.grad_norms: deque[float] = deque(maxlen=window)
+        self.weight_norms: deque[float] = deque(maxlen=window)
+        self.start_weight_norm: float | None = None
+
+    def loss_bound(self) -> tuple[float, str]:
+        """The largest acceptable loss and what it is derived from."""
+        if len(self.losses) >= max(self.warmup, 1):
+            med = statistics.median(self.losses)
+            return self.factor * med, f"diverge_factor={self.factor:g} x its running median {med:.4g}"
+        return self.factor * self.uniform, f"diverge_factor={self.factor:g} x the loss of a uniform guess ln({math.exp(self.uniform):.0f})={self.uniform:.3g}"
+
+    def problem(self, loss: float, grad_norm: float) -> str | None:
+        """Why (loss, grad_norm) means divergence, or None."""
+        if not math.isfinite(loss) or not math.isfinite(grad_norm):
+            return f"loss {loss} / gradient norm {grad_norm} is not finite"
+        if not self.factor:
+            return None
+        bound, why = self.loss_bound()
+        if loss > bound:
+            return f"loss {loss:.4g} exceeds {why}"
+        if len(self.grad_norms) >= max(self.warmup, 1):
+            med = statistics.median(self.grad_norms)
+            if grad_norm > self.factor * med:
+                return f"gradient norm {grad_norm:.4g} exceeds diverge_factor={self.factor:g} x its running median {med:.4g}"
+        return None
+
+    def add(self, loss: float, grad_norm: float) -> None:
+        self.losses.append(loss)
+        self.grad_norms.append(grad_norm)
+
+    def weight_problem(self, norm: float) -> str | None:
+        """Why the weight norm after an update means divergence, or None (then it is recorded)."""
+        if self.start_weight_norm is None:
+            self.start_weight_norm = norm
+        if not math.isfinite(norm):
+            return "the weights are no longer finite"
+        if self.factor:
+            if len(self.weight_norms) >= max(self.warmup, 1):
+                ref, what = statistics.median(self.weight_norms), "its running median"
+            else:
+                ref, what = self.start_weight_norm, "its value at the start"
+            if norm > self.factor * ref:
+                return f"the weight norm {norm:.4g} exceeds diverge_factor={self.factor:g} x {what} {ref:.4g}"
+        self.weight_norms.append(norm)
+        return None
+
+    def state_dict(self) -> dict:
+        return {"losses": list(self.losses), "grad_norms": list(self.grad_norms), "weight_norms": list(self.weight_norms),
+                "start_weight_norm": self.start_weight_norm}  # fmt: skip
+
+    def load_state_dict(self, state: dict) -> None:
+        self.losses.extend(state.get("losses", []))
+        self.grad_norms.extend(state.get("grad_norms", []))
+        self.weight_norms.extend(state.get("weight_norms", []))
+        self.start_weight_norm = state.get("start_weight_norm")
 
 
 @dataclass
@@ -84,13 +157,20 @@ def train(run: RunConfig, out: str | Path, resume: bool = False, progress: bool 
 
     `stop_at` ends the run after that optimiser step with a checkpoint, without changing the schedule.
     """
+    run.train.validate()
     device = pick_device(run.train.device)
+    if run.model_overrides.get("attn_backend") == "triton" and device.type != "cuda":
+        raise ValueError(f"attn_backend=triton needs a CUDA device (the run's device is {device}; on the CPU Triton would only run its slow interpreter); use attn_backend=auto")
     info = init_distributed(device.type)
     if info.enabled and device.type == "cuda":  # torchrun: one GPU per process
         device = torch.device("cuda", info.local_rank)
         torch.cuda.set_device(device)
+    rundir = RunDir(out)
+    if rundir.path.exists() and not rundir.path.is_dir():
+        raise ValueError(f"output directory {rundir.path} is a file; choose a directory for --out")
     try:
-        return _train(run, RunDir(out), resume, progress and info.is_main, stop_at, device, info)
+        with rundir.lock() if info.is_main else contextlib.nullcontext():
+            return _train(run, rundir, resume, progress and info.is_main, stop_at, device, info)
     finally:
         shutdown(info)
 
@@ -129,6 +209,7 @@ class _Session:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     state: TrainState
+    guard: DivergenceGuard
     logger: MetricsLogger | None = None
 
     @property
@@ -156,13 +237,20 @@ def _train(run: RunConfig, rundir: RunDir, resume: bool, progress: bool, stop_at
     model = LanguageModel(cfg).to(device)
     _announce_backend(model, device, progress)
     sampler = SequenceSampler(splits["train"], seq_len, seed=t.seed, rank=info.rank, world_size=info.world_size)
+    if t.batch_size > sampler.n_windows:
+        raise ValueError(f"batch_size={t.batch_size} is more than the {sampler.n_windows} sequences of {seq_len} tokens in the train split")
     restored = _restore(rundir, resume, model, sampler, info, steps_total, progress)
     if isinstance(restored, dict):
         return restored  # the run had finished: its results
     state, saved = restored
     wrapped, optimizer, scheduler = _build_optimizer(model, run, info, device, steps_total, saved)
+    guard = DivergenceGuard(t.diverge_factor, t.diverge_warmup, cfg.vocab_size)
+    if saved is not None:
+        guard.load_state_dict(saved.get("guard", {}))
+    if guard.start_weight_norm is None:
+        guard.start_weight_norm = _weight_norm(model)
     s = _Session(run, rundir, cfg, device, info, splits, seq_len, steps_total, progress,
-                 model, wrapped, sampler, optimizer, scheduler, state)  # fmt: skip
+                 model, wrapped, sampler, optimizer, scheduler, state, guard)  # fmt: skip
     stopped = _loop(s, stop_at)
     if stopped is not None:
         return stopped
@@ -177,7 +265,7 @@ def _load_data(t: TrainConfig, info: DistInfo):
         tokenizer = get_tokenizer(t.tokenizer, corpus)
         return tokenizer, {split: build_split(corpus, tokenizer, split) for split in ("train", "valid", "test")}
 
-    corpus = load_corpus(t.data, t.data_dir)
+    corpus = load_corpus(t.data, t.data_dir, encoding=t.data_encoding)
     if info.is_main:
         tokenizer, splits = load()
     barrier(info)
@@ -212,6 +300,8 @@ def _restore(rundir: RunDir, resume: bool, model: LanguageModel, sampler: Sequen
     if resume and found is None and rundir.results() is not None:
         return rundir.results()  # finished, and its checkpoint removed since
     if found is None:
+        if resume and info.is_main:
+            print(f"--resume: no checkpoint in {rundir.path}; starting from step 0", file=sys.stderr)
         return TrainState(), None
     saved_model, saved = load_checkpoint(found)
     model.load_state_dict(saved_model.state_dict())
@@ -301,22 +391,44 @@ def _optimizer_step(s: _Session, autocast) -> tuple[float, float, float]:
                 loss = s.wrapped(x, y) / t.grad_accum
             loss.backward()
         loss_sum += loss.item()
-    grad_norm = torch.nn.utils.clip_grad_norm_(s.model.parameters(), t.grad_clip)
+    grad_norm = torch.nn.utils.clip_grad_norm_(s.model.parameters(), t.grad_clip).item()
     loss_value = all_reduce_mean(loss_sum, s.info, s.device)
-    if not math.isfinite(loss_value) or not torch.isfinite(grad_norm):
-        last = s.rundir.checkpoint()
-        kept = f"the last good checkpoint ({last}) is kept" if last else "no checkpoint had been written yet"
-        raise TrainingError(
-            f"training diverged: loss {loss_value} / gradient norm {grad_norm.item()} at step {s.state.step + 1}; "
-            f"stopped without saving; {kept} (try a lower lr)"
-        )
+    problem = s.guard.problem(loss_value, grad_norm)
+    if problem is not None:
+        raise _diverged(s, f"at step {s.state.step + 1} {problem}")
+    s.guard.add(loss_value, grad_norm)
     lr = s.scheduler.get_last_lr()[0]  # the rate this step uses
     s.optimizer.step()
     s.scheduler.step()
     s.optimizer.zero_grad(set_to_none=True)
+    problem = s.guard.weight_problem(_weight_norm(s.model))
+    if problem is not None:
+        raise _diverged(s, f"at step {s.state.step + 1}: the update made {problem}")
     s.state.step += 1
     s.state.tokens_seen += s.tokens_per_step
-    return loss_value, grad_norm.item(), lr
+    return loss_value, grad_norm, lr
+
+
+def _weight_norm(model: torch.nn.Module) -> float:
+    """The L2 norm of all parameters (of the full model when FSDP shards them)."""
+    total = torch.nn.utils.get_total_norm([p.detach() for p in model.parameters()])
+    if hasattr(total, "full_tensor"):
+        total = total.full_tensor()
+    return total.item()
+
+
+def _diverged(s: _Session, what: str) -> TrainingError:
+    """The error that stops a diverged run, saying which checkpoint is kept (never one from after the blow-up)."""
+    last = s.rundir.checkpoint()
+    step = checkpoint_step(last) if last is not None else None
+    if last is None:
+        kept = "no checkpoint had been written yet"
+    else:
+        kept = f"the last checkpoint, {last} (step {step}), written before the divergence, is kept"
+    return TrainingError(
+        f"training diverged {what}; stopped without saving; {kept}. Try a lower lr, or other settings "
+        f"(diverge_factor=0 turns this check off)"
+    )
 
 
 class _Throughput:
@@ -365,6 +477,7 @@ def _checkpoint(s: _Session) -> None:
     writes, and the barrier keeps the others from running ahead of a checkpoint still being written."""
     model_state = get_model_state_dict(s.model, options=FULL) if s.sharded else s.model.state_dict()
     optim_state = get_optimizer_state_dict(s.model, s.optimizer, options=FULL) if s.sharded else s.optimizer.state_dict()
+    _check_before_saving(s)
     samplers = _gather(s.sampler.state_dict(), s.info)
     rngs = _gather(rng_state(), s.info)
     if s.info.is_main:
@@ -376,10 +489,24 @@ def _checkpoint(s: _Session) -> None:
             "scheduler": s.scheduler.state_dict(),
             "sampler": samplers,
             "rng": rngs,
+            "guard": s.guard.state_dict(),
             "run": s.run.to_dict(),
         }
         save_checkpoint(s.rundir.ckpt_dir, s.cfg, model_state, trainer_state)
     barrier(s.info)
+
+
+def _check_before_saving(s: _Session) -> None:
+    """Never checkpoint a diverged state: the weights must be finite and their loss on the first validation
+    batch within the divergence guard's bound (the update of the last step is only judged by the loss it
+    leads to). Runs in eval mode without gradients, so it changes no RNG stream and no weight."""
+    t = s.run.train
+    if not t.diverge_factor:
+        return
+    probe = evaluate(s.wrapped, s.splits["valid"], s.seq_len, t.batch_size, s.device, 1, autocast_for(t.precision, s.device))["loss"]
+    bound, why = s.guard.loss_bound()
+    if not math.isfinite(probe) or probe > bound:
+        raise _diverged(s, f"after step {s.state.step}: the loss on a validation batch, {probe:.4g}, exceeds {why}")
 
 
 def _finish(s: _Session, started: float, tokenizer_name: str) -> dict:

@@ -1,0 +1,296 @@
+"""Bad inputs, tried as an attacker and a careless user would (issue 12): each case runs the CLI's `main()`
+in-process and must end with a non-zero exit code and exactly one line on stderr, never a traceback.
+
+Cases are a table: the arguments (with {corpus}, {run}, {out}, {tmp} filled in), an optional setup that
+writes bad files or injects a failure, and a piece of text the one line must contain."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import signal
+import time
+
+import pytest
+import torch
+
+from cem.cli import main
+
+TRAIN = ["train", "--data", "{corpus}", "--preset", "tiny", "--batch-size", "2", "--quiet", "--out", "{out}", "context=32", "tensorboard=false"]
+STEP = ["--max-steps", "1"]
+RESUME = [*TRAIN, *STEP, "--arch", "cem", "--out", "{tmp}/run2", "--resume"]  # the trained run's settings
+
+
+def write(rel, content):
+    def setup(tmp, run, monkeypatch):
+        path = tmp / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content if isinstance(content, bytes) else content.encode())
+
+    return setup
+
+
+def damaged_run(rel, content):
+    """The trained run, copied to {tmp}/run2 with one file replaced."""
+
+    def setup(tmp, run, monkeypatch):
+        shutil.copytree(run, tmp / "run2")
+        (tmp / "run2" / rel).write_bytes(content if isinstance(content, bytes) else content.encode())
+
+    return setup
+
+
+def parquet_ints(tmp, run, monkeypatch):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"text": list(range(50))}), tmp / "ints.parquet")
+
+
+def patch(target, exc_factory):
+    def setup(tmp, run, monkeypatch):
+        def boom(*a, **kw):
+            raise exc_factory()
+
+        monkeypatch.setattr(target, boom)
+
+    return setup
+
+
+def sigterm_while_tokenising(tmp, run, monkeypatch):
+    def build_split(*a, **kw):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(1)
+
+    monkeypatch.setattr("cem.training.trainer.build_split", build_split)
+
+
+def disk_full_in_checkpoint(tmp, run, monkeypatch):
+    from cem.training import checkpoint
+
+    def op(name, fn, *a, **kw):
+        if name == "torch.save":
+            raise RuntimeError("PytorchStreamWriter failed writing file data/0: file write failed")
+        return fn(*a, **kw)
+
+    monkeypatch.setattr(checkpoint, "_op", op)
+    monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**9, 10**9, 0))
+
+
+def hold_lock(tmp, run, monkeypatch):
+    from cem.training import RunDir
+
+    lock = RunDir(tmp / "run2").lock()
+    shutil.copytree(run, tmp / "run2")
+    lock.__enter__()
+    monkeypatch.setattr("cem.training.rundir._held_for_test", lock, raising=False)
+
+
+def bpe_tokenizer_in_run(tmp, run, monkeypatch):
+    from cem.data import get_tokenizer, load_corpus
+
+    shutil.copytree(run, tmp / "run2")
+    shutil.rmtree(tmp / "run2" / "tokenizer")
+    get_tokenizer("bpe:300", load_corpus(str(run.parent / "corpus")), cache_dir=tmp / "bpe").save(tmp / "run2" / "tokenizer")
+
+
+def malicious_state(tmp, run, monkeypatch):
+    from cem.training.checkpoint import MANIFEST, _sha256
+
+    class Evil:
+        def __reduce__(self):
+            return (open, (str(tmp / "pwned"), "w"))
+
+    shutil.copytree(run, tmp / "run2")
+    (tmp / "run2" / "results.json").unlink()
+    state = tmp / "run2" / "ckpt" / "trainer_state.pt"
+    torch.save({"step": 1, "x": Evil()}, state)
+    manifest = json.loads((tmp / "run2" / "ckpt" / MANIFEST).read_text())
+    manifest["files"]["trainer_state.pt"] = {"bytes": state.stat().st_size, "sha256": _sha256(state)}
+    (tmp / "run2" / "ckpt" / MANIFEST).write_text(json.dumps(manifest))
+
+
+def offline(tmp, run, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+
+
+CASES = [
+    # -- training settings: refused at parse time, naming the setting
+    ("grad_clip negative", [*TRAIN, *STEP, "grad_clip=-1"], None, "grad_clip"),
+    ("grad_clip zero", [*TRAIN, *STEP, "grad_clip=0"], None, "grad_clip"),
+    ("grad_accum zero", [*TRAIN, *STEP, "--grad-accum", "0"], None, "grad_accum"),
+    ("max_steps zero", [*TRAIN, "--max-steps", "0"], None, "max_steps"),
+    ("max_steps negative", [*TRAIN, "--max-steps", "-5"], None, "max_steps"),
+    ("final_lr_frac negative", [*TRAIN, *STEP, "final_lr_frac=-3"], None, "final_lr_frac"),
+    ("warmup_frac negative", [*TRAIN, *STEP, "warmup_frac=-5"], None, "warmup_frac"),
+    ("warmup_frac one", [*TRAIN, *STEP, "warmup_frac=1"], None, "warmup_frac"),
+    ("seq_len zero", [*TRAIN, *STEP, "--seq-len", "0"], None, "seq_len"),
+    ("stop_at negative", [*TRAIN, *STEP, "--stop-at", "-1"], None, "--stop-at"),
+    ("max_steps and tokens", [*TRAIN, "--max-steps", "3", "--tokens", "1e5"], None, "not both"),
+    ("parallel zero3", [*TRAIN, *STEP, "parallel=zero3"], None, "parallel"),
+    ("tokens inf", [*TRAIN, "--tokens", "inf"], None, "tokens"),
+    ("tokens nan", [*TRAIN, "--tokens", "nan"], None, "tokens"),
+    ("tokens words", [*TRAIN, "--tokens", "lots"], None, "tokens"),
+    ("tokens zero", [*TRAIN, "--tokens", "0"], None, "tokens"),
+    ("batch size 1e8 option", [*TRAIN, *STEP, "--batch-size", "1e8"], None, "--batch-size"),
+    ("batch size 1e8 setting", [*TRAIN, *STEP, "batch_size=1e8"], None, "batch_size"),
+    ("batch size zero", [*TRAIN, *STEP, "--batch-size", "0"], None, "batch_size"),
+    ("lr nan", [*TRAIN, *STEP, "--lr", "nan"], None, "lr"),
+    ("lr negative", [*TRAIN, *STEP, "--lr", "-1"], None, "lr"),
+    ("lr inf", [*TRAIN, *STEP, "lr=inf"], None, "lr"),
+    ("beta1 one", [*TRAIN, *STEP, "beta1=1"], None, "beta1"),
+    ("beta2 negative", [*TRAIN, *STEP, "beta2=-0.5"], None, "beta2"),
+    ("eps zero", [*TRAIN, *STEP, "eps=0"], None, "eps"),
+    ("weight_decay negative", [*TRAIN, *STEP, "weight_decay=-0.1"], None, "weight_decay"),
+    ("log_every zero", [*TRAIN, *STEP, "log_every=0"], None, "log_every"),
+    ("eval_batches zero", [*TRAIN, *STEP, "eval_batches=0"], None, "eval_batches"),
+    ("save_every negative", [*TRAIN, *STEP, "save_every=-1"], None, "save_every"),
+    ("seed negative", [*TRAIN, *STEP, "--seed", "-1"], None, "seed"),
+    ("seed word", [*TRAIN, *STEP, "seed=abc"], None, "seed"),
+    ("seed option word", [*TRAIN, *STEP, "--seed", "abc"], None, "--seed"),
+    ("seed huge", [*TRAIN, *STEP, "seed=1e30"], None, "seed"),
+    ("precision fp8", [*TRAIN, *STEP, "precision=fp8"], None, "precision"),
+    ("diverge_factor half", [*TRAIN, *STEP, "diverge_factor=0.5"], None, "diverge_factor"),
+    ("compile maybe", [*TRAIN, *STEP, "compile=maybe"], None, "compile"),
+    ("data_encoding unknown", [*TRAIN, *STEP, "data_encoding=klingon"], None, "data_encoding"),
+    ("unknown key", [*TRAIN, *STEP, "bogus=1"], None, "bogus"),
+    ("unknown scoped key", [*TRAIN, *STEP, "optim.lr=1"], None, "optim.lr"),
+    ("override without =", [*TRAIN, *STEP, "--", "lr"], None, None),
+    ("unknown option", [*TRAIN, *STEP, "--lrr", "1"], None, "--lrr"),
+    # -- model settings
+    ("init_std negative", [*TRAIN, *STEP, "init_std=-1"], None, "init_std"),
+    ("norm_eps negative", [*TRAIN, *STEP, "norm_eps=-1"], None, "norm_eps"),
+    ("attn_step_size nan", [*TRAIN, *STEP, "attn_step_size=nan"], None, "attn_step_size"),
+    ("mlp_step_size zero", [*TRAIN, *STEP, "mlp_step_size=0"], None, "mlp_step_size"),
+    ("mlp_width_mult inf", [*TRAIN, *STEP, "mlp_width_mult=inf"], None, "mlp_width_mult"),
+    ("heads do not divide", [*TRAIN, *STEP, "dim=65"], None, "divisible"),
+    ("kq_diag unknown", [*TRAIN, *STEP, "kq_diag=full"], None, "kq_diag"),
+    ("attn_steps zero", [*TRAIN, *STEP, "attn_steps=0"], None, "attn_steps"),
+    ("precond rank zero", [*TRAIN, *STEP, "attn_precond_rank=0"], None, "attn_precond_rank"),
+    ("preset unknown", [*TRAIN, *STEP, "--preset", "nope"], None, "preset"),
+    ("arch unknown", [*TRAIN, *STEP, "--arch", "nope"], None, "arch"),
+    ("triton on the CPU", [*TRAIN, *STEP, "--device", "cpu", "attn_backend=triton"], None, "triton"),
+    # -- device
+    ("device unknown", [*TRAIN, *STEP, "--device", "tpu9"], None, "device"),
+    pytest.param("device cuda without CUDA", [*TRAIN, *STEP, "--device", "cuda"], None, "CUDA",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available")),
+    # -- config files
+    ("config missing", [*TRAIN, *STEP, "--config", "{tmp}/none.yaml"], None, "none.yaml"),
+    ("config invalid YAML", [*TRAIN, *STEP, "--config", "{tmp}/bad.yaml"], write("bad.yaml", "lr: [1\nx: {"), "bad.yaml"),
+    ("config python tag", [*TRAIN, *STEP, "--config", "{tmp}/tag.yaml"], write("tag.yaml", "lr: !!python/object/apply:os.system ['touch {tmp}/pwned']\n"), "!!python"),
+    ("config a list", [*TRAIN, *STEP, "--config", "{tmp}/list.yaml"], write("list.yaml", "- lr\n- 1\n"), "mapping"),
+    ("config not UTF-8", [*TRAIN, *STEP, "--config", "{tmp}/latin.yaml"], write("latin.yaml", b"lr: 1e-3 # caf\xe9\n"), "UTF-8"),
+    ("config numeric key", [*TRAIN, *STEP, "--config", "{tmp}/num.yaml"], write("num.yaml", "1: 2\n"), "config keys"),
+    ("config bad value", [*TRAIN, *STEP, "--config", "{tmp}/val.yaml"], write("val.yaml", "train:\n  batch_size: [1, 2]\n"), "batch_size"),
+    # -- corpora
+    ("corpus path missing", [*TRAIN, *STEP, "--data", "{tmp}/none.txt"], None, "none.txt"),
+    ("corpus name unknown", [*TRAIN, *STEP, "--data", "no-such-corpus"], None, "no-such-corpus"),
+    ("corpus latin-1 text", [*TRAIN, *STEP, "--data", "{tmp}/latin.txt"], write("latin.txt", "caf\xe9 au lait\n".encode("latin-1") * 400), "latin.txt"),
+    ("corpus jsonl broken line", [*TRAIN, *STEP, "--data", "{tmp}/c.jsonl"], write("c.jsonl", '{"text": "a"}\n{"text": \n'), "c.jsonl:2"),
+    ("corpus jsonl no text", [*TRAIN, *STEP, "--data", "{tmp}/n.jsonl"], write("n.jsonl", '{"body": "a"}\n'), "n.jsonl:1"),
+    ("corpus parquet integers", [*TRAIN, *STEP, "--data", "{tmp}/ints.parquet"], parquet_ints, "ints.parquet"),
+    ("corpus parquet garbage", [*TRAIN, *STEP, "--data", "{tmp}/g.parquet"], write("g.parquet", b"PAR1 not really"), "g.parquet"),
+    ("corpus empty txt", [*TRAIN, *STEP, "--data", "{tmp}/empty.txt"], write("empty.txt", ""), "empty.txt"),
+    ("corpus unsupported suffix", [*TRAIN, *STEP, "--data", "{tmp}/c.csv"], write("c.csv", "text\nhello\n"), "c.csv"),
+    ("corpus hf offline", [*TRAIN, *STEP, "--data", "hf:nobody/no-such-dataset"], offline, "hf:nobody/no-such-dataset"),
+    ("corpus too short", [*TRAIN, *STEP, "--data", "{tmp}/short"], lambda t, r, m: [write(f"short/{s}.txt", "tiny")(t, r, m) for s in ("train", "valid", "test")], "fewer than one sequence"),
+    # -- tokenizers
+    ("tokenizer bpe too small", [*TRAIN, *STEP, "--tokenizer", "bpe:10"], None, "bpe:10"),
+    ("tokenizer broken json", [*TRAIN, *STEP, "--tokenizer", "{tmp}/tok/tokenizer.json"], write("tok/tokenizer.json", "{not json"), "tokenizer.json"),
+    ("tokenizer broken meta", [*TRAIN, *STEP, "--tokenizer", "{tmp}/meta"], write("meta/cem_tokenizer.json", "[1, 2]"), "cem_tokenizer.json"),
+    ("tokenizer meta without file", [*TRAIN, *STEP, "--tokenizer", "{tmp}/meta2"], write("meta2/cem_tokenizer.json", '{"kind": "hf", "name": "x", "eot_id": 3}'), "tokenizer.json"),
+    # -- run directories
+    ("out is a file", [*TRAIN, *STEP, "--out", "{tmp}/afile"], write("afile", "x"), "afile"),
+    ("resume a corrupt trainer state", RESUME, damaged_run("ckpt/trainer_state.pt", b"garbage"), "trainer_state.pt"),
+    ("resume a crafted trainer state", RESUME, malicious_state, "refusing"),
+    ("resume a damaged manifest", RESUME, damaged_run("ckpt/manifest.json", "{"), "manifest"),
+    ("resume a newer format", RESUME,
+     damaged_run("ckpt/manifest.json", '{"format": 7, "step": 1, "files": {}}'), "format version 7"),
+    ("resume into a live run", RESUME, hold_lock, "in use by another process"),
+    ("run.json corrupted", [*TRAIN, *STEP, "--out", "{tmp}/run2"], damaged_run("run.json", "{"), "run.json"),
+    ("other run in --out", [*TRAIN, *STEP, "--out", "{run}", "--seed", "5"], None, "different run"),
+    ("same run without --resume", [*TRAIN, *STEP, "--out", "{run}"], None, "--resume"),
+    # -- interruptions and a full disk
+    ("Ctrl-C while tokenising", [*TRAIN, *STEP], patch("cem.training.trainer.build_split", KeyboardInterrupt), "interrupted"),
+    ("SIGTERM while tokenising", [*TRAIN, *STEP], sigterm_while_tokenising, "terminated"),
+    ("Ctrl-C in the final evaluation", [*TRAIN, *STEP], patch("cem.training.trainer._finish", KeyboardInterrupt), "interrupted"),
+    ("disk full in a checkpoint", [*TRAIN, *STEP], disk_full_in_checkpoint, "no space left"),
+    ("disk full writing run.json", [*TRAIN, *STEP], patch("cem.training.rundir.atomic_write_json", lambda: OSError(errno.ENOSPC, "No space left on device", "run.json")), "space"),
+    ("divergence", [*TRAIN, "--max-steps", "5", "--lr", "1e3", "warmup_frac=0"], None, "diverged"),
+    # -- eval
+    ("eval missing run", ["eval", "--ckpt", "{tmp}/none"], None, "none"),
+    ("eval max_batches zero", ["eval", "--ckpt", "{run}", "--max-batches", "0"], None, "max_batches"),
+    ("eval batch size zero", ["eval", "--ckpt", "{run}", "--batch-size", "0"], None, "batch_size"),
+    ("eval seq_len zero", ["eval", "--ckpt", "{run}", "--seq-len", "0"], None, "--seq-len"),
+    ("eval unknown split", ["eval", "--ckpt", "{run}", "--split", "dev"], None, "--split"),
+    ("eval config.json a list", ["eval", "--ckpt", "{tmp}/run2"], damaged_run("ckpt/config.json", "[1, 2]"), "config.json"),
+    ("eval broken tokenizer", ["eval", "--ckpt", "{tmp}/run2"], damaged_run("tokenizer/cem_tokenizer.json", "{"), "cem_tokenizer.json"),
+    ("eval truncated weights", ["eval", "--ckpt", "{tmp}/run2"], damaged_run("ckpt/model.safetensors", b"\x00" * 10), "model.safetensors"),
+    pytest.param("eval on cuda without CUDA", ["eval", "--ckpt", "{run}", "--device", "cuda"], None, "CUDA",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available")),
+    # -- generate
+    ("generate temperature nan", ["generate", "--ckpt", "{run}", "--temperature", "nan", "--max-new-tokens", "2"], None, "temperature"),
+    ("generate temperature negative", ["generate", "--ckpt", "{run}", "--temperature", "-1", "--max-new-tokens", "2"], None, "temperature"),
+    ("generate top_p above one", ["generate", "--ckpt", "{run}", "--top-p", "2", "--max-new-tokens", "2"], None, "top_p"),
+    ("generate top_k zero", ["generate", "--ckpt", "{run}", "--top-k", "0", "--max-new-tokens", "2"], None, "top_k"),
+    ("generate negative tokens", ["generate", "--ckpt", "{run}", "--max-new-tokens", "-1"], None, "max_new_tokens"),
+    ("generate too long", ["generate", "--ckpt", "{run}", "--max-new-tokens", "1000"], None, "context"),
+    ("generate steps zero", ["generate", "--ckpt", "{run}", "--steps", "0", "--max-new-tokens", "2"], None, "steps"),
+    ("generate vocabulary mismatch", ["generate", "--ckpt", "{tmp}/run2", "--max-new-tokens", "2"], bpe_tokenizer_in_run, "vocabulary mismatch"),
+    ("generate from a file", ["generate", "--ckpt", "{tmp}/afile"], write("afile", "x"), None),
+    # -- others
+    ("no command", [], None, "command"),
+    ("info unknown preset", ["info", "--preset", "nope"], None, "preset"),
+    ("info bad value", ["info", "lr=nan"], None, "lr"),
+    ("report of nothing", ["report", "{tmp}/no-results"], None, None),
+]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, corpus_dir):
+    """One tiny trained run (one step), shared by the eval/generate/resume cases."""
+    root = tmp_path_factory.mktemp("fuzz")
+    shutil.copytree(corpus_dir, root / "corpus")
+    env = os.environ.get("CEM_CACHE_DIR")
+    os.environ["CEM_CACHE_DIR"] = str(root / "cache")
+    try:
+        args = [a.format(corpus=root / "corpus", out=root / "run") for a in [*TRAIN, *STEP, "--arch", "cem"]]
+        assert main(args) == 0
+    finally:
+        if env is None:
+            os.environ.pop("CEM_CACHE_DIR")
+        else:
+            os.environ["CEM_CACHE_DIR"] = env
+    return root
+
+
+@pytest.mark.parametrize("name,argv,setup,expect", CASES, ids=[getattr(c, "values", c)[0] for c in CASES])
+def test_bad_input_is_one_line(name, argv, setup, expect, trained, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("CEM_CACHE_DIR", str(trained / "cache"))
+    monkeypatch.chdir(tmp_path)
+    run = trained / "run"
+    if setup is not None:
+        setup(tmp_path, run, monkeypatch)
+    capsys.readouterr()
+    args = [a.format(corpus=trained / "corpus", run=run, out=tmp_path / "out", tmp=tmp_path) for a in argv]
+    try:
+        code = main(args)
+    except SystemExit as e:  # argparse
+        code = e.code
+    err = capsys.readouterr().err
+    if os.environ.get("CEM_FUZZ_LOG"):  # the messages, for reading them all at once
+        with open(os.environ["CEM_FUZZ_LOG"], "a") as log:
+            log.write(f"{name} -> {code}: {err}")
+    assert code not in (0, None), f"{name}: accepted: {err}"
+    assert "Traceback" not in err
+    assert err.count("\n") == 1 and err.endswith("\n"), f"{name}: {err!r}"
+    if expect is not None:
+        assert expect.format(tmp=tmp_path) in err, f"{name}: {err!r}"
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_the_table_is_large_enough():
+    assert len(CASES) >= 60
