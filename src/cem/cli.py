@@ -127,6 +127,14 @@ def cmd_info(args) -> int:
     return 0
 
 
+def cmd_data_prepare(args) -> int:
+    from .data.prepare import prepare
+
+    root = prepare(args.name, args.data_dir, source=args.source, force=args.force)
+    print(root)
+    return 0
+
+
 def cmd_experiment(args) -> int:
     from .experiments import SUITE_ORDER, run_suite, write_report
 
@@ -193,6 +201,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, help="recursion steps T of every CEM layer (test-time compute)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("data", help="prepare the named corpora")
+    data_sub = p.add_subparsers(dest="data_command", required=True)
+    from .data.prepare import PREPARABLE
+
+    p = data_sub.add_parser("prepare", help="fetch a named corpus into the data directory (Hugging Face datasets or its canonical file)")
+    p.add_argument("name", choices=PREPARABLE, help="the corpus")
+    p.add_argument("--data-dir", dest="data_dir", help="where to put it (default $CEM_DATA_DIR, else ~/.cache/cem/data, where every command looks)")
+    p.add_argument("--from", dest="source", help="copy the files from this local folder (same layout) instead of downloading")
+    p.add_argument("--force", action="store_true", help="fetch again even if the corpus is already there")
+    p.set_defaults(func=cmd_data_prepare)
 
     from .experiments import ALL_IDS, SCALES
 
