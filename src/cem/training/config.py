@@ -36,7 +36,10 @@ class TrainConfig:
     warmup_frac: float = 0.05
     final_lr_frac: float = 0.1
     eval_every: int = 200
-    eval_batches: int = 20  # validation batches per periodic evaluation (the final test uses the whole split)
+    eval_batches: int = 20  # validation batches per periodic evaluation
+    # leading tokens of the final validation and test evaluation; None: the whole split where that is quick
+    # (`trainer.final_eval_tokens`: at most 5% of the training tokens), else 5% of the training tokens; 0: all
+    final_eval_tokens: int | None = None
     log_every: int = 10
     save_every: int = 200
     seed: int = 0
@@ -46,7 +49,9 @@ class TrainConfig:
     parallel: str = "ddp"  # with torchrun: "ddp" or "fsdp" (FSDP2, fully_shard)
     wandb: bool = False
     wandb_project: str = "cem"
-    tensorboard: bool = True
+    tensorboard: bool = True  # when TensorBoard is installed (the `tensorboard` extra); said once in the log otherwise
+    hf_max_docs: int | None = None  # hf: corpora: documents streamed per split (None: no document limit)
+    hf_max_bytes: int | None = None  # hf: corpora: text bytes streamed for train (None: enough for the budget)
 
 
 @dataclass
@@ -114,9 +119,10 @@ def apply_overrides(run: RunConfig, items: dict) -> RunConfig:
     return RunConfig(TrainConfig(**train), model)
 
 
-def load_run_config(yaml_path: str | Path | None = None, overrides: list[str] | dict | None = None, **train_kw) -> RunConfig:
-    """Defaults, then a YAML file (flat keys, or `train:`/`model:` sections), then `key=value` overrides."""
-    run = RunConfig()
+def load_run_config(yaml_path: str | Path | None = None, overrides: list[str] | dict | None = None, base: RunConfig | None = None, **train_kw) -> RunConfig:
+    """Defaults (or `base`, e.g. a run directory's recorded config), then a YAML file (flat keys, or
+    `train:`/`model:` sections), then `key=value` overrides."""
+    run = base or RunConfig()
     if yaml_path is not None:
         path = Path(yaml_path)
         if not path.is_file():
