@@ -55,18 +55,19 @@ def resolve_data_dir(data_dir: str | Path | None = None, corpus: str | None = No
     return prepared_data_dir()
 
 
-def load_corpus(spec: str | Path, data_dir: str | Path | None = None, hf_max_docs: int = 100_000) -> Corpus:
+def load_corpus(spec: str | Path, data_dir: str | Path | None = None, hf_max_docs: int | None = None, hf_max_bytes: int | None = None) -> Corpus:
     """Load a corpus by spec.
 
     `spec` is one of KNOWN_CORPORA (files looked up under `resolve_data_dir(data_dir)`),
     a local `.txt`/`.jsonl`/`.parquet` file or a directory of them, or `hf:NAME[:CONFIG]`
-    for a Hugging Face dataset streamed for at most `hf_max_docs` documents per split.
+    for a Hugging Face dataset streamed for at most `hf_max_docs` documents per split and `hf_max_bytes`
+    bytes of training text (`hub.load_hf`; None: no limit).
     """
     spec = os.fspath(spec)
     if spec in _LOADERS:
         return _LOADERS[spec](resolve_data_dir(data_dir, spec))
     if spec.startswith("hf:"):
-        return load_hf(spec, hf_max_docs)
+        return load_hf(spec, hf_max_docs, hf_max_bytes)
     path = Path(spec).expanduser()
     if path.exists():
         return load_local(path)

@@ -191,13 +191,36 @@ def _load_data(t: TrainConfig, info: DistInfo):
         tokenizer = get_tokenizer(t.tokenizer, corpus)
         return tokenizer, {split: build_split(corpus, tokenizer, split) for split in ("train", "valid", "test")}
 
-    corpus = load_corpus(t.data, t.data_dir)
+    corpus = load_corpus(t.data, t.data_dir, t.hf_max_docs, hf_bytes_for_budget(t, info.world_size))
     if info.is_main:
         tokenizer, splits = load()
     barrier(info)
     if not info.is_main:
         tokenizer, splits = load()
     return corpus, tokenizer, splits
+
+
+HF_BYTES_PER_TOKEN = 4  # text bytes streamed per training token of an hf: corpus (BPE: about 4 bytes a token)
+
+
+def hf_bytes_for_budget(t: TrainConfig, world_size: int = 1) -> int | None:
+    """`hf_max_bytes`, else enough text for the training budget (HF_BYTES_PER_TOKEN per token, one epoch);
+    None (no limit) for corpora other than hf: and when the budget is unknown before the tokenizer is."""
+    if not str(t.data).startswith("hf:") or t.hf_max_bytes is not None:
+        return t.hf_max_bytes
+    from ..model import model_config
+
+    seq_len = t.seq_len or model_config(t.preset, t.arch).context
+    if t.max_steps is not None:
+        tokens = t.max_steps * t.batch_size * t.grad_accum * world_size * seq_len
+    elif t.tokens is not None and str(t.tokens).lower() != "chinchilla":
+        tokens = int(float(t.tokens))
+    elif t.tokens is not None:
+        vocab = int(t.tokenizer[4:]) if t.tokenizer.startswith("bpe:") else 257 if t.tokenizer == "byte" else 32000
+        tokens = chinchilla_tokens(t.preset, vocab, seq_len)
+    else:
+        return None
+    return HF_BYTES_PER_TOKEN * tokens
 
 
 def _claim_run_dir(rundir: RunDir, identity: dict, run: RunConfig, steps_total: int, tokenizer, resume: bool, info: DistInfo) -> str:
