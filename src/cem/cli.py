@@ -13,8 +13,22 @@ from pathlib import Path
 USER_ERRORS = (ValueError, FileNotFoundError)
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows "(default: X)" after every option that has a default of its own and does not state it."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if action.default is None or action.default is False or action.default == argparse.SUPPRESS or "default" in text:
+            return text
+        return super()._get_help_string(action)
+
+
 class _Parser(argparse.ArgumentParser):
-    """argparse with its usage errors on one line (`cem train: error: ...`, exit 2)."""
+    """argparse with defaults in the help and usage errors on one line (`cem train: error: ...`, exit 2)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
@@ -39,22 +53,26 @@ def _one_line(e: BaseException) -> str:
     return " ".join(text.split())
 
 
+DATA_DIR_HELP = "where named corpora live (default: $CEM_DATA_DIR, else ./data when it holds the corpus, else ~/.cache/cem/data, where `cem data prepare` puts them)"
+
+
 def _add_run_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--preset", help="model size: 86M, 108M, 134M, 162M, 256M, tiny, small, medium (default small)")
-    p.add_argument("--arch", help="llama, llama-alibi, llama-reuse, cem-attn, cem-mlp, cem-mlp-matched, cem, cem-t2 (default cem)")
-    p.add_argument("--data", help="corpus: python-stdlib (default), wikitext-2, tinyshakespeare, tinystories, enwik8, a path, or hf:NAME")
-    p.add_argument("--data-dir", help="where named corpora live (default $CEM_DATA_DIR, else ./data)")
-    p.add_argument("--tokenizer", help="byte (default), bpe:N, or a Hugging Face tokenizer name / path")
+    p.add_argument("--preset", help="model size: 86M, 108M, 134M, 162M, 256M, micro, tiny, small, medium (default: small)")
+    p.add_argument("--arch", help="llama, llama-alibi, llama-reuse, cem-attn, cem-mlp, cem-mlp-matched, cem, cem-t2 (default: cem)")
+    p.add_argument("--data", help="corpus: python-stdlib, wikitext-2, tinyshakespeare, tinystories, enwik8, a path, or hf:NAME (default: python-stdlib)")
+    p.add_argument("--data-dir", help=DATA_DIR_HELP)
+    p.add_argument("--tokenizer", help="byte, bpe:N, or a Hugging Face tokenizer name / path (default: byte)")
     p.add_argument("--config", help="a YAML file of settings (flat keys or train:/model: sections)")
     p.add_argument("overrides", nargs="*", help="key=value settings, e.g. lr=1e-3 attn_steps=2 kq_diag=per_head")
 
 
-def _run_config(args):
+def _run_config(args, base=None):
     from .training import load_run_config
 
     return load_run_config(
         args.config,
         args.overrides,
+        base=base,
         preset=args.preset,
         arch=args.arch,
         data=args.data,
@@ -64,10 +82,37 @@ def _run_config(args):
     )
 
 
+def _default_out(run) -> Path:
+    """runs/ARCH-PRESET-DATA-sSEED, then every other setting that differs from its default (key=value), so
+    that runs with different settings never share a folder."""
+    import dataclasses
+
+    from .training import TrainConfig
+    from .training.rundir import RUNTIME_KEYS
+
+    t = run.train
+    named = {"arch", "preset", "data", "seed"}
+    defaults = dataclasses.asdict(TrainConfig())
+    extra = [f"{k}={v}" for k, v in dataclasses.asdict(t).items() if k not in named | RUNTIME_KEYS and v != defaults[k]]
+    extra += [f"{k}={v}" for k, v in sorted(run.model_overrides.items())]
+    name = "-".join([t.arch, t.preset, Path(t.data).name, f"s{t.seed}", *extra])
+    return Path("runs") / "".join(c if c.isalnum() or c in "-_.=" else "_" for c in name)
+
+
+def _recorded_config(out: Path):
+    """The config a run directory recorded (run.json), None if it has none."""
+    from .training import RunConfig, RunDir
+
+    recorded = RunDir(out).read_run() if out.is_dir() else None
+    return RunConfig.from_dict(recorded["config"]) if recorded and "config" in recorded else None
+
+
 def cmd_train(args) -> int:
     from .training import Interrupted, train
 
-    run = _run_config(args)
+    out = Path(args.out) if args.out else None
+    base = _recorded_config(out) if out is not None and args.resume and not args.overwrite else None
+    run = _run_config(args, base)  # with --resume: the run's own settings, changed only by what is given
     t = run.train
     if args.stop_at is not None and args.stop_at < 1:
         raise ValueError(f"--stop-at must be a step >= 1, got {args.stop_at}")
@@ -75,8 +120,8 @@ def cmd_train(args) -> int:
         run.train.max_steps = 600  # the embedded default: a few minutes on a 2-core CPU
     if Path(t.data).expanduser().exists():  # a local corpus: recorded by its absolute path, usable from anywhere
         t.data = str(Path(t.data).expanduser().resolve())
-    out = Path(args.out or f"runs/{t.arch}-{t.preset}-{Path(t.data).name.replace(':', '_')}-s{t.seed}")
-    result = train(run, out, resume=args.resume, progress=not args.quiet, stop_at=args.stop_at)
+    out = out or _default_out(run)
+    result = train(run, out, resume=args.resume, progress=not args.quiet, stop_at=args.stop_at, overwrite=args.overwrite)
     if isinstance(result, Interrupted):
         return 128 + result.signum if result.signum else 0
     if args.quiet and int(os.environ.get("RANK", "0")) == 0:
@@ -92,24 +137,35 @@ def _load_run(path: str):
     return run.load_model(), run.load_tokenizer(), run
 
 
+def _check_tokenizer(model, tokenizer, run, what: str) -> None:
+    if tokenizer is None:
+        raise ValueError(f"{run.path} has no tokenizer/ directory; {what} a run directory written by `cem train`")
+    if tokenizer.vocab_size != model.config.vocab_size:
+        raise ValueError(f"vocabulary mismatch: tokenizer has {tokenizer.vocab_size} symbols, model {model.config.vocab_size}")
+
+
 def cmd_eval(args) -> int:
     from .data import build_split, load_corpus
     from .model import parameter_breakdown
     from .device import autocast_for, pick_device
     from .training.evaluate import evaluate
 
-    model, tokenizer, run = _load_run(args.ckpt)
-    if tokenizer is None:
-        raise ValueError(f"{run.path} has no tokenizer/ directory; evaluate a run directory written by `cem train`")
-    if tokenizer.vocab_size != model.config.vocab_size:
-        raise ValueError(f"vocabulary mismatch: tokenizer has {tokenizer.vocab_size} symbols, model {model.config.vocab_size}")
-    data = args.data or (run.read_run() or {}).get("config", {}).get("train", {}).get("data", "python-stdlib")
     device = pick_device(args.device)
-    split = build_split(load_corpus(data, args.data_dir), tokenizer, args.split)
+    model, tokenizer, run = _load_run(args.ckpt)
+    _check_tokenizer(model, tokenizer, run, "evaluate")
+    saved = run.train_settings() if run.checkpoint() is not None or run.run_json.exists() else {}
+    data = args.data or saved.get("data", "python-stdlib")  # the run's corpus, data directory and lengths
+    data_dir = args.data_dir or (saved.get("data_dir") if args.data is None else None)
+    split = build_split(load_corpus(data, data_dir, encoding=saved.get("data_encoding", "utf-8")), tokenizer, args.split)
     if args.seq_len is not None and args.seq_len < 1:
         raise ValueError(f"--seq-len must be >= 1, got {args.seq_len}")
-    seq_len = args.seq_len or model.config.context
-    metrics = evaluate(model.to(device), split, seq_len, args.batch_size, device, args.max_batches, autocast_for("auto", device))
+    seq_len = args.seq_len or saved.get("seq_len") or model.config.context
+    if args.batch_size is not None and args.batch_size < 1:
+        raise ValueError(f"batch_size (--batch-size) must be >= 1, got {args.batch_size}")
+    batch_size = args.batch_size or saved.get("batch_size", 8)
+    autocast = autocast_for(saved.get("precision", "auto"), device)
+    metrics = evaluate(model.to(device), split, seq_len, batch_size, device, args.max_batches, autocast,
+                       progress=not args.json, desc=f"{data} {args.split}")
     metrics = {"data": data, "split": args.split, **metrics, "parameters": parameter_breakdown(model)}
     if args.json:
         print(json.dumps(metrics))
@@ -121,18 +177,30 @@ def cmd_eval(args) -> int:
 def cmd_generate(args) -> int:
     import torch
 
+    from .device import pick_device
+
+    device = pick_device(args.device)
     model, tokenizer, run = _load_run(args.ckpt)
-    if tokenizer is None:
-        raise ValueError(f"{run.path} has no tokenizer/ directory; generate from a run directory written by `cem train`")
-    if tokenizer.vocab_size != model.config.vocab_size:
-        raise ValueError(f"vocabulary mismatch: tokenizer has {tokenizer.vocab_size} symbols, model {model.config.vocab_size}")
+    _check_tokenizer(model, tokenizer, run, "generate from")
     ids = tokenizer.encode(args.prompt) or [tokenizer.eot_id]
-    gen = torch.Generator().manual_seed(args.seed)
-    out = model.generate(
-        torch.tensor(ids), args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.steps, gen,
-        adaptive_tol=args.adaptive_tol, guard=args.guard,
-    )
+    gen = torch.Generator(device).manual_seed(args.seed)
+    out = model.to(device).generate(torch.tensor(ids, device=device), args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.steps, gen,
+                                     adaptive_tol=args.adaptive_tol, guard=args.guard)
     print(tokenizer.decode(out.tolist()))
+    return 0
+
+
+def cmd_export(args) -> int:
+    try:
+        from .hf import export_hf
+    except ImportError as e:
+        raise ValueError(str(e)) from None
+
+    model, tokenizer, run = _load_run(args.run)
+    _check_tokenizer(model, tokenizer, run, "export")
+    out = export_hf(model, args.out, tokenizer=tokenizer, format="llama" if args.format == "llama" else "auto")
+    kind = "CEM format: trust_remote_code=True, or import cem.hf" if (out / "modeling_cem.py").exists() else "LlamaForCausalLM format"
+    print(f"exported {run.path} to {out} ({kind}); load it with AutoTokenizer / AutoModelForCausalLM.from_pretrained")
     return 0
 
 
@@ -166,8 +234,25 @@ def cmd_info(args) -> int:
     return 0
 
 
+def cmd_data_prepare(args) -> int:
+    from .data.prepare import prepare
+
+    root = prepare(args.name, args.data_dir, source=args.source, force=args.force)
+    print(root)
+    return 0
+
+
+def _experiments():
+    try:
+        import cem.experiments as experiments
+    except ImportError as e:
+        raise ValueError(f"experiments need the experiments extra ({e.name} is missing): pip install 'cem-transformers[experiments]'") from None
+    return experiments
+
+
 def cmd_experiment(args) -> int:
-    from .experiments import SUITE_ORDER, run_suite, write_report
+    ex = _experiments()
+    SUITE_ORDER, run_suite, write_report = ex.SUITE_ORDER, ex.run_suite, ex.write_report
 
     ids = SUITE_ORDER if args.id == "all" else tuple(args.id.split(","))
     overrides = {}
@@ -183,75 +268,115 @@ def cmd_experiment(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from .experiments import write_report
-
-    print(write_report(args.results_dir, allow_short=args.allow_short))
+    print(_experiments().write_report(args.results_dir, allow_short=args.allow_short))
     return 0
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return f"cem-transformers {version('cem-transformers')}"
+    except Exception:  # not installed (run from a source tree)
+        from . import __version__
+
+        return f"cem-transformers {__version__}"
+
+
+DEVICE_HELP = "auto (CUDA when available, else the CPU), cpu, cuda, cuda:N, mps"
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="cem", description="Causal Energy Minimization language models")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--version", action="version", version=_version())
+    sub = parser.add_subparsers(dest="command", required=True)  # subcommands are _Parser too
 
-    p = sub.add_parser("train", help="train a model (no arguments: a small CEM model on python-stdlib, minutes on a CPU)")
+    p = sub.add_parser("train", help="train a model (no arguments: a small CEM model on python-stdlib, minutes on a CPU)",
+                       description="Train a model. Running the same command again: an unfinished run needs --resume, "
+                       "a finished one is left as it is (exit 0), or extended from its last checkpoint when asked for more "
+                       "steps; --overwrite starts again.")
     _add_run_args(p)
-    p.add_argument("--out", help="run directory (default runs/ARCH-PRESET-DATA-sSEED)")
-    p.add_argument("--seed", type=int)
-    p.add_argument("--max-steps", type=int, dest="max_steps")
-    p.add_argument("--tokens", help="training tokens (e.g. 5e6) or 'chinchilla'")
-    p.add_argument("--batch-size", type=int, dest="batch_size")
-    p.add_argument("--grad-accum", type=int, dest="grad_accum")
-    p.add_argument("--lr", type=float)
-    p.add_argument("--seq-len", type=int, dest="seq_len")
-    p.add_argument("--device")
-    p.add_argument("--compile", action="store_const", const=True)
-    p.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
+    p.add_argument("--out", help="run directory (default: runs/ARCH-PRESET-DATA-sSEED plus every non-default setting as key=value)")
+    p.add_argument("--seed", type=int, help="seed of the weights, the data order and sampling (default: 0)")
+    p.add_argument("--max-steps", type=int, dest="max_steps", help="optimiser steps (default: 600 when neither this nor --tokens is given)")
+    p.add_argument("--tokens", help="training tokens (e.g. 5e6) or 'chinchilla' (20 per parameter of the Llama baseline)")
+    p.add_argument("--batch-size", type=int, dest="batch_size", help="sequences per micro-batch and process (default: 16)")
+    p.add_argument("--grad-accum", type=int, dest="grad_accum", help="micro-batches per optimiser step (default: 1)")
+    p.add_argument("--lr", type=float, help="peak learning rate (default: 2e-3)")
+    p.add_argument("--seq-len", type=int, dest="seq_len", help="training sequence length (default: the model's context)")
+    p.add_argument("--device", help=f"{DEVICE_HELP} (default: auto)")
+    p.add_argument("--compile", action="store_const", const=True, help="run the model under torch.compile")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint, with the settings it recorded")
+    p.add_argument("--overwrite", action="store_true", help="remove what --out holds (run.json, checkpoints, metrics, results) and start again")
     p.add_argument("--stop-at", type=int, dest="stop_at", help="stop after this step with a checkpoint (schedule unchanged)")
     p.add_argument("--quiet", action="store_true", help="no progress bar; print the final metrics as JSON")
     p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("eval", help="evaluate a trained run on a split")
+    p = sub.add_parser("eval", help="evaluate a trained run on a split (its own corpus, sequence length and batch size)")
     p.add_argument("--ckpt", required=True, help="run directory written by `cem train`")
     p.add_argument("--data", help="corpus (default: the run's)")
-    p.add_argument("--data-dir")
-    p.add_argument("--split", default="test", choices=("train", "valid", "test"))
-    p.add_argument("--batch-size", type=int, default=8, dest="batch_size")
-    p.add_argument("--seq-len", type=int, dest="seq_len")
-    p.add_argument("--max-batches", type=int, dest="max_batches")
-    p.add_argument("--device", default="auto")
+    p.add_argument("--data-dir", help="data directory (default: the run's, else as for train)")
+    p.add_argument("--split", default="test", choices=("train", "valid", "test"), help="split to evaluate")
+    p.add_argument("--batch-size", type=int, dest="batch_size", help="sequences per batch (default: the run's)")
+    p.add_argument("--seq-len", type=int, dest="seq_len", help="sequence length (default: the run's)")
+    p.add_argument("--max-batches", type=int, dest="max_batches", help="stop after this many batches (default: the whole split)")
+    p.add_argument("--device", default="auto", help=DEVICE_HELP)
     p.add_argument("--json", action="store_true", help="print the metrics as one JSON line")
     p.set_defaults(func=cmd_eval)
 
-    p = sub.add_parser("generate", help="sample text from a trained run")
-    p.add_argument("--ckpt", required=True)
-    p.add_argument("--prompt", default="")
-    p.add_argument("--max-new-tokens", type=int, default=200, dest="max_new_tokens")
-    p.add_argument("--temperature", type=float, default=0.8)
-    p.add_argument("--top-k", type=int, default=None, dest="top_k")
-    p.add_argument("--top-p", type=float, default=0.95, dest="top_p")
-    p.add_argument("--steps", type=int, help="recursion steps T of every CEM layer (test-time compute; the maximum with --adaptive-tol)")
+    p = sub.add_parser("generate", help="sample text from a trained run (past the context: a window of the latest tokens)")
+    p.add_argument("--ckpt", required=True, help="run directory written by `cem train`")
+    p.add_argument("--prompt", default="", help="text to continue")
+    p.add_argument("--max-new-tokens", type=int, default=200, dest="max_new_tokens", help="tokens to sample")
+    p.add_argument("--temperature", type=float, default=0.8, help="sampling temperature (0: greedy)")
+    p.add_argument("--top-k", type=int, default=None, dest="top_k", help="sample among the k likeliest tokens (default: all)")
+    p.add_argument("--top-p", type=float, default=0.95, dest="top_p", help="nucleus sampling mass")
+    p.add_argument("--steps", type=int, help="recursion steps T of every CEM layer (test-time compute; the maximum with --adaptive-tol; default: as trained)")
     p.add_argument("--adaptive-tol", type=float, dest="adaptive_tol",
                    help="adaptive steps: a position stops once its relative energy decrease is <= this (default: the model's)")
-    p.add_argument("--guard", type=int, help="energy-guarded steps: halve a step that raises the energy up to this many times (0 = off)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--guard", type=int, help="energy-guarded steps: halve a step that raises the energy up to this many times (0 = off; default: the model's)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed")
+    p.add_argument("--device", default="auto", help=DEVICE_HELP)
     p.set_defaults(func=cmd_generate)
 
-    from .experiments import ALL_IDS, SCALES
+    p = sub.add_parser("export", help="write a run as a Hugging Face model directory (AutoTokenizer, AutoModelForCausalLM, pipeline)")
+    p.add_argument("run", help="run directory written by `cem train`")
+    p.add_argument("--format", default="hf", choices=("hf", "llama"),
+                   help="hf: LlamaForCausalLM for a plain Llama, else the CEM format (needs cem-transformers where it is "
+                   "loaded); llama: LlamaForCausalLM, an error for other models")
+    p.add_argument("out", help="output directory")
+    p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("data", help="prepare the named corpora")
+    data_sub = p.add_subparsers(dest="data_command", required=True)
+    from .data.prepare import PREPARABLE
+
+    p = data_sub.add_parser("prepare", help="fetch a named corpus into the data directory (Hugging Face datasets or its canonical file)")
+    p.add_argument("name", choices=PREPARABLE, help="the corpus")
+    p.add_argument("--data-dir", dest="data_dir", help="where to put it (default $CEM_DATA_DIR, else ~/.cache/cem/data, where every command looks)")
+    p.add_argument("--from", dest="source", help="copy the files from this local folder (same layout) instead of downloading")
+    p.add_argument("--force", action="store_true", help="fetch again even if the corpus is already there")
+    p.set_defaults(func=cmd_data_prepare)
+
+    try:
+        from .experiments import ALL_IDS, SCALES
+    except ImportError:  # the experiments extra (scipy, matplotlib) is not installed
+        ALL_IDS, SCALES = ("see docs/experiments.md",), ("smoke", "cpu", "gpu", "paper")
 
     p = sub.add_parser("experiment", help="run the paper's experiments (one, several, or 'all') at a scale, then write the report")
     p.add_argument("id", help=f"an experiment, a comma-separated list, or all: {', '.join(ALL_IDS)}")
     p.add_argument("--scale", default="cpu", choices=tuple(SCALES), help="cpu, gpu and paper follow the paper's budget; smoke is a few steps (default cpu)")
     p.add_argument("--results", help="results directory (default results/SCALE); finished runs there are skipped")
-    p.add_argument("--data-dir", dest="data_dir", help="where the scale's corpus lives (default $CEM_DATA_DIR, else ./data)")
+    p.add_argument("--data-dir", dest="data_dir", help=DATA_DIR_HELP)
     p.add_argument("--jobs", type=int, default=1, help="runs trained in parallel (CPU: processes sharing the cores; default 1)")
     p.add_argument("--seeds", help="comma-separated seeds for every experiment (default: the scale's)")
-    p.add_argument("--device", default="auto", help="device of the analyses that evaluate trained models (default auto)")
+    p.add_argument("--device", default="auto", help="device of the analyses that evaluate trained models: " + DEVICE_HELP)
     p.add_argument("--allow-short", action="store_true", dest="allow_short",
                    help="write the report even if runs are short of the Chinchilla budget (its first line says so)")
     p.set_defaults(func=cmd_experiment)
 
     p = sub.add_parser("report", help="write RESULTS_DIR/report.md from experiment results")
-    p.add_argument("results_dir")
+    p.add_argument("results_dir", help="a results directory written by `cem experiment`")
     p.add_argument("--allow-short", action="store_true", dest="allow_short", help="accept runs short of the Chinchilla budget (the report's first line says so)")
     p.set_defaults(func=cmd_report)
 

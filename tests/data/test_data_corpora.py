@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cem.data import KNOWN_CORPORA, Corpus, load_corpus, resolve_data_dir
+from cem.data import KNOWN_CORPORA, Corpus, load_corpus, prepared_data_dir, resolve_data_dir
 from cem.data import named
 
 
@@ -21,7 +21,11 @@ def test_resolve_data_dir_prefers_argument_then_env_then_default(monkeypatch, tm
     assert resolve_data_dir(tmp_path / "arg") == tmp_path / "arg"
     assert resolve_data_dir() == tmp_path / "env"
     monkeypatch.delenv("CEM_DATA_DIR")
-    assert resolve_data_dir() == Path("data")
+    monkeypatch.chdir(tmp_path)
+    assert resolve_data_dir() == prepared_data_dir()  # no ./data: where `cem data prepare` writes
+    (tmp_path / "data" / "wikitext-2").mkdir(parents=True)
+    assert resolve_data_dir(corpus="wikitext-2") == Path("data")
+    assert resolve_data_dir(corpus="tinystories") == prepared_data_dir()
 
 
 def test_corpus_requires_the_three_splits_with_text():

@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-pytest.importorskip("transformers", reason="the Hugging Face integration needs transformers (pip install 'cem[hf]')")
+pytest.importorskip("transformers", reason="the Hugging Face integration needs transformers (pip install 'cem-transformers[hf]')")
 
 from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM  # noqa: E402
 
@@ -408,7 +408,7 @@ REQUESTS = [("The cat", " sat on the mat"), ("Hello", " world!"), ("a", "b"), ("
 @pytest.mark.parametrize("as_directory", [False, True], ids=["model-object", "directory"])
 def test_lm_eval_hflm_scores_loglikelihood(tmp_path, as_directory):
     pytest.importorskip("accelerate", reason="lm_eval's HFLM needs accelerate")
-    pytest.importorskip("lm_eval", reason="needs lm-evaluation-harness (pip install 'cem[eval]')")
+    pytest.importorskip("lm_eval", reason="needs lm-evaluation-harness (pip install 'cem-transformers[eval]')")
     from lm_eval.api.instance import Instance
     from lm_eval.models.huggingface import HFLM
 

@@ -58,9 +58,22 @@ def test_bad_token_ids():
         model(torch.zeros(17, dtype=torch.long))
     with pytest.raises(ValueError, match="integer"):
         model(torch.zeros(1, 3))
-    with pytest.raises(ValueError, match="sequence too long"):
-        model.generate(torch.zeros(1, 10, dtype=torch.long), 8)
     cache = model.new_cache()
     model(torch.zeros(1, 10, dtype=torch.long), cache=cache)
     with pytest.raises(ValueError, match="sequence too long"):
         model(torch.zeros(1, 7, dtype=torch.long), cache=cache)
+
+
+@pytest.mark.parametrize("arch", ["cem", "llama", "llama-alibi"])
+def test_generate_past_the_context(arch):
+    """Within the context: one cache, the same tokens as before; past it: a window of recent tokens, and a
+    prompt longer than the context is cropped (the output still starts with the whole prompt)."""
+    model = LanguageModel(model_config("micro", arch, vocab_size=50, context=16)).eval()
+    prompt = torch.arange(1, 11)
+    short = model.generate(prompt, 6, temperature=0)
+    long = model.generate(prompt, 30, temperature=0)
+    assert long.shape == (40,) and torch.equal(long[:16], short)
+    window = model.generate(torch.arange(20) % 50, 1, temperature=0)
+    assert torch.equal(window[:20], torch.arange(20)) and torch.equal(window[20:], model.generate(torch.arange(4, 20), 1, temperature=0)[16:])
+    cropped = torch.cat([prompt, long[10:17]])[-12:]  # the first rebuild: the last 12 of the 17 tokens then known
+    assert torch.equal(long[17], model.generate(cropped, 1, temperature=0)[-1])

@@ -33,13 +33,21 @@ def write(rel, content):
 
 
 def damaged_run(rel, content):
-    """The trained run, copied to {tmp}/run2 with one file replaced."""
+    """The trained run, copied to {tmp}/run2 with one file replaced and made unfinished (no results.json),
+    so that `--resume` has to read its checkpoint (a finished run has nothing to resume)."""
 
     def setup(tmp, run, monkeypatch):
         shutil.copytree(run, tmp / "run2")
+        (tmp / "run2" / "results.json").unlink(missing_ok=True)
         (tmp / "run2" / rel).write_bytes(content if isinstance(content, bytes) else content.encode())
 
     return setup
+
+
+def unfinished_copy(tmp, run, monkeypatch):
+    """The trained run copied to {tmp}/run2 without its results (a finished run run again is no error)."""
+    shutil.copytree(run, tmp / "run2")
+    (tmp / "run2" / "results.json").unlink()
 
 
 def parquet_ints(tmp, run, monkeypatch):
@@ -212,7 +220,7 @@ CASES = [
     ("resume into a live run", RESUME, hold_lock, "in use by another process"),
     ("run.json corrupted", [*TRAIN, *STEP, "--out", "{tmp}/run2"], damaged_run("run.json", "{"), "run.json"),
     ("other run in --out", [*TRAIN, *STEP, "--out", "{run}", "--seed", "5"], None, "different run"),
-    ("same run without --resume", [*TRAIN, *STEP, "--out", "{run}"], None, "--resume"),
+    ("same unfinished run without --resume", [*TRAIN, *STEP, "--out", "{tmp}/run2"], unfinished_copy, "--resume"),
     # -- interruptions and a full disk
     ("Ctrl-C while tokenising", [*TRAIN, *STEP], patch("cem.training.trainer.build_split", KeyboardInterrupt), "interrupted"),
     ("SIGTERM while tokenising", [*TRAIN, *STEP], sigterm_while_tokenising, "terminated"),
@@ -237,7 +245,8 @@ CASES = [
     ("generate top_p above one", ["generate", "--ckpt", "{run}", "--top-p", "2", "--max-new-tokens", "2"], None, "top_p"),
     ("generate top_k zero", ["generate", "--ckpt", "{run}", "--top-k", "0", "--max-new-tokens", "2"], None, "top_k"),
     ("generate negative tokens", ["generate", "--ckpt", "{run}", "--max-new-tokens", "-1"], None, "max_new_tokens"),
-    ("generate too long", ["generate", "--ckpt", "{run}", "--max-new-tokens", "1000"], None, "context"),
+    ("generate adaptive tolerance negative", ["generate", "--ckpt", "{run}", "--adaptive-tol", "-1", "--max-new-tokens", "2"], None, "adaptive_tol"),
+    ("generate guard negative", ["generate", "--ckpt", "{run}", "--guard", "-2", "--max-new-tokens", "2"], None, "guard"),
     ("generate steps zero", ["generate", "--ckpt", "{run}", "--steps", "0", "--max-new-tokens", "2"], None, "steps"),
     ("generate vocabulary mismatch", ["generate", "--ckpt", "{tmp}/run2", "--max-new-tokens", "2"], bpe_tokenizer_in_run, "vocabulary mismatch"),
     ("generate from a file", ["generate", "--ckpt", "{tmp}/afile"], write("afile", "x"), None),

@@ -108,7 +108,7 @@ def test_cli_errors_are_one_line(tiny_args, tmp_path, capsys):
 def test_cli_train_eval_generate(tiny_args, tmp_path, capsys):
     out = str(tmp_path / "run")
     args = ["train", "--data", tiny_args["data"], "--preset", "tiny", "--arch", "cem", "--max-steps", "4", "--batch-size", "4",
-            "--out", out, "--quiet", "context=32", "tensorboard=false"]
+            "--out", out, "--quiet", "context=32", "tensorboard=false", "final_eval_tokens=0"]
     assert main(args) == 0
     final = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert main(["eval", "--ckpt", out, "--split", "test", "--json"]) == 0

@@ -1,6 +1,6 @@
 """Data layer: corpora, tokenizers, cached token shards and batch samplers."""
 
-from cem.data.corpora import KNOWN_CORPORA, SPLITS, Corpus, load_corpus, resolve_data_dir
+from cem.data.corpora import KNOWN_CORPORA, SPLITS, Corpus, load_corpus, prepared_data_dir, resolve_data_dir
 from cem.data.loader import SequenceSampler, iter_eval_batches
 from cem.data.shards import TokenSplit, build_split, token_cache_dir
 from cem.data.tokenizers import (
@@ -27,6 +27,7 @@ __all__ = [
     "iter_eval_batches",
     "load_corpus",
     "load_tokenizer",
+    "prepared_data_dir",
     "resolve_data_dir",
     "token_cache_dir",
 ]

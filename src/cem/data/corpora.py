@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from cem.data.corpus import SPLITS, Corpus
+from cem.data.fsutil import cache_root
 from cem.data.hub import load_hf
 from cem.data.local import load_local
 from cem.data.named import (
@@ -17,7 +18,7 @@ from cem.data.named import (
     load_wikitext2,
 )
 
-__all__ = ["KNOWN_CORPORA", "SPLITS", "Corpus", "load_corpus", "resolve_data_dir"]
+__all__ = ["KNOWN_CORPORA", "SPLITS", "Corpus", "load_corpus", "prepared_data_dir", "resolve_data_dir"]
 
 _LOADERS: dict[str, Callable[[Path], Corpus]] = {
     "python-stdlib": lambda data_dir: load_python_stdlib(),
@@ -29,26 +30,47 @@ _LOADERS: dict[str, Callable[[Path], Corpus]] = {
 KNOWN_CORPORA = tuple(_LOADERS)
 
 
-def resolve_data_dir(data_dir: str | Path | None = None) -> Path:
-    """The data directory: the argument, else `$CEM_DATA_DIR`, else `./data`."""
+def prepared_data_dir() -> Path:
+    """Where `cem data prepare` puts corpora when no data directory is named: `<cache root>/data`
+    (`$CEM_CACHE_DIR/data`, else `~/.cache/cem/data`)."""
+    return cache_root() / "data"
+
+
+def prepare_target(data_dir: str | Path | None = None) -> Path:
+    """The directory `cem data prepare` writes to: the argument, else `$CEM_DATA_DIR`, else `prepared_data_dir()`."""
     if data_dir is not None:
-        return Path(data_dir)
-    return Path(os.environ.get("CEM_DATA_DIR") or "data")
+        return Path(data_dir).expanduser()
+    env = os.environ.get("CEM_DATA_DIR")
+    return Path(env).expanduser() if env else prepared_data_dir()
 
 
-def load_corpus(spec: str | Path, data_dir: str | Path | None = None, hf_max_docs: int = 100_000, encoding: str = "utf-8") -> Corpus:
+def resolve_data_dir(data_dir: str | Path | None = None, corpus: str | None = None) -> Path:
+    """The data directory: the argument, else `$CEM_DATA_DIR`, else `./data` when it holds `corpus`'s folder
+    (or exists, when no corpus is named), else `prepared_data_dir()` (where `cem data prepare` writes)."""
+    if data_dir is not None or os.environ.get("CEM_DATA_DIR"):
+        return prepare_target(data_dir)
+    local = Path("data")
+    if (local / corpus).is_dir() if corpus else local.is_dir():
+        return local
+    return prepared_data_dir()
+
+
+def load_corpus(
+    spec: str | Path, data_dir: str | Path | None = None, hf_max_docs: int | None = None, hf_max_bytes: int | None = None, encoding: str = "utf-8"
+) -> Corpus:
     """Load a corpus by spec.
 
     `spec` is one of KNOWN_CORPORA (files looked up under `resolve_data_dir(data_dir)`),
     a local `.txt`/`.jsonl`/`.parquet` file or a directory of them, or `hf:NAME[:CONFIG]`
-    for a Hugging Face dataset streamed for at most `hf_max_docs` documents per split. `encoding` is that of
+    for a Hugging Face dataset streamed for at most `hf_max_docs` documents per split and `hf_max_bytes`
+    bytes of training text (`hub.load_hf`; None: no limit). `encoding` is that of
     local text files (a file that does not decode is refused).
     """
     spec = os.fspath(spec)
     if spec in _LOADERS:
-        return _LOADERS[spec](resolve_data_dir(data_dir))
+        return _LOADERS[spec](resolve_data_dir(data_dir, spec))
     if spec.startswith("hf:"):
-        return load_hf(spec, hf_max_docs)
+        return load_hf(spec, hf_max_docs, hf_max_bytes)
     path = Path(spec).expanduser()
     if path.exists():
         return load_local(path, encoding)

@@ -12,8 +12,13 @@ _VALID_NAMES = ("validation", "valid", "dev")
 VALID_FRAC = TEST_FRAC = 0.01
 
 
-def load_hf(spec: str, max_docs: int) -> Corpus:
-    """The `text` of the first `max_docs` rows per split of `datasets.load_dataset(NAME, CONFIG, streaming=True)`.
+HELD_OUT_FRACTION = 0.02  # held-out splits stream at most this fraction of train's byte limit (at least 1 MB)
+
+
+def load_hf(spec: str, max_docs: int | None = None, max_bytes: int | None = None) -> Corpus:
+    """The `text` of the leading rows per split of `datasets.load_dataset(NAME, CONFIG, streaming=True)`:
+    at most `max_docs` rows, and rows until `max_bytes` bytes of text for train (HELD_OUT_FRACTION of it,
+    at least 1 MB, for the held-out splits). Rows are streamed, so only what is taken is downloaded.
 
     Splits: train <- "train"; valid <- "validation"/"valid"/"dev"; test <- "test". With only
     one of valid/test, that split's documents are halved in order (first half valid). With
@@ -22,8 +27,11 @@ def load_hf(spec: str, max_docs: int) -> Corpus:
     name, _, config = spec.removeprefix("hf:").partition(":")
     if not name:
         raise ValueError(f"expected 'hf:NAME' or 'hf:NAME:CONFIG', got {spec!r}")
-    if max_docs < 1:
+    if max_docs is not None and max_docs < 1:
         raise ValueError(f"hf_max_docs must be at least 1, got {max_docs}")
+    if max_bytes is not None and max_bytes < 1:
+        raise ValueError(f"hf_max_bytes must be at least 1, got {max_bytes}")
+    held_bytes = None if max_bytes is None else max(1_000_000, int(HELD_OUT_FRACTION * max_bytes))
     try:
         import datasets  # imported here: slow to import and only needed for hf: corpora
     except ImportError:
@@ -35,10 +43,10 @@ def load_hf(spec: str, max_docs: int) -> Corpus:
         raise ValueError(f"{spec}: datasets.load_dataset could not open it (offline, or no such dataset/config?): {type(e).__name__}: {first}") from None
     if "train" not in streams:
         raise ValueError(f"{spec}: dataset has no 'train' split (splits: {list(streams)})")
-    train = _take_text(streams["train"], max_docs, f"{spec} train")
+    train = _take_text(streams["train"], max_docs, max_bytes, f"{spec} train")
     valid_name = [s for s in _VALID_NAMES if s in streams][:1]
     held_out_names = valid_name + (["test"] if "test" in streams else [])
-    held_out = [_take_text(streams[s], max_docs, f"{spec} {s}") for s in held_out_names]
+    held_out = [_take_text(streams[s], max_docs, held_bytes, f"{spec} {s}") for s in held_out_names]
     if len(held_out) == 2:
         splits = {"train": train, "valid": held_out[0], "test": held_out[1]}
     elif len(held_out) == 1:
@@ -53,12 +61,15 @@ def load_hf(spec: str, max_docs: int) -> Corpus:
     return Corpus(spec, splits)
 
 
-def _take_text(rows: Iterable[dict], max_docs: int, source: str) -> list[str]:
-    """The `text` field of the first `max_docs` rows."""
-    docs = []
+def _take_text(rows: Iterable[dict], max_docs: int | None, max_bytes: int | None, source: str) -> list[str]:
+    """The `text` field of the first `max_docs` rows, stopping once `max_bytes` bytes of text are taken."""
+    docs, size = [], 0
     for row in itertools.islice(rows, max_docs):
         text = row.get("text")
         if not isinstance(text, str):
             raise ValueError(f"{source}: rows need a string field 'text' (fields: {sorted(row)})")
         docs.append(text)
+        size += len(text.encode("utf-8"))
+        if max_bytes is not None and size >= max_bytes:
+            break
     return docs

@@ -19,10 +19,10 @@ ENWIK8_SPLIT_BYTES = (90_000_000, 5_000_000, 5_000_000)
 _WIKITEXT_TITLE = re.compile(r"^ = [^=].* = $", re.MULTILINE)
 _TINYSTORIES_TRAIN = "TinyStories-train-first1000.txt"
 _TINYSTORIES_VALID = "TinyStories-validation-head.txt"
-_DATA_HINT = "README.md (section 'Data directory') says where to get each corpus"
+_DATA_HINT = "`cem data prepare NAME` fetches it (README.md, section 'Data directory')"
 
 
-def _require(data_dir: Path, corpus: str, *candidates: str, hint: str = _DATA_HINT) -> Path:
+def _require(data_dir: Path, corpus: str, *candidates: str) -> Path:
     """The first of `candidates` (relative to data_dir) that exists, else a FileNotFoundError saying where to put it."""
     for rel in candidates:
         if (data_dir / rel).is_file():
@@ -31,7 +31,7 @@ def _require(data_dir: Path, corpus: str, *candidates: str, hint: str = _DATA_HI
     raise FileNotFoundError(
         f"corpus {corpus!r} needs the file {candidates[0]} in the data directory, but {wanted} "
         f"does not exist. Put the file there, or point the data directory at a folder holding "
-        f"{candidates[0]} with --data-dir or $CEM_DATA_DIR (now: {data_dir}); {hint}."
+        f"{candidates[0]} with --data-dir or $CEM_DATA_DIR (now: {data_dir}); {_DATA_HINT.replace('NAME', corpus)}."
     )
 
 
@@ -119,8 +119,7 @@ def load_enwik8(data_dir: Path) -> Corpus:
     The bytes are decoded as latin-1 so that one character is one byte of the file and the
     corpus's `n_bytes` is the byte count of the split (encoding="latin-1").
     """
-    hint = "get enwik8.zip from http://mattmahoney.net/dc/ (10^8 bytes unzipped)"
-    path = _require(data_dir, "enwik8", "enwik8/enwik8", "enwik8/enwik8.zip", "enwik8/enwik8.gz", hint=hint)
+    path = _require(data_dir, "enwik8", "enwik8/enwik8", "enwik8/enwik8.zip", "enwik8/enwik8.gz")
     if path.suffix == ".zip":
         with zipfile.ZipFile(path) as zf:
             data = zf.read("enwik8")

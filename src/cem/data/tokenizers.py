@@ -5,11 +5,13 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import sys
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import tokenizers as hf
+from tqdm import tqdm
 
 from cem.data.chunking import pieces
 from cem.data.corpus import Corpus
@@ -190,10 +192,12 @@ def train_bpe(corpus: Corpus | None, vocab_size: int, cache_dir: str | Path | No
         vocab_size=vocab_size,
         special_tokens=[EOT_TOKEN],
         initial_alphabet=hf.pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
+        show_progress=sys.stderr.isatty(),  # the Rust trainer's own bar (a terminal only)
     )
     texts = [piece for doc in corpus.splits["train"] for piece in pieces(doc)]
-    backend.train_from_iterator(texts, trainer, length=len(texts))
+    print(f"training a {vocab_size}-symbol BPE tokenizer on {corpus.name}/train ({len(texts):,} pieces); "
+          f"cached in {directory}", file=sys.stderr)
+    backend.train_from_iterator(tqdm(texts, desc="BPE: reading", unit="piece", file=sys.stderr, delay=2.0, leave=False), trainer, length=len(texts))
     eot_id = backend.token_to_id(EOT_TOKEN)
     tokenizer = HFTokenizer(backend, eot_id, _content_name(f"bpe{vocab_size}", backend, eot_id))
     tokenizer.save(directory)

@@ -178,14 +178,14 @@ def plot_test_time(summary, title, path):
     for label, rows in summary.get("adaptive", {}).items():
         model, tol = label.split(", adaptive tol ")
         ax.errorbar([r["flops_per_token"] / 1e6 for r in rows], [r["test_perplexity"] for r in rows], yerr=[_ci_err(r) for r in rows],
-                    marker="^" if tol == "0.01" else "v", mfc="none", ls=":", capsize=2, color=colors.get(model), label=f"{model}, adaptive, tol {tol}")
+                    marker="^" if tol == "0.01" else "v", mfc="none", ms=9, ls="none", capsize=2, color=colors.get(model), label=f"{model}, adaptive, tol {tol}")
     ax.set_xlabel("forward FLOPs per token (M); numbers: the T (or reuse count) at evaluation")
     ax.set_ylabel("test perplexity")
     ax.set_yscale("log")
     ax.legend(fontsize=6)
     n = next(iter(summary["curves"].values()))[0]["test_perplexity_ci"]["n"]
     _finish(fig, ax, title, path, f"Points: mean test perplexity over {n} seeds; error bars: 95% confidence interval of the mean (t). "
-            "Adaptive points sit at their average steps used (at most the T shown); the energy they also compute is not counted.")
+            "Open triangles: adaptive evaluation (at most the deepest T), at the FLOPs of their average steps used; the energy they also compute is not counted.")
 
 
 def _ci_err(r: dict) -> float:

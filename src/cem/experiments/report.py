@@ -42,10 +42,13 @@ def _curves(s: dict) -> list[str]:
     lines = ["", "| trained | " + " | ".join(f"T={r['eval_steps']}" for r in first) + " |", "|---" * (1 + len(first)) + "|"]
     for label, rows in curves.items():
         lines.append(f"| {label} | " + " | ".join(f"{r['test_perplexity']:.3f} ({r['flops_per_token'] / 1e6:.2f} MFLOP)" for r in rows) + " |")
-    for label, rows in s.get("adaptive", {}).items():
-        lines.append(f"| {label} | " + " | ".join(f"{r['test_perplexity']:.3f} ({r['steps_used']:.2f} steps, {r['flops_per_token'] / 1e6:.2f} MFLOP)" for r in rows) + " |")
-    return lines + ["", "Cells: mean test perplexity over seeds (forward FLOPs per token at that T; adaptive rows: at most that T, "
-                    "with the average steps per CEM layer used). The Llama row applies each sublayer T times (plain reuse)."]
+    lines += ["", "Cells: mean test perplexity over seeds (forward FLOPs per token at that T). The Llama row applies each "
+              "sublayer T times (plain reuse)."]
+    if s.get("adaptive"):
+        lines += ["", "| adaptive evaluation (at most T steps) | T | average steps per CEM layer | MFLOP per token | test perplexity |", "|---|---|---|---|---|"]
+        for label, rows in s["adaptive"].items():
+            lines += [f"| {label} | {r['eval_steps']} | {r['steps_used']:.2f} | {r['flops_per_token'] / 1e6:.2f} | {r['test_perplexity']:.3f} |" for r in rows]
+    return lines
 
 
 def _short_runs(summaries: list[dict]) -> list[str]:

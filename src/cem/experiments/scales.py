@@ -49,7 +49,9 @@ class Scale:
             "save_every": 200,
             "log_every": 25,
             "tensorboard": False,
-        }
+            "final_eval_tokens": 0,  # the whole valid and test splits: every run is judged on the same text
+            "diverge_factor": 0.0,  # only a non-finite loss stops a run (a sweep over learning rates must not
+        }  # stop at a merely high loss; the paper's runs had no such guard)
         if self.max_steps is not None:
             out["max_steps"] = self.max_steps
         if self.tokens is not None:

@@ -163,6 +163,12 @@ def export_llama(
     Writes config.json, generation_config.json, model.safetensors and, when given, the tokenizer (whose
     special token ids fill any id not given). Raises ValueError for a model with CEM layers, ALiBi or reuse.
     """
+    from ..data.tokenizers import Tokenizer
+
+    if isinstance(tokenizer, Tokenizer):
+        from .export import to_transformers_tokenizer
+
+        tokenizer = to_transformers_tokenizer(tokenizer)
     config = llama_config(model, **_token_ids(tokenizer, bos_token_id, eos_token_id, pad_token_id))
     state = to_llama_state_dict(model)
     out = Path(out_dir)

@@ -55,17 +55,20 @@ def generate(
 ) -> Tensor:
     """Prompt (B, J) or (J,) followed by `max_new_tokens` sampled ids; `steps` overrides the recursion T of
     every CEM layer for this call only (the test-time compute knob), and so do `adaptive_tol` and `guard`
-    (the inference options of `LanguageModel.set_inference`; None keeps the model's)."""
+    (the inference options of `LanguageModel.set_inference`; None keeps the model's).
+
+    Past the context the model sees a window: the prompt is cropped to its last `context` tokens, and when
+    the cache is full it is rebuilt from the last `context - context // 4` tokens (one prefill every
+    `context // 4` new tokens). Every architecture runs like this: RoPE models never see positions past
+    the trained ones, and ALiBi / CEM models, whose biases depend only on distances, see a window of the
+    most recent tokens. Within the context the output is unchanged (one cache, filled token by token)."""
     squeeze = prompt_ids.dim() == 1
     ids = prompt_ids.unsqueeze(0) if squeeze else prompt_ids
-    model.check_ids(ids)
+    context = model.config.context
+    model.check_ids(ids[:, -context:])
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-    total = ids.shape[1] + max_new_tokens - 1  # the last sampled token is never fed back
-    if total > model.config.context:
-        raise ValueError(
-            f"sequence too long: prompt {ids.shape[1]} + max_new_tokens {max_new_tokens} - 1 = {total} > context {model.config.context}"
-        )
+    keep = max(1, context - context // 4)
     layers = model.descent_layers()
     saved = [(m.steps, m.adaptive_tol, m.guard) for m in layers]
     was_training = model.training
@@ -76,14 +79,22 @@ def generate(
         for m in layers:
             m.adaptive_tol = m.adaptive_tol if adaptive_tol is None else adaptive_tol
             m.guard = m.guard if guard is None else guard
-        cache = model.new_cache(max(total, ids.shape[1]))
-        logits = model(ids, cache=cache, last_only=True)[:, -1]
+        window = ids[:, -context:]
+        total = window.shape[1] + max_new_tokens - 1  # the last sampled token is never fed back
+        cache = model.new_cache(min(max(total, window.shape[1]), context))
+        logits = model(window, cache=cache, last_only=True)[:, -1]
         out = [ids]
         for i in range(max_new_tokens):
             nxt = sample_next(logits, temperature, top_k, top_p, generator).unsqueeze(-1)
             out.append(nxt)
-            if i < max_new_tokens - 1:
+            if i == max_new_tokens - 1:
+                break
+            if cache.length < cache.max_len:
                 logits = model(nxt, cache=cache)[:, -1]
+            else:  # full: rebuild the cache from the most recent tokens
+                recent = torch.cat(out, dim=1)[:, -keep:]
+                cache = model.new_cache(context)
+                logits = model(recent, cache=cache, last_only=True)[:, -1]
     finally:
         for m, (s, tol, g) in zip(layers, saved):
             m.steps, m.adaptive_tol, m.guard = s, tol, g

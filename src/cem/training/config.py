@@ -42,7 +42,10 @@ class TrainConfig:
     warmup_frac: float = 0.05
     final_lr_frac: float = 0.1
     eval_every: int = 200
-    eval_batches: int = 20  # validation batches per periodic evaluation (the final test uses the whole split)
+    eval_batches: int = 20  # validation batches per periodic evaluation
+    # leading tokens of the final validation and test evaluation; None: the whole split where that is quick
+    # (`trainer.final_eval_tokens`: at most 5% of the training tokens), else 5% of the training tokens; 0: all
+    final_eval_tokens: int | None = None
     log_every: int = 10
     save_every: int = 200
     seed: int = 0
@@ -52,7 +55,9 @@ class TrainConfig:
     parallel: str = "ddp"  # with torchrun: "ddp" or "fsdp" (FSDP2, fully_shard)
     wandb: bool = False
     wandb_project: str = "cem"
-    tensorboard: bool = True
+    tensorboard: bool = True  # when TensorBoard is installed (the `tensorboard` extra); said once in the log otherwise
+    hf_max_docs: int | None = None  # hf: corpora: documents streamed per split (None: no document limit)
+    hf_max_bytes: int | None = None  # hf: corpora: text bytes streamed for train (None: enough for the budget)
     diverge_factor: float = 10.0  # stop when loss / gradient norm exceed this multiple of their running median (0: only non-finite)
     diverge_warmup: int = 20  # steps before the running medians are used (before: loss vs ln(vocab))
 
@@ -63,9 +68,11 @@ class TrainConfig:
         """Raise ValueError, naming the setting, for any value training could not use as meant."""
         for name in ("batch_size", "grad_accum", "log_every", "eval_batches"):
             check_positive_int(name, getattr(self, name))
-        for name in ("max_steps", "seq_len"):
+        for name in ("max_steps", "seq_len", "hf_max_docs", "hf_max_bytes"):
             if getattr(self, name) is not None:
                 check_positive_int(name, getattr(self, name))
+        if self.final_eval_tokens is not None and (isinstance(self.final_eval_tokens, bool) or not isinstance(self.final_eval_tokens, int) or self.final_eval_tokens < 0):
+            raise ValueError(f"final_eval_tokens must be None or an integer >= 0, got {self.final_eval_tokens!r}")
         for name in ("eval_every", "save_every", "diverge_warmup", "seed"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -177,9 +184,10 @@ def apply_overrides(run: RunConfig, items: dict) -> RunConfig:
     return RunConfig(TrainConfig(**train), model)
 
 
-def load_run_config(yaml_path: str | Path | None = None, overrides: list[str] | dict | None = None, **train_kw) -> RunConfig:
-    """Defaults, then a YAML file (flat keys, or `train:`/`model:` sections), then `key=value` overrides."""
-    run = RunConfig()
+def load_run_config(yaml_path: str | Path | None = None, overrides: list[str] | dict | None = None, base: RunConfig | None = None, **train_kw) -> RunConfig:
+    """Defaults (or `base`, e.g. a run directory's recorded config), then a YAML file (flat keys, or
+    `train:`/`model:` sections), then `key=value` overrides."""
+    run = base or RunConfig()
     if yaml_path is not None:
         path = Path(yaml_path)
         if not path.is_file():

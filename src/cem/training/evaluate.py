@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 
 import torch
+from tqdm import tqdm
 
 from ..data import TokenSplit, iter_eval_batches
 
@@ -19,18 +21,24 @@ def evaluate(
     device: torch.device,
     max_batches: int | None = None,
     autocast: contextlib.AbstractContextManager | None = None,
+    progress: bool = False,
+    desc: str = "evaluating",
 ) -> dict:
     """Loss (nats/token), perplexity exp(loss) and bits per byte = loss · tokens / (bytes · ln 2).
 
     The bytes of the evaluated tokens are the split's bytes per token times the tokens evaluated, so bits
-    per byte compare across tokenizers (exact when the whole split is evaluated).
+    per byte compare across tokenizers (exact when the whole split is evaluated). `progress` shows a bar
+    on stderr.
     """
     if max_batches is not None and max_batches < 1:
         raise ValueError(f"max_batches must be >= 1 (or None for the whole split), got {max_batches}")
     was_training = model.training
     model.eval()
     total, count = 0.0, 0
-    for x, y in iter_eval_batches(split.tokens, seq_len, batch_size, max_batches=max_batches):
+    n_windows = -(-(split.n_tokens - 1) // seq_len)
+    n_batches = -(-n_windows // batch_size) + 1 if max_batches is None else max_batches
+    batches = iter_eval_batches(split.tokens, seq_len, batch_size, max_batches=max_batches)
+    for x, y in tqdm(batches, total=n_batches, desc=desc, unit="batch", disable=not progress, file=sys.stderr, leave=False, delay=1.0):
         x, y = x.to(device), y.to(device)
         with autocast or contextlib.nullcontext():
             total += model(x, y, reduction="sum").item()

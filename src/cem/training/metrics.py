@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import sys
 from pathlib import Path
 
 from .rundir import RunDir
@@ -24,7 +25,8 @@ class MetricsLogger:
 
                 self.tb = SummaryWriter(str(paths.tensorboard_dir))
             except ImportError:
-                pass
+                print("TensorBoard is not installed: metrics go to metrics.jsonl and metrics.csv only "
+                      "(pip install 'cem-transformers[tensorboard]', or tensorboard=false to silence this)", file=sys.stderr)
         self.wandb = None
         if wandb_project:
             try:

@@ -21,6 +21,7 @@ import errno
 import fcntl
 import json
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -34,8 +35,10 @@ from .config import RunConfig, TrainConfig
 # training settings that may change between a run and its resumption without making it a different run
 RUNTIME_KEYS = frozenset(
     {"device", "compile", "eval_every", "eval_batches", "log_every", "save_every", "wandb", "wandb_project",
-     "tensorboard", "data_dir", "parallel", "diverge_factor", "diverge_warmup"}
+     "tensorboard", "data_dir", "parallel", "diverge_factor", "diverge_warmup", "final_eval_tokens"}
 )  # fmt: skip
+# the training budget: a finished run asked for more steps is extended (the rule in `RunDir.claim`)
+BUDGET_KEYS = frozenset({"max_steps", "tokens"})
 _TRAIN_DEFAULTS = dataclasses.asdict(TrainConfig())
 
 
@@ -151,19 +154,49 @@ class RunDir:
         nor results (it failed at start-up, or before its first checkpoint). Such a run may be replaced."""
         return self.read_run() is not None and self.checkpoint() is None and not self.results_json.exists()
 
-    def claim(self, identity: dict, resume: bool) -> None:
-        """Refuse to mix runs: raise ValueError if this directory holds a different run, or this same run
-        without `resume`. A run that never saved a checkpoint is no run to protect: its record and
-        metrics are removed and the directory starts afresh."""
-        if self.started_only():
+    def claim(self, identity: dict, resume: bool, total_steps: int | None = None) -> str:
+        """Refuse to mix runs. Returns "new" (nothing recorded here), "resume" (this run, to continue),
+        "finished" (this run, finished with `total_steps` steps or more: nothing to do) or "extend" (this run
+        finished with fewer steps than `total_steps`: only its budget differs, and it continues from its
+        final checkpoint). Raises ValueError for a different run, or for this unfinished run without
+        `resume` (the message says what to do)."""
+        recorded = self.read_run()
+        if recorded is None:
+            return "new"
+        if self.started_only():  # a run that never saved a checkpoint is no run to protect: start afresh
             for path in (self.run_json, self.metrics_jsonl, self.metrics_csv):
                 path.unlink(missing_ok=True)
-            return
+            return "new"
+        results = self.results()
+        if results is not None and total_steps is not None and total_steps > results.get("steps", 0):
+            budget = {"train": {k: v for k, v in identity.get("train", {}).items() if k not in BUDGET_KEYS}}
+            if not self.differences({**identity, **budget}):
+                return "extend"
         diff = self.differences(identity)
         if diff:
-            raise ValueError(f"output directory {self.path} already holds a different run ({diff[0]} differs); choose another --out")
-        if self.run_json.exists() and not resume:
-            raise ValueError(f"output directory {self.path} already holds this run; pass --resume to continue it or choose another --out")
+            raise ValueError(
+                f"output directory {self.path} already holds a different run ({diff[0]} differs); "
+                "choose another --out, or pass --overwrite to replace it"
+            )
+        if results is not None:
+            return "finished"
+        if not resume:
+            raise ValueError(
+                f"output directory {self.path} already holds this run, unfinished; pass --resume to continue it, "
+                "or --overwrite to start it again"
+            )
+        return "resume"
+
+    def clear(self) -> None:
+        """Remove what a run writes here (run.json, tokenizer, checkpoints, metrics, results); other files stay."""
+        for path in (self.run_json, self.results_json, self.metrics_jsonl, self.metrics_csv):
+            path.unlink(missing_ok=True)
+        for directory in (self.tokenizer_dir, self.ckpt_dir, self.path / "ckpt.old", self.tensorboard_dir):
+            shutil.rmtree(directory, ignore_errors=True)
+
+    def start_extension(self) -> None:
+        """Mark a finished run as unfinished again before it is extended (its results.json goes)."""
+        self.results_json.unlink(missing_ok=True)
 
     def write_run(self, identity: dict, run: RunConfig, total_steps: int, tokenizer) -> None:
         """Record the run (run.json) and save its tokenizer."""

@@ -21,7 +21,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from tqdm import tqdm
 
-from ..data import SequenceSampler, build_split, get_tokenizer, load_corpus
+from ..data import SequenceSampler, TokenSplit, build_split, get_tokenizer, load_corpus
 from ..device import autocast_for, device_name, peak_flops, pick_device
 from ..layers import CEMAttention
 from ..model import LanguageModel, ModelConfig, parameter_breakdown
@@ -152,10 +152,14 @@ def param_groups(model: LanguageModel, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def train(run: RunConfig, out: str | Path, resume: bool = False, progress: bool = True, stop_at: int | None = None):
+def train(run: RunConfig, out: str | Path, resume: bool = False, progress: bool = True, stop_at: int | None = None, overwrite: bool = False):
     """Train, evaluate on the test split, write `results.json`; returns the results (or `Interrupted`).
 
     `stop_at` ends the run after that optimiser step with a checkpoint, without changing the schedule.
+    A directory that holds this run already (`RunDir.claim`): unfinished, it needs `resume`; finished, its
+    results are returned (nothing to do), or, asked for more steps, it is extended from its final
+    checkpoint (the cosine schedule is recomputed for the new total, so an extended run is not the run
+    trained with the larger budget from the start). `overwrite` removes what the directory holds first.
     """
     run.train.validate()
     device = pick_device(run.train.device)
@@ -170,6 +174,9 @@ def train(run: RunConfig, out: str | Path, resume: bool = False, progress: bool 
         raise ValueError(f"output directory {rundir.path} is a file; choose a directory for --out")
     try:
         with rundir.lock() if info.is_main else contextlib.nullcontext():
+            if overwrite and info.is_main:
+                rundir.clear()
+            barrier(info)
             return _train(run, rundir, resume, progress and info.is_main, stop_at, device, info)
     finally:
         shutdown(info)
@@ -231,7 +238,13 @@ def _train(run: RunConfig, rundir: RunDir, resume: bool, progress: bool, stop_at
     seq_len = t.seq_len or cfg.context
     steps_total = total_steps(run, cfg, seq_len, info.world_size)
     identity = run_identity(run, cfg, tokenizer.name, corpus.fingerprint())
-    _claim_run_dir(rundir, identity, run, steps_total, tokenizer, resume, info)
+    status = _claim_run_dir(rundir, identity, run, steps_total, tokenizer, resume, info)
+    if status == "finished":
+        if progress:
+            print(f"{rundir.path} holds this run, finished ({rundir.results()['steps']} steps); nothing to do "
+                  f"(ask for more steps to extend it, or --overwrite to train it again)", file=sys.stderr)
+        return rundir.results()
+    resume = resume or status == "extend"
 
     torch.manual_seed(t.seed)  # every process builds the same initial weights
     model = LanguageModel(cfg).to(device)
@@ -265,7 +278,7 @@ def _load_data(t: TrainConfig, info: DistInfo):
         tokenizer = get_tokenizer(t.tokenizer, corpus)
         return tokenizer, {split: build_split(corpus, tokenizer, split) for split in ("train", "valid", "test")}
 
-    corpus = load_corpus(t.data, t.data_dir, encoding=t.data_encoding)
+    corpus = load_corpus(t.data, t.data_dir, t.hf_max_docs, hf_bytes_for_budget(t, info.world_size), encoding=t.data_encoding)
     if info.is_main:
         tokenizer, splits = load()
     barrier(info)
@@ -274,14 +287,43 @@ def _load_data(t: TrainConfig, info: DistInfo):
     return corpus, tokenizer, splits
 
 
-def _claim_run_dir(rundir: RunDir, identity: dict, run: RunConfig, steps_total: int, tokenizer, resume: bool, info: DistInfo) -> None:
-    """Refuse a directory that holds another run (or this one without --resume), then record this run.
-    Every process checks before the main one writes, so none of them sees its own run.json as foreign."""
+HF_BYTES_PER_TOKEN = 4  # text bytes streamed per training token of an hf: corpus (BPE: about 4 bytes a token)
+
+
+def hf_bytes_for_budget(t: TrainConfig, world_size: int = 1) -> int | None:
+    """`hf_max_bytes`, else enough text for the training budget (HF_BYTES_PER_TOKEN per token, one epoch);
+    None (no limit) for corpora other than hf: and when the budget is unknown before the tokenizer is."""
+    if not str(t.data).startswith("hf:") or t.hf_max_bytes is not None:
+        return t.hf_max_bytes
+    from ..model import model_config
+
+    seq_len = t.seq_len or model_config(t.preset, t.arch).context
+    if t.max_steps is not None:
+        tokens = t.max_steps * t.batch_size * t.grad_accum * world_size * seq_len
+    elif t.tokens is not None and str(t.tokens).lower() != "chinchilla":
+        tokens = int(float(t.tokens))
+    elif t.tokens is not None:
+        vocab = int(t.tokenizer[4:]) if t.tokenizer.startswith("bpe:") else 257 if t.tokenizer == "byte" else 32000
+        tokens = chinchilla_tokens(t.preset, vocab, seq_len)
+    else:
+        return None
+    return HF_BYTES_PER_TOKEN * tokens
+
+
+def _claim_run_dir(rundir: RunDir, identity: dict, run: RunConfig, steps_total: int, tokenizer, resume: bool, info: DistInfo) -> str:
+    """Refuse a directory that holds another run (or this one, unfinished, without --resume), then record
+    this run; returns `RunDir.claim`'s status. Every process checks before the main one writes, so none of
+    them sees its own run.json as foreign."""
     rundir.path.mkdir(parents=True, exist_ok=True)
-    rundir.claim(identity, resume)
+    status = rundir.claim(identity, resume, steps_total)
     barrier(info)
-    if info.is_main:
+    if status == "extend" and rundir.checkpoint() is None:
+        raise ValueError(f"{rundir.path}: cannot extend this finished run, its checkpoint is gone; pass --overwrite to train it again")
+    if info.is_main and status != "finished":
+        if status == "extend":
+            rundir.start_extension()
         rundir.write_run(identity, run, steps_total, tokenizer)
+    return status
 
 
 def _announce_backend(model: LanguageModel, device: torch.device, progress: bool) -> None:
@@ -516,8 +558,11 @@ def _finish(s: _Session, started: float, tokenizer_name: str) -> dict:
     wall = s.state.elapsed()
     results = {"status": "finished", "steps": s.state.step, "tokens_seen": s.state.tokens_seen, "train_wall_time_s": wall}
     for split in ("valid", "test"):
-        metrics = evaluate(s.wrapped, s.splits[split], s.seq_len, t.batch_size, s.device, None, autocast)
+        n_tokens = final_eval_tokens(t, s.splits[split].n_tokens, s.seq_len, s.steps_total * s.tokens_per_step)
+        metrics = evaluate(s.wrapped, _leading(s.splits[split], n_tokens), s.seq_len, t.batch_size, s.device, None,
+                           autocast, progress=s.progress, desc=f"final evaluation, {split}")
         results.update({f"{split}_{k}": v for k, v in metrics.items()})
+        results[f"{split}_whole_split"] = n_tokens is None
     results.update(
         {
             "parameters": parameter_breakdown(s.model),
@@ -541,6 +586,30 @@ def _finish(s: _Session, started: float, tokenizer_name: str) -> dict:
                 file=sys.stderr,
             )
     return results
+
+
+FINAL_EVAL_FRACTION = 0.05
+FINAL_EVAL_MIN_WINDOWS = 64
+
+
+def final_eval_tokens(t: TrainConfig, split_tokens: int, seq_len: int, train_tokens: int) -> int | None:
+    """Tokens of a split (its leading ones) that the final evaluation covers, None for the whole split.
+    `final_eval_tokens` when set (<= 0: the whole split); by default the whole split when it holds at
+    most FINAL_EVAL_FRACTION of the training tokens (evaluating it then costs under 2% of the training
+    compute), else that fraction of the training tokens, at least FINAL_EVAL_MIN_WINDOWS sequences.
+    Token counts decide, not timings or batch sizes, so the choice is the same on every machine and for
+    any number of processes."""
+    if t.final_eval_tokens is not None:
+        return t.final_eval_tokens if 0 < t.final_eval_tokens < split_tokens else None
+    cap = max(math.ceil(FINAL_EVAL_FRACTION * train_tokens), FINAL_EVAL_MIN_WINDOWS * seq_len + 1)
+    return None if split_tokens <= cap else cap
+
+
+def _leading(split: TokenSplit, n_tokens: int | None) -> TokenSplit:
+    """The first `n_tokens` tokens of `split` (all of it for None), with its bytes in proportion."""
+    if n_tokens is None:
+        return split
+    return TokenSplit(split.name, split.tokens[:n_tokens], split.n_bytes * n_tokens / split.n_tokens)
 
 
 def _say(bar: tqdm, message: str, show: bool) -> None:

@@ -1,0 +1,77 @@
+"""`cem data prepare`: each corpus's files written in the loader's layout, from fake network functions or a
+local copy (the tests have no network), and found afterwards without --data-dir."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from cem.cli import main
+from cem.data import load_corpus, prepared_data_dir
+from cem.data import prepare as prep
+
+
+def _fake_rows(name, config, split):
+    if name == "Salesforce/wikitext":
+        return iter([{"text": " \n"}, {"text": f" = {split} = \n"}, {"text": " \n"}, {"text": f" Some {split} text . \n"}])
+    assert name == "roneneldan/TinyStories"
+    return iter({"text": f"Story {i} of {split}.\n\nThe end.\n"} for i in range(50_000))
+
+
+def test_wikitext2_and_tinystories_from_the_hub(monkeypatch, tmp_path):
+    monkeypatch.setattr(prep, "hf_rows", _fake_rows)
+    for name in ("wikitext-2", "tinystories"):
+        assert prep.prepare(name, tmp_path) == tmp_path
+    assert (tmp_path / "wikitext-2/valid.txt").read_text() == " \n = validation = \n \n Some validation text . \n"
+    stories = load_corpus("tinystories", tmp_path)
+    assert len(stories.splits["train"]) == prep.TINYSTORIES_TRAIN_STORIES
+    assert stories.splits["train"][0] == "Story 0 of train.\n\nThe end.\n"
+    held_out = (tmp_path / prep.FILES["tinystories"][1]).read_text()
+    assert held_out.startswith("Story 0 of validation.\n\nThe end.\n\nStory 1")
+    assert prep.TINYSTORIES_VALID_BYTES <= len(held_out) < prep.TINYSTORIES_VALID_BYTES + 100
+
+
+def test_downloads_are_checked(monkeypatch, tmp_path):
+    text = b"First Citizen:\nBefore we proceed any further, hear me speak.\n" * 50
+    monkeypatch.setattr(prep, "download", lambda url, dest: Path(dest).write_bytes(text))
+    monkeypatch.setattr(prep, "TINYSHAKESPEARE_SHA256", hashlib.sha256(text).hexdigest())
+    prep.prepare("tinyshakespeare", tmp_path)
+    assert load_corpus("tinyshakespeare", tmp_path).splits["train"][0].startswith("First Citizen")
+    monkeypatch.setattr(prep, "TINYSHAKESPEARE_SHA256", "0" * 64)
+    with pytest.raises(ValueError, match="sha256"):
+        prep.prepare("tinyshakespeare", tmp_path / "other")
+    assert not (tmp_path / "other/tinyshakespeare/input.txt").exists()
+
+
+def test_enwik8_zip(monkeypatch, tmp_path):
+    def fake(url, dest):
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w") as zf:
+            zf.writestr("enwik8", b"<mediawiki>" + b"x" * (10**8 - 11))
+        Path(dest).write_bytes(buf.getvalue())
+
+    monkeypatch.setattr(prep, "ENWIK8_URL", "file:///nowhere")
+    monkeypatch.setattr(prep, "download", fake)
+    prep.prepare("enwik8", tmp_path)
+    assert (tmp_path / "enwik8/enwik8.zip").is_file()
+
+
+def test_cli_copies_a_local_copy_into_the_default_and_train_finds_it(shared_data, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # no ./data here
+    assert main(["data", "prepare", "tinyshakespeare", "--from", str(shared_data)]) == 0
+    assert (prepared_data_dir() / "tinyshakespeare/input.txt").is_file()
+    assert main(["data", "prepare", "tinyshakespeare"]) == 0  # already there: kept
+    assert "already" in capsys.readouterr().err
+    assert load_corpus("tinyshakespeare").name == "tinyshakespeare"  # no --data-dir needed
+
+
+def test_unknown_corpus(tmp_path):
+    with pytest.raises(SystemExit) as info:
+        main(["data", "prepare", "python-stdlib", "--data-dir", str(tmp_path)])
+    assert info.value.code == 2
+    with pytest.raises(ValueError, match="embedded"):
+        prep.prepare("python-stdlib", tmp_path)
