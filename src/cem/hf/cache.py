@@ -142,5 +142,6 @@ def _clone(cache: HFCache) -> HFCache:
 def _copy_slot(src: CacheSlot, dst: CacheSlot) -> None:
     dst.max_len, dst.length = src.max_len, src.length
     dst.buffers = {k: v.clone() for k, v in src.buffers.items()}
+    dst.state = dict(src.state)
     for index, child in src.children.items():
         _copy_slot(child, dst.child(index))

@@ -71,22 +71,29 @@ class CEMMLP(DescentLayer):
         self.w_up = nn.Linear(dim, hidden_dim, bias=False)
         self.precond = make_preconditioner(precond, 1, dim, precond_rank)
 
-    def direction(self, u: Tensor, gamma: Tensor) -> Tensor:
-        """P Vᵀ(γ ∘ SiLU(V u)) = -P ∇_u ξ (convex: SiLU(sign(γ) ∘ V u)), shape (B, J, D)."""
+    def output_weight(self) -> Tensor:
+        """V P (m, D): the preconditioner folded into the tied down projection once per forward, so that
+        P Vᵀ g = g @ (V P) (P is symmetric: row r is P V[r]); V itself without a preconditioner."""
+        if self.precond is None:
+            return self.w_up.weight
+        return self.precond(self.w_up.weight.unsqueeze(-2)).squeeze(-2)
+
+    def direction(self, u: Tensor, gamma: Tensor, w_out: Tensor | None = None) -> Tensor:
+        """P Vᵀ(γ ∘ SiLU(V u)) = -P ∇_u ξ (convex: SiLU(sign(γ) ∘ V u)), shape (B, J, D); `w_out` is
+        `output_weight()` when the forward has computed it already."""
         z = self.w_up(u)
         if self.convex:
             z = sign_ste(gamma) * z
-        y = (gamma * F.silu(z)) @ self.w_up.weight  # Vᵀ(...): the down projection is the tied Vᵀ
-        if self.precond is not None:
-            y = self.precond(y.unsqueeze(-2)).squeeze(-2)
-        return y
+        return (gamma * F.silu(z)) @ (self.output_weight() if w_out is None else w_out)  # the tied down projection
 
     def forward(self, h: Tensor, cache=None) -> Tensor:
-        """x^(0) = h (or ĥ), x^(t+1) = x^(t) + η_t direction(norm(x^(t))); returns x^(T). `cache` is unused."""
+        """x^(0) = h (or ĥ), x^(t+1) = x^(t) + η_t direction(norm(x^(t))); returns x^(T). `cache` is unused.
+        The preconditioner is folded into the down projection once for all steps (`output_weight`)."""
         check_residual(h, self.dim, "CEMMLP")
         hn = self.norm(h)
         gamma = self.w_gate(hn)
-        return self.descend(h, hn, lambda u: self.direction(u, gamma))
+        w_out = self.output_weight()
+        return self.descend(h, hn, lambda u: self.direction(u, gamma, w_out))
 
     def energy(self, u: Tensor, h: Tensor) -> Tensor:
         """ξ(u_i | ĥ_i) for every position, shape (B, J)."""
