@@ -70,3 +70,13 @@ def test_causal(rand, position):
     h2[:, 3:] += 1
     with torch.no_grad():
         torch.testing.assert_close(layer(h)[:, :3], layer(h2)[:, :3])
+
+
+def test_cached_rope_tables_equal_fresh_ones():
+    from cem.layers.position import rope_cos_sin, rope_tables
+
+    for start, n in ((0, 5), (3, 9), (0, 40), (17, 1)):  # grows the cached table, then slices it
+        cos, sin = rope_cos_sin(8, start, n, 10000.0, torch.device("cpu"), torch.float32)
+        ref_cos, ref_sin = rope_tables(8, torch.arange(start, start + n))
+        torch.testing.assert_close(cos, ref_cos.float(), rtol=0, atol=0)
+        torch.testing.assert_close(sin, ref_sin.float(), rtol=0, atol=0)

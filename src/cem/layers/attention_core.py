@@ -149,7 +149,7 @@ def _alibi_kind(slopes: Tensor) -> str | None:
 
 def _base_bias(slopes: Tensor, q_start: int, n_q: int, n_k: int, dtype: torch.dtype) -> Tensor:
     """-m_k (i - j) and -inf where j > i, (1, K, n_q, n_k), without autograd graph (slopes are constants)."""
-    kind = _alibi_kind(slopes)
+    kind = _alibi_kind(slopes) if q_start == 0 else None  # decoding: nothing cached to reuse
     if kind is not None:
         return alibi_bias(slopes.numel(), kind, q_start, n_q, n_k, dtype, slopes.device)
     return position_bias(slopes.detach(), None, q_start, n_q, n_k, dtype).unsqueeze(0)

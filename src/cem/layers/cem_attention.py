@@ -166,22 +166,21 @@ class CEMAttention(DescentLayer):
     def context(self, h: Tensor, cache=None) -> tuple[Tensor, Tensor | None, Tensor, int]:
         """Normalised input ĥ, keys k = W_K ĥ (B, K, J, d) and context ĥ (only if a diagonal needs it).
 
-        With a cache (one `CacheSlot`) the new keys are appended (all heads side by side, (B, L, D)) and the
-        whole context is returned, with the absolute position of the first new token. With a keys-only
+        With a cache (one `CacheSlot`) the new keys are appended and the whole context is returned, with the absolute position of the first new token. With a keys-only
         cache (`key_solve`) the returned context is the keys (B, L, D) in place of ĥ.
         """
         hn = self.norm(h)
-        flat = self.w_k(hn)
-        k = self._heads(flat)
+        k = self._heads(self.w_k(hn))
         ctx = hn if self.kq_diag is not None else None
         if cache is None:
             return hn, k, ctx, 0
         q_start = cache.length
         store_hn = ctx is not None and self.key_solve(cache) is None
-        stored = cache.update(k=flat, **({"hn": ctx} if store_hn else {}))
+        stored = cache.update(k=k, **({"hn": ctx} if store_hn else {}))  # keys by head: contiguous for the core
         keys = stored["k"]
-        ctx = stored["hn"] if store_hn else (keys if ctx is not None else None)
-        return hn, self._heads(keys), ctx, q_start
+        if ctx is not None:  # ĥ, or the keys side by side (B, L, D) for the keys-only diagonal term
+            ctx = stored["hn"] if store_hn else keys.transpose(1, 2).flatten(2)
+        return hn, keys, ctx, q_start
 
     def forward(self, h: Tensor, cache=None) -> Tensor:
         """x^(0) = h (or ĥ), x^(t+1) = x^(t) + η_t direction(norm(x^(t))); returns x^(T) (B, J, D).

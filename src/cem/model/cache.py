@@ -1,7 +1,6 @@
 """The decoding cache: per attention application, the tensors of past tokens that later queries read.
 
-Llama attention stores keys and values. CEM attention stores keys once (they are the values), all heads
-side by side (B, L, D); with a key-query diagonal the term ĥ_j·(d∘u) is read from the keys through
+Llama attention stores keys and values. CEM attention stores keys once (they are the values); with a key-query diagonal the term ĥ_j·(d∘u) is read from the keys through
 W_K^{-1} (`CEMAttention.key_solve`), and ĥ is stored as well only when W_K is badly conditioned. Buffers
 are allocated once for the whole generation (`max_len` positions) and filled in place; `state` holds
 per-slot values that are not per token (such as W_K^{-1}).
