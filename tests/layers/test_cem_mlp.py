@@ -85,7 +85,7 @@ def test_folded_preconditioner_equals_applying_it_per_token(rand):
     layer = make(rand, steps=2, precond="diag_lowrank")
     with torch.no_grad():
         layer.precond.v.normal_(0, 0.1)
-    h = torch.randn(2, 5, layer.dim, dtype=torch.float64)
+    h = torch.randn(2, (layer.hidden_dim + 1) // 2, layer.dim, dtype=torch.float64)  # enough tokens to fold
 
     def per_token(u, gamma, w_out=None):
         y = (gamma * torch.nn.functional.silu(layer.w_up(u))) @ layer.w_up.weight

@@ -79,20 +79,26 @@ class CEMMLP(DescentLayer):
         return self.precond(self.w_up.weight.unsqueeze(-2)).squeeze(-2)
 
     def direction(self, u: Tensor, gamma: Tensor, w_out: Tensor | None = None) -> Tensor:
-        """P Vᵀ(γ ∘ SiLU(V u)) = -P ∇_u ξ (convex: SiLU(sign(γ) ∘ V u)), shape (B, J, D); `w_out` is
-        `output_weight()` when the forward has computed it already."""
+        """P Vᵀ(γ ∘ SiLU(V u)) = -P ∇_u ξ (convex: SiLU(sign(γ) ∘ V u)), shape (B, J, D); with `w_out` =
+        `output_weight()` the preconditioner is already folded into the down projection."""
         z = self.w_up(u)
         if self.convex:
             z = sign_ste(gamma) * z
-        return (gamma * F.silu(z)) @ (self.output_weight() if w_out is None else w_out)  # the tied down projection
+        g = gamma * F.silu(z)
+        if w_out is not None:
+            return g @ w_out
+        y = g @ self.w_up.weight  # Vᵀ(...): the down projection is the tied Vᵀ
+        return y if self.precond is None else self.precond(y.unsqueeze(-2)).squeeze(-2)
 
     def forward(self, h: Tensor, cache=None) -> Tensor:
         """x^(0) = h (or ĥ), x^(t+1) = x^(t) + η_t direction(norm(x^(t))); returns x^(T). `cache` is unused.
-        The preconditioner is folded into the down projection once for all steps (`output_weight`)."""
+        The preconditioner is folded into the down projection once for all steps (`output_weight`) when there
+        are at least as many tokens as hidden rows (else applying it per token is cheaper)."""
         check_residual(h, self.dim, "CEMMLP")
         hn = self.norm(h)
         gamma = self.w_gate(hn)
-        w_out = self.output_weight()
+        fold = self.precond is not None and h.shape[:-1].numel() >= self.hidden_dim
+        w_out = self.output_weight() if fold else None
         return self.descend(h, hn, lambda u: self.direction(u, gamma, w_out))
 
     def energy(self, u: Tensor, h: Tensor) -> Tensor:

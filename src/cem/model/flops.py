@@ -31,6 +31,7 @@ def mlp_flops(cfg: ModelConfig, seq_len: int | None = None) -> int:
         return cfg.mlp_reuse * 3 * 2 * D * m
     per_p = 0 if cfg.mlp_precond == "identity" else 2 * D * (1 + (4 * cfg.mlp_precond_rank if cfg.mlp_precond == "diag_lowrank" else 0))
     fold = m * per_p // seq_len  # P folded into the down projection V once per forward (m rows), spread over the tokens
+    # (a sequence of at least m tokens, as in LM training; CEMMLP applies P per token when it has fewer)
     return cfg.mlp_reuse * (2 * D * m + fold + cfg.mlp_steps * 2 * 2 * D * m)  # gate once
 
 
