@@ -80,3 +80,15 @@ def test_cached_rope_tables_equal_fresh_ones():
         ref_cos, ref_sin = rope_tables(8, torch.arange(start, start + n))
         torch.testing.assert_close(cos, ref_cos.float(), rtol=0, atol=0)
         torch.testing.assert_close(sin, ref_sin.float(), rtol=0, atol=0)
+
+
+def test_tables_cached_under_inference_mode_serve_training():
+    from cem.layers.position import _ALIBI_CACHE, _ROPE_CACHE
+
+    _ALIBI_CACHE.clear(), _ROPE_CACHE.clear()
+    for position in ("rope", "alibi"):
+        layer = LlamaAttention(16, 2, position)
+        h = torch.randn(1, 5, 16)
+        with torch.inference_mode():
+            layer(h)
+        layer(h).sum().backward()  # the cached tables are ordinary tensors

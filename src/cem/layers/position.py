@@ -68,7 +68,9 @@ def alibi_bias(n_heads: int, kind: str, q_start: int, n_q: int, n_k: int, dtype:
     key = (n_heads, kind, n_q, n_k, dtype, str(torch.device(device)))
     bias = _ALIBI_CACHE.get(key)
     if bias is None:
-        bias = _remember(_ALIBI_CACHE, key, position_bias(slopes, None, 0, n_q, n_k, dtype).unsqueeze(0))
+        with torch.inference_mode(False):  # a tensor kept across calls must never be an inference tensor
+            slopes = alibi_slopes(n_heads, device, kind)
+            bias = _remember(_ALIBI_CACHE, key, position_bias(slopes, None, 0, n_q, n_k, dtype).unsqueeze(0))
     return bias
 
 
@@ -98,8 +100,9 @@ def rope_cos_sin(head_dim: int, start: int, n: int, theta: float, device: torch.
     tables = _ROPE_CACHE.get(key)
     if tables is None or tables[0].shape[0] < start + n:
         length = max(start + n, 2 * tables[0].shape[0] if tables is not None else 0)
-        cos, sin = rope_tables(head_dim, torch.arange(length, device=device), theta)
-        tables = _remember(_ROPE_CACHE, key, (cos.to(work), sin.to(work)))
+        with torch.inference_mode(False):  # kept across calls: never an inference tensor
+            cos, sin = rope_tables(head_dim, torch.arange(length, device=device), theta)
+            tables = _remember(_ROPE_CACHE, key, (cos.to(work), sin.to(work)))
     return tables[0][start : start + n], tables[1][start : start + n]
 
 
