@@ -3,7 +3,7 @@ against Llama attention through SDPA (FlashAttention on a GPU), forward and forw
 peak memory, with ratios to Llama at the same sequence length.
 
     python benchmarks/attention.py [--device auto|cpu|cuda] [--out FILE.md] [--seqs 512 1024 ...]
-        [--dim 768] [--heads 12] [--batch B] [--dtype auto|fp32|bf16|fp16] [--backends eager sdpa flex triton]
+        [--dim 768] [--heads 12] [--batch B] [--dtype auto|fp32|bf16|fp16] [--backends eager sdpa flex triton fast]
         [--cem-steps 1 2] [--kq-diag none shared] [--repeats N] [--warmup N] [--threads N]
 
 Each layer is the whole sublayer (norm, projections, attention core, residual) on a (batch, seq, dim)
@@ -43,7 +43,7 @@ from benchmarks.common import (
 from cem.kernels import HAS_TRITON
 from cem.layers import CEMAttention, LlamaAttention
 
-ALL_BACKENDS = ("eager", "sdpa", "flex", "triton")
+ALL_BACKENDS = ("eager", "sdpa", "flex", "triton", "fast")
 GPU_SEQS = (512, 1024, 2048, 4096, 8192)
 CPU_SEQS = (256, 512, 1024)
 GPU_TOKENS = 16384  # default GPU batch: batch × seq = 16k tokens
@@ -67,7 +67,7 @@ class Spec:
 
 
 def available_backends(device: torch.device) -> list[str]:
-    return [b for b in ALL_BACKENDS if b != "triton" or (device.type == "cuda" and HAS_TRITON)]
+    return [b for b in ALL_BACKENDS if (b != "triton" or (device.type == "cuda" and HAS_TRITON)) and (b != "fast" or device.type == "cpu")]
 
 
 def flash_context():

@@ -1,11 +1,13 @@
 """Helpers shared by the benchmark scripts: device choice, interleaved (round-robin) timing with medians,
 peak memory, ratios, and the Markdown report with its header (device, torch version, date).
 
-Timing: on CUDA each call is bracketed by CUDA events after a synchronize; on the CPU by
-`time.perf_counter`. Candidates are timed round-robin (one call of each per repeat, the order rotated
-every repeat) so that a noisy machine slows all of them alike; the report gives medians and ratios of
-medians. A candidate that raises (out of memory, an unsupported shape, ...) is dropped with its error
-noted; the others go on.
+Timing: on CUDA each call is bracketed by CUDA events after a synchronize; on the CPU by the process's
+CPU time (`time.process_time`) with one torch thread by default, so that other processes on a shared
+machine do not count (`--timer wall` and `--threads N` for a dedicated one). Candidates are timed
+round-robin (one call of each per round, the order rotated every round) so that a noisy machine slows all
+of them alike; the report gives medians and, per candidate, the paired ratios to a reference within each
+round (median, min and max: `paired`). A candidate that raises (out of memory, an unsupported shape, ...)
+is dropped with its error noted; the others go on.
 """
 
 from __future__ import annotations
@@ -80,7 +82,7 @@ class Candidate:
 
 @dataclass
 class Timing:
-    """The per-call times (ms) of one candidate, or the error that stopped it."""
+    """The per-call times (ms) of one candidate, one per round, or the error that stopped it."""
 
     times: list[float] = field(default_factory=list)
     error: str | None = None
@@ -88,6 +90,20 @@ class Timing:
     @property
     def median(self) -> float | None:
         return None if self.error or not self.times else statistics.median(self.times)
+
+
+def paired(t: Timing | None, ref: Timing | None, invert: bool = False) -> tuple[float, float, float] | None:
+    """Median, min and max over rounds of t's time / ref's time in the same round (ref / t with `invert`,
+    a throughput ratio); None when either failed."""
+    if t is None or ref is None or t.median is None or ref.median is None:
+        return None
+    ratios = [(b / a if invert else a / b) for a, b in zip(t.times, ref.times)]
+    return statistics.median(ratios), min(ratios), max(ratios)
+
+
+def fmt_paired(r: tuple[float, float, float] | None) -> str:
+    """"1.02 [0.97-1.08]": the median paired ratio and its range."""
+    return "-" if r is None else f"{r[0]:.2f} [{r[1]:.2f}-{r[2]:.2f}]"
 
 
 def describe_error(exc: BaseException) -> str:
@@ -100,8 +116,18 @@ def describe_error(exc: BaseException) -> str:
     return text if len(text) <= 120 else text[:117] + "..."
 
 
+CPU_TIMER = {"cpu": time.process_time, "wall": time.perf_counter}
+_cpu_clock: Callable[[], float] = time.process_time
+
+
+def set_cpu_timer(name: str) -> None:
+    """"cpu" (default: process CPU time, for shared machines) or "wall" (perf_counter) for CPU runs."""
+    global _cpu_clock
+    _cpu_clock = CPU_TIMER[name]
+
+
 def elapsed_ms(fn: Callable[[], object], device: torch.device) -> float:
-    """Milliseconds one call of `fn` takes (CUDA events on a GPU, perf_counter on the CPU)."""
+    """Milliseconds one call of `fn` takes (CUDA events on a GPU, the CPU timer of `set_cpu_timer` on the CPU)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -111,9 +137,9 @@ def elapsed_ms(fn: Callable[[], object], device: torch.device) -> float:
         end.synchronize()
         del out
         return start.elapsed_time(end)
-    start_s = time.perf_counter()
+    start_s = _cpu_clock()
     out = fn()
-    elapsed = time.perf_counter() - start_s
+    elapsed = _cpu_clock() - start_s
     del out
     return elapsed * 1e3
 
@@ -286,7 +312,8 @@ def parser(
     p.add_argument("--out", default=None, help="also write the report to this Markdown file")
     p.add_argument(*repeats_flags, dest="repeats", type=int, default=None, help=repeats_help)
     p.add_argument("--warmup", type=int, default=None, help="untimed warm-up calls per candidate")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's own choice)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default on the CPU: 1, for shared machines)")
+    p.add_argument("--timer", default="cpu", choices=sorted(CPU_TIMER), help="CPU timing: process CPU time (default) or wall clock")
     p.add_argument("--seed", type=int, default=0, help="seed of weights and inputs (default 0)")
     return p
 
@@ -297,8 +324,9 @@ def setup(args: argparse.Namespace, repeats: tuple[int, int], warmup: tuple[int,
         device = pick_device(args.device)
     except ValueError as e:
         raise SystemExit(f"--device: {e}") from None
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    if args.threads or device.type == "cpu":
+        torch.set_num_threads(args.threads or 1)
+    set_cpu_timer(getattr(args, "timer", "cpu"))
     torch.manual_seed(args.seed)
     on_gpu = device.type == "cuda"
     if args.repeats is None:

@@ -1,15 +1,16 @@
 """Decoding with the cache: cache bytes per token and single-token decode speed for Llama (keys and
-values cached) against CEM (keys only; plus the normalised context ĥ when kq_diag is used), after a
-prefill of L tokens; ratios to Llama at the same context.
+values cached) against CEM (keys only, for every key-query diagonal: the diagonal term is read from the
+keys through W_K^{-1}), after a prefill of L tokens; ratios to Llama at the same context.
 
     python benchmarks/decode.py [--device auto|cpu|cuda] [--out FILE.md] [--preset 134M]
         [--contexts 2048 8192 32768] [--steps N] [--warmup N] [--batch 1] [--dtype auto|fp32|bf16|fp16]
-        [--prefill-chunk 2048] [--threads N]
+        [--prefill-chunk 2048] [--threads N] [--timer cpu|wall]
 
 For each context L every model prefills a random prompt of L tokens into a fresh cache (in chunks of
 --prefill-chunk tokens, which bounds prefill memory and does not change the cache), then decodes: each
 timed step feeds one token per sequence through the whole model with the cache (logits included). The
-models are stepped round-robin, one token each per round; tokens/s = batch / median step time.
+models are stepped round-robin, one token each per round; tokens/s = batch / median step time, and the
+ratio to Llama is paired per round (median [min-max]).
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ if __package__ in (None, ""):  # run as a file: make `benchmarks.common` importa
 
 import torch
 
-from benchmarks.common import Candidate, Report, Table, describe_error, dtype_name, fmt, free_memory, interleaved, parser, pick_dtype, ratio, setup
+from benchmarks.common import (
+    Candidate, Report, Table, describe_error, dtype_name, fmt, fmt_paired, free_memory, interleaved, paired, parser, pick_dtype, ratio, setup,
+)  # fmt: skip
 from cem.model import LanguageModel, model_config
 
 GPU_PRESET, CPU_PRESET = "134M", "small"
@@ -33,10 +36,12 @@ MODELS = {  # name -> (arch, overrides)
     LLAMA: ("llama", {}),
     "CEM kq=none": ("cem", {"kq_diag": "none"}),
     "CEM kq=shared": ("cem", {"kq_diag": "shared"}),
+    "CEM kq=per_head": ("cem", {"kq_diag": "per_head"}),
     "CEM T=2 kq=shared": ("cem", {"kq_diag": "shared", "attn_steps": 2, "mlp_steps": 2}),
+    "cem-t2": ("cem-t2", {}),
 }
 COLUMNS = [
-    "model", "context", "batch", "cache B/token", "cache MiB", "ms/token", "tokens/s", "mem ×Llama", "tok/s ×Llama", "note",
+    "model", "context", "batch", "cache B/token", "cache MiB", "ms/token", "tokens/s", "mem ×Llama", "tok/s ×Llama [min-max]", "note",
 ]  # fmt: skip
 
 
@@ -74,7 +79,8 @@ def bench_context(args, device, models: dict[str, LanguageModel], context: int) 
         cands[name] = Candidate(decode_step(model, token, caches[name]))
     timings = interleaved(cands, device, repeats=args.repeats, warmup=args.warmup)
 
-    results = {}
+    ref_bpt = caches[LLAMA].bytes_per_token() if LLAMA in caches else None
+    rows = []
     for name in models:
         t = timings.get(name)
         ms = t.median if t else None
@@ -82,12 +88,8 @@ def bench_context(args, device, models: dict[str, LanguageModel], context: int) 
         mib = bpt * context * args.batch / 2**20 if bpt is not None else None
         tok_s = args.batch * 1e3 / ms if ms else None
         note = notes.get(name) or (t.error if t and t.error else "")
-        results[name] = (bpt, mib, ms, tok_s, note)
-    ref = results[LLAMA]
-    rows = [
-        [name, context, args.batch, fmt(bpt, ","), fmt(mib, ".4g"), fmt(ms, ".3f"), fmt(tok_s, ",.1f"), ratio(bpt, ref[0]), ratio(tok_s, ref[3]), note]
-        for name, (bpt, mib, ms, tok_s, note) in results.items()
-    ]
+        speed = fmt_paired(paired(t, timings.get(LLAMA), invert=True))
+        rows.append([name, context, args.batch, fmt(bpt, ","), fmt(mib, ".4g"), fmt(ms, ".3f"), fmt(tok_s, ",.1f"), ratio(bpt, ref_bpt), speed, note])
     del caches, cands
     free_memory(device)
     return rows
@@ -101,7 +103,7 @@ def main(argv: list[str] | None = None) -> Report:
     p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16", "fp16"], help="model and cache dtype (auto: bf16 on GPU, fp32 on CPU)")
     p.add_argument("--prefill-chunk", type=int, default=2048, help="prefill the prompt this many tokens at a time")
     args = p.parse_args(argv)
-    device = setup(args, repeats=(200, 20), warmup=(10, 3))
+    device = setup(args, repeats=(200, 200), warmup=(10, 10))
     gpu = device.type == "cuda"
     dtype = pick_dtype(args.dtype, device)
     preset = args.preset or (GPU_PRESET if gpu else CPU_PRESET)
@@ -124,13 +126,16 @@ def main(argv: list[str] | None = None) -> Report:
     report = Report(
         f"Decoding with the cache: CEM vs Llama (preset {preset})",
         device,
-        settings={"dtype": dtype_name(dtype), "batch": args.batch, "decode steps": args.repeats, "warm-up steps": args.warmup},
+        settings={"dtype": dtype_name(dtype), "batch": args.batch, "decode steps": args.repeats, "warm-up steps": args.warmup,
+                  "timer": args.timer if device.type == "cpu" else "CUDA events", "threads": torch.get_num_threads()},  # fmt: skip
         tables=[("", table)],
         notes=[
             "cache B/token: Cache.bytes_per_token() after the prefill (per sequence, all layers); cache MiB: that × context × batch.",
-            "ms/token: median time of one decode step (one new token per sequence) over the steps after a prefill of `context` "
-            "tokens, all models stepped round-robin; tokens/s = batch / ms. Ratios are to Llama at the same context.",
-            "Llama caches keys and values; CEM caches keys only, plus ĥ when kq_diag is used (shared).",
+            "ms/token: median time of one decode step (one new token per sequence; on the CPU process CPU time, one thread "
+            "unless --threads) over the steps after a prefill of `context` tokens, all models stepped round-robin; "
+            "tokens/s = batch / ms. tok/s ×Llama: per round, Llama's step time / the model's, median [min-max].",
+            "Llama caches keys and values; CEM caches keys only, also with a key-query diagonal (ĥ_j·(d∘u) = "
+            "k_j·(W_K^{-T}(d∘u)), one solve per step on the query side), unless W_K is badly conditioned (then ĥ too).",
         ],
     )
     report.emit(args.out)

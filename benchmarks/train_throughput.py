@@ -1,14 +1,16 @@
 """Whole-model training throughput: tokens/s of a training step (forward, backward, AdamW step) and MFU
-for Llama, CEM T=1 and CEM T=2, plus transformers' LlamaForCausalLM of the same shape as a peer of our
-Llama; ratios to our Llama.
+for Llama, CEM T=1, CEM T=2 and cem-t2 (T=2 with preconditioners), plus transformers' LlamaForCausalLM of
+the same shape as a peer of our Llama; ratios to our Llama, eager and compiled.
 
     python benchmarks/train_throughput.py [--device auto|cpu|cuda] [--out FILE.md] [--presets small 134M]
-        [--seq-len N] [--batch B] [--steps N] [--warmup N] [--precision auto|bf16|fp32] [--compile]
-        [--no-hf] [--threads N]
+        [--seq-len N] [--batch B] [--steps N] [--warmup N] [--precision auto|bf16|fp32]
+        [--compile off|on|both] [--no-hf] [--threads N] [--timer cpu|wall] [--profile]
 
 MFU = tokens/s × train_flops_per_token(cfg, seq_len) / peak, where peak is the device's matmul FLOP/s
 measured by `cem.device.peak_flops` in this run (bf16 when training under bf16 autocast, fp32
-otherwise). The four models of one preset are timed step by step, round-robin, on the same batch.
+otherwise). All models of one preset (eager and compiled) are timed step by step, round-robin, on the same
+batch; ratios are paired per round (median [min-max]) against our Llama run the same way (eager or compiled).
+`--profile` adds, per model, the operators that take most of one eager step (torch.profiler, self CPU time).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ if __package__ in (None, ""):  # run as a file: make `benchmarks.common` importa
 
 import torch
 
-from benchmarks.common import Candidate, Report, Table, fmt, free_memory, interleaved, parser, ratio, setup
+from benchmarks.common import Candidate, Report, Table, fmt, fmt_paired, free_memory, interleaved, paired, parser, setup
 from cem.model import LanguageModel, model_config
 from cem.model.flops import train_flops_per_token
 from cem.model.loss import next_token_loss
@@ -37,10 +39,12 @@ MODELS = {  # name -> (arch, overrides); the HF peer is built from the Llama's s
     LLAMA: ("llama", {}),
     "CEM T=1": ("cem", {}),
     "CEM T=2": ("cem", {"attn_steps": 2, "mlp_steps": 2}),
+    "cem-t2": ("cem-t2", {}),
 }
+COMPILED = " (compiled)"
 COLUMNS = [
     "preset", "model", "params M", "seq", "batch", "GFLOP/token", "step ms", "tokens/s", "MFU %",
-    "tok/s ×Llama", "MFU ×Llama", "note",
+    "tok/s ×Llama [min-max]", "note",
 ]  # fmt: skip
 
 
@@ -87,40 +91,59 @@ def bench_preset(args, device, preset: str, peak: float) -> list[list[object]]:
             except Exception as exc:  # noqa: BLE001 - transformers missing or incompatible
                 entries.append((HF, cfg, None, f"not built: {exc}"))
 
-    cands = {}
+    cands, profiles = {}, {}
     for name, cfg, model, note in entries:
         if model is None:
             continue
         model.to(device).train()
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
-        module = torch.compile(model) if args.compile else model
         if name == HF:
             loss_of = lambda m, x, y: next_token_loss(m(input_ids=x).logits, y)  # noqa: E731
         else:
             loss_of = lambda m, x, y: m(x, y)  # noqa: E731
-        cands[name] = Candidate(train_step(module, loss_of, x, y, autocast, opt))
+        for compiled in {"off": (False,), "on": (True,), "both": (False, True)}[args.compile]:
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
+            module = torch.compile(model) if compiled else model
+            cands[name + (COMPILED if compiled else "")] = Candidate(train_step(module, loss_of, x, y, autocast, opt))
+        if args.profile:
+            profiles[name] = profile_step(train_step(model, loss_of, x, y, autocast, torch.optim.AdamW(model.parameters(), lr=1e-4)))
     print(f"{preset}: seq {seq}, batch {batch}", file=sys.stderr)
     timings = interleaved(cands, device, repeats=args.repeats, warmup=args.warmup)
 
-    results = {}
-    for name, cfg, model, note in entries:
-        t = timings.get(name)
-        ms = t.median if t else None
-        tok_s = batch * seq / (ms / 1e3) if ms else None
-        flops = train_flops_per_token(cfg, seq)
-        mfu = tok_s * flops / peak if tok_s else None
-        params = sum(p.numel() for p in model.parameters()) / 1e6 if model is not None else None
-        results[name] = (cfg, params, flops, ms, tok_s, mfu, note or (t.error if t and t.error else ""))
-    ref = results[LLAMA]
     rows = []
-    for name, (cfg, params, flops, ms, tok_s, mfu, note) in results.items():
-        rows.append([
-            preset, name, fmt(params, ".4g"), seq, batch, fmt(flops / 1e9, ".4g"), fmt(ms), fmt(tok_s, ",.0f"),
-            fmt(None if mfu is None else 100 * mfu), ratio(tok_s, ref[4]), ratio(mfu, ref[5]), note,
-        ])  # fmt: skip
+    for suffix in ("", COMPILED):
+        ref = timings.get(LLAMA + suffix)
+        for name, cfg, model, note in entries:
+            t = timings.get(name + suffix)
+            if t is None and (suffix or model is not None):
+                continue
+            ms = t.median if t else None
+            tok_s = batch * seq / (ms / 1e3) if ms else None
+            flops = train_flops_per_token(cfg, seq)
+            mfu = tok_s * flops / peak if tok_s else None
+            params = sum(p.numel() for p in model.parameters()) / 1e6 if model is not None else None
+            note = note or (t.error if t and t.error else "")
+            rows.append([
+                preset, name + suffix, fmt(params, ".4g"), seq, batch, fmt(flops / 1e9, ".4g"), fmt(ms), fmt(tok_s, ",.0f"),
+                fmt(None if mfu is None else 100 * mfu), fmt_paired(paired(t, ref, invert=True)), note,
+            ])  # fmt: skip
     del cands, entries
     free_memory(device)
-    return rows
+    return rows, profiles
+
+
+def profile_step(step, top: int = 8) -> str:
+    """The operators taking most self CPU time in one training step (after two untimed ones), as Markdown."""
+    from torch.profiler import profile
+
+    step(), step()
+    with profile() as prof:
+        step()
+    events = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)
+    total = sum(e.self_cpu_time_total for e in events)
+    table = Table(["op", "calls", "self ms", "share %"])
+    for e in events[:top]:
+        table.add(e.key.replace("|", "/"), e.count, fmt(e.self_cpu_time_total / 1e3), fmt(100 * e.self_cpu_time_total / total, ".1f"))
+    return f"one step: {total / 1e3:.1f} ms self CPU time\n\n" + table.markdown()
 
 
 def main(argv: list[str] | None = None) -> Report:
@@ -129,10 +152,12 @@ def main(argv: list[str] | None = None) -> Report:
     p.add_argument("--seq-len", type=int, default=None, help=f"sequence length (default: the preset's context, at most {CPU_MAX_SEQ} on CPU)")
     p.add_argument("--batch", type=int, default=None, help=f"sequences per step (default GPU: {GPU_TOKENS} tokens / seq_len; CPU: {CPU_BATCH})")
     p.add_argument("--precision", default="auto", choices=["auto", "bf16", "fp32"], help="auto: bf16 autocast on a GPU that supports it")
-    p.add_argument("--compile", action="store_true", help="torch.compile every model (compilation happens in the warm-up)")
+    p.add_argument("--compile", default="both", choices=["off", "on", "both"],
+                   help="torch.compile: eager rows, compiled rows, or both (default; compilation happens in the warm-up)")
+    p.add_argument("--profile", action="store_true", help="also profile one eager step per model (torch.profiler)")
     p.add_argument("--no-hf", action="store_true", help="leave out transformers' LlamaForCausalLM")
     args = p.parse_args(argv)
-    device = setup(args, repeats=(20, 5), warmup=(3, 1))
+    device = setup(args, repeats=(20, 30), warmup=(3, 2))
     gpu = device.type == "cuda"
     presets = args.presets or list(GPU_PRESETS if gpu else CPU_PRESETS)
     bf16 = uses_bf16(args.precision, device)
@@ -140,29 +165,46 @@ def main(argv: list[str] | None = None) -> Report:
     print("measuring peak matmul FLOP/s", file=sys.stderr)
     peak = peak_flops(device, peak_dtype)
 
-    table = Table(COLUMNS)
+    table, profiles = Table(COLUMNS), {}
     for preset in presets:
-        for row in bench_preset(args, device, preset, peak):
+        rows, prof = bench_preset(args, device, preset, peak)
+        for row in rows:
             table.add(*row)
+        profiles.update({f"{preset} {name}": text for name, text in prof.items()})
     report = Report(
         "Training throughput: CEM vs Llama",
         device,
         settings={
-            "precision": "bf16 autocast" if bf16 else "fp32", "compile": args.compile, "optimizer": "AdamW",
+            "precision": "bf16 autocast" if bf16 else "fp32", "compile": args.compile, "timer": args.timer if device.type == "cpu" else "CUDA events", "threads": torch.get_num_threads(), "optimizer": "AdamW",
             "steps": args.repeats, "warm-up": args.warmup,
             f"measured peak ({'bf16' if bf16 else 'fp32'} matmul)": f"{peak / 1e12:.2f} TFLOP/s",
         },  # fmt: skip
         tables=[("", table)],
         notes=[
-            "step ms: median over steps (forward, loss, backward, AdamW step), the models of a preset timed round-robin "
-            "on the same batch; tokens/s = batch × seq / step time; ratios are to our Llama of the same preset.",
+            "step ms: median over steps (forward, loss, backward, AdamW step; on the CPU process CPU time, one thread unless "
+            "--threads), the models of a preset timed round-robin on the same batch; tokens/s = batch × seq / step time.",
+            "tok/s ×Llama: per round, our Llama's step time / the model's (compiled rows: / the compiled Llama's), "
+            "median [min-max] over the rounds.",
             "MFU = tokens/s × train FLOP/token (cem.model.flops: 3 × forward matmul FLOPs, attention at full sequence "
             "length) / the peak matmul FLOP/s measured above; the HF Llama is counted with our Llama's FLOPs.",
-            "CEM is arch \"cem\" (CEM attention, kq_diag shared, and CEM MLP); T=2 sets attn_steps = mlp_steps = 2.",
+            "CEM is arch \"cem\" (CEM attention, kq_diag shared, and CEM MLP); T=2 sets attn_steps = mlp_steps = 2; "
+            "cem-t2 is T=2 with diagonal-plus-low-rank preconditioners (the paper's best setting).",
         ],
     )
+    for name, text in profiles.items():
+        report.tables.append((f"Profile: {name}", _Raw(text)))
     report.emit(args.out)
     return report
+
+
+class _Raw:
+    """Pre-formatted Markdown in the place of a table."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def markdown(self) -> str:
+        return self.text
 
 
 if __name__ == "__main__":

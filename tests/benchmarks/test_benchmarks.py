@@ -139,19 +139,27 @@ def test_attention_failures_are_notes_not_a_crash(monkeypatch):
 def test_train_throughput_smoke(tmp_path):
     out = tmp_path / "train.md"
     report = train_throughput.main(
-        ["--device", "cpu", "--presets", "tiny", "--steps", "2", "--warmup", "1", "--seq-len", "32", "--batch", "2", "--out", str(out)]
+        ["--device", "cpu", "--presets", "tiny", "--steps", "2", "--warmup", "1", "--seq-len", "32", "--batch", "2", "--out", str(out),
+         "--compile", "off", "--profile"]  # fmt: skip
     )
     rows = by(report.table.records(), "model")
-    assert list(rows) == ["Llama", "Llama (HF LlamaForCausalLM)", "CEM T=1", "CEM T=2"]
-    assert rows["Llama"]["tok/s ×Llama"] == "1.00" and rows["Llama"]["MFU ×Llama"] == "1.00"
+    assert list(rows) == ["Llama", "Llama (HF LlamaForCausalLM)", "CEM T=1", "CEM T=2", "cem-t2"]
+    assert rows["Llama"]["tok/s ×Llama [min-max]"] == "1.00 [1.00-1.00]"
     assert rows["Llama (HF LlamaForCausalLM)"]["params M"] == rows["Llama"]["params M"]  # same shape
     for name, r in rows.items():
         assert r["preset"] == "tiny" and r["seq"] == "32" and r["batch"] == "2"
-        assert num(r["tokens/s"]) > 0 and 0 < num(r["MFU %"]) and num(r["tok/s ×Llama"]) > 0, r
+        assert num(r["tokens/s"]) > 0 and 0 < num(r["MFU %"]) and num(r["tok/s ×Llama [min-max]"].split()[0]) > 0, r
         assert r["note"] == "", r
     assert num(rows["CEM T=2"]["GFLOP/token"]) > num(rows["CEM T=1"]["GFLOP/token"])
     text = check_markdown(out, "Training throughput", train_throughput.COLUMNS)
-    assert "measured peak (fp32 matmul)" in text
+    assert "measured peak (fp32 matmul)" in text and "## Profile: tiny cem-t2" in text and "self ms" in text
+
+
+def test_paired_ratios():
+    t, ref = common.Timing([2.0, 4.0, 3.0]), common.Timing([1.0, 1.0, 3.0])
+    assert common.paired(t, ref) == (2.0, 1.0, 4.0)
+    assert common.paired(t, ref, invert=True) == (0.5, 0.25, 1.0)
+    assert common.fmt_paired(common.paired(t, ref)) == "2.00 [1.00-4.00]" and common.paired(None, ref) is None
 
 
 # ----------------------------------------------------------------------------------------------- decoding
@@ -161,14 +169,14 @@ def test_decode_smoke(tmp_path):
     out = tmp_path / "decode.md"
     report = decode.main(["--device", "cpu", "--preset", "tiny", "--contexts", "64", "--steps", "3", "--warmup", "1", "--out", str(out)])
     rows = by(report.table.records(), "model")
-    assert list(rows) == ["Llama", "CEM kq=none", "CEM kq=shared", "CEM T=2 kq=shared"]
+    assert list(rows) == ["Llama", "CEM kq=none", "CEM kq=shared", "CEM kq=per_head", "CEM T=2 kq=shared", "cem-t2"]
     tiny = decode.model_config("tiny")
     assert num(rows["Llama"]["cache B/token"]) == 2 * tiny.dim * tiny.n_layers * 4  # keys and values, fp32
-    assert rows["Llama"]["mem ×Llama"] == "1.00" and rows["Llama"]["tok/s ×Llama"] == "1.00"
-    assert rows["CEM kq=none"]["mem ×Llama"] == "0.50"  # keys only
-    assert rows["CEM kq=shared"]["mem ×Llama"] == "1.00"  # keys and ĥ
-    for r in rows.values():
-        assert r["context"] == "64" and num(r["tokens/s"]) > 0 and num(r["tok/s ×Llama"]) > 0 and r["note"] == "", r
+    assert rows["Llama"]["mem ×Llama"] == "1.00" and rows["Llama"]["tok/s ×Llama [min-max]"] == "1.00 [1.00-1.00]"
+    for name, r in rows.items():
+        assert name == "Llama" or r["mem ×Llama"] == "0.50"  # keys only, with or without a diagonal
+        assert r["context"] == "64" and num(r["tokens/s"]) > 0 and num(r["tok/s ×Llama [min-max]"].split()[0]) > 0, r
+        assert r["note"] == "", r
     check_markdown(out, "Decoding with the cache", decode.COLUMNS)
 
 

@@ -192,8 +192,8 @@ def test_greedy_generate_matches_cem(arch, extra):
     cfg = model.config
     if arch == "llama":  # keys and values
         per_layer = {"k": cfg.dim, "v": cfg.dim}
-    else:  # CEM: keys only, plus ĥ because of the shared key-query diagonal
-        per_layer = {"k": cfg.dim, "hn": cfg.dim}
+    else:  # CEM: keys only, the shared key-query diagonal read from them through W_K^{-1}
+        per_layer = {"k": cfg.dim}
     assert cache.bytes_per_token() == cfg.n_layers * sum(per_layer.values()) * 4
     for name in cache._slots:
         assert set(cache.slot(name).buffers) == set(per_layer)

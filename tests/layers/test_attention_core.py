@@ -21,17 +21,17 @@ def test_unknown_backend_is_a_build_time_error():
 
 def test_resolution_on_cpu_and_its_cache(monkeypatch):
     monkeypatch.setattr(core, "_RESOLVED", {})
-    assert CEMAttention(16, 2, kq_diag="shared").resolved_backend("cpu") == "eager"  # diagonal once for all heads
-    assert CEMAttention(16, 2, kq_diag="per_head").resolved_backend("cpu") == "sdpa"
+    assert CEMAttention(16, 2, kq_diag="shared").resolved_backend("cpu") == "fast"
+    assert CEMAttention(16, 2, kq_diag="per_head").resolved_backend("cpu") == "fast"
     assert CEMAttention(16, 2, kq_diag="none", backend="flex").resolved_backend("cpu") == "flex"
-    assert core._RESOLVED[("auto", "cpu", False, True)] == "eager"
+    assert core._RESOLVED[("auto", "cpu", False, True)] == "fast"
     calls = []
     monkeypatch.setattr(core, "_decide", lambda *a: calls.append(a) or "sdpa")
     core.resolve_backend("auto", "cpu", shared_diag=True)
     assert calls == []  # decided once, then read from the cache
 
 
-@pytest.mark.parametrize("backend", ["eager", "sdpa", "auto"])
+@pytest.mark.parametrize("backend", ["eager", "sdpa", "auto", "fast"])
 @pytest.mark.parametrize("diag", ["shared", "head", None])
 def test_backends_agree(backend, diag):
     g = torch.Generator().manual_seed(0)
@@ -45,8 +45,49 @@ def test_backends_agree(backend, diag):
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
 
 
+def _fresh(g, *shape):
+    return torch.randn(*shape, generator=g, dtype=torch.float64).requires_grad_(True)
+
+
+@pytest.mark.parametrize("diag", ["shared", "head", None, "values"])
+@pytest.mark.parametrize("q_start,n_q", [(0, 13), (0, 7), (6, 5), (11, 1)])
+@pytest.mark.parametrize("block", [4, 64])
+@pytest.mark.parametrize("alibi", ["standard", "app-a", "learned"])
+def test_fast_path_equals_eager_in_float64(diag, q_start, n_q, block, alibi):
+    """The fast CPU path (causal query blocks, cached bias, diagonal-only self bias, and without a diagonal the
+    fused kernel with its custom backward) gives the eager output and every gradient, fresh random inputs."""
+    g = torch.Generator().manual_seed(q_start * 100 + n_q)
+    B, K, d, D = 2, 3, 4, 12
+    n_k = q_start + n_q  # ragged: n_q and n_k are not multiples of the block
+    q, k, hn, sb = _fresh(g, B, K, n_q, d), _fresh(g, B, K, n_k, d), _fresh(g, B, n_k, D), _fresh(g, K)
+    qd = {"shared": _fresh(g, B, n_q, D), "head": _fresh(g, B, K, n_q, D), None: None, "values": _fresh(g, B, n_q, D)}[diag]
+    v = _fresh(g, B, K, n_k, d + D) if diag == "values" else None
+    slopes = _fresh(g, K).detach().abs() if alibi == "learned" else alibi_slopes(K, kind=alibi)
+    inputs = [t for t in (q, k, qd, hn, v, sb) if t is not None]
+    weights = torch.randn(B, K, n_q, v.shape[-1] if v is not None else d, generator=g, dtype=torch.float64)
+    results = []
+    for fn in (core.cem_attention_eager, lambda *a, **kw: core.cem_attention_fast(*a, block=block, **kw)):
+        out = fn(q, k, qd, hn, slopes, sb, q_start=q_start, v=v)
+        grads = torch.autograd.grad((out * weights).sum(), inputs, allow_unused=True)
+        results.append([out, *grads])
+    for a, b in zip(*results):
+        if a is None:
+            assert b is None or torch.count_nonzero(b) == 0
+        else:
+            torch.testing.assert_close(b, a, rtol=1e-12, atol=1e-12)
+
+
+def test_fast_path_without_diagonal_uses_the_fused_kernel(monkeypatch):
+    calls = []
+    original = core.FusedKeyAttention.apply
+    monkeypatch.setattr(core.FusedKeyAttention, "apply", lambda *a: calls.append(1) or original(*a))
+    q = k = torch.randn(1, 2, 5, 4)
+    core.cem_attention_fast(q, k, None, None, alibi_slopes(2), torch.randn(2))
+    assert calls == [1]
+
+
 def test_trainer_prints_the_backend_that_runs(tmp_path, capsys, monkeypatch):
-    """The default model (shared diagonal) on CPU runs eager, and the trainer says so."""
+    """The default model (shared diagonal) on CPU runs the fast path, and the trainer says so."""
     import random
 
     from cem.training import load_run_config, train
@@ -60,4 +101,4 @@ def test_trainer_prints_the_backend_that_runs(tmp_path, capsys, monkeypatch):
     cfg = load_run_config(None, ["context=16", "tensorboard=false", "device=cpu"], data=str(corpus), preset="tiny",
                           arch="cem", batch_size=2, max_steps=1, eval_batches=1)  # fmt: skip
     train(cfg, tmp_path / "run", progress=True)
-    assert "CEM attention backend on cpu: eager" in capsys.readouterr().err
+    assert "CEM attention backend on cpu: fast" in capsys.readouterr().err

@@ -29,7 +29,7 @@ def autograd_update(layer, h):
 
 @pytest.mark.parametrize("precond", ["identity", "diag", "diag_lowrank"])
 @pytest.mark.parametrize("kq_diag,exact", [("none", False), ("shared", True), ("per_head", True)])
-@pytest.mark.parametrize("backend", ["eager", "sdpa"])
+@pytest.mark.parametrize("backend", ["eager", "sdpa", "fast"])
 def test_step_equals_autograd_on_energy(rand, precond, kq_diag, exact, backend):
     layer = make(rand, kq_diag=kq_diag, precond=precond, exact_gradient=exact, step_size=0.7, backend=backend)
     h = torch.randn(B, J, D, dtype=torch.float64)
@@ -138,3 +138,32 @@ def test_preconditioner_apply_matches_dense(rand):
     with torch.no_grad():
         torch.testing.assert_close(layer.precond(y), torch.einsum("kde,bke->bkd", dense, y))
         torch.testing.assert_close(layer.precond.dense(), dense)
+
+
+@pytest.mark.parametrize("kq_diag", ["none", "shared", "per_head"])
+@pytest.mark.parametrize("precond", ["diag", "diag_lowrank"])
+def test_folded_preconditioner_equals_per_head_form(rand, kq_diag, precond):
+    """Σ_k P_k W_Q^kᵀ o^k through the folded output weight (once per forward) equals P_k applied per head,
+    in the output and in every parameter's gradient (float64, two steps)."""
+    layer = make(rand, kq_diag=kq_diag, precond=precond, steps=2)
+    if layer.precond.v is not None:
+        with torch.no_grad():
+            layer.precond.v.normal_(0, 0.1)  # off the zero init, so the low-rank part matters
+    h = torch.randn(B, J, D, dtype=torch.float64)
+
+    def per_head(u, k, hn, q_start=0, w_out=None, key_solve=None, with_energy=False):
+        o = layer._attend(layer._heads(layer.w_q(u)), k, layer._diag_query(u), hn, q_start, None)
+        y = torch.einsum("bkjd,kdD->bjkD", o, layer.w_q.weight.view(K, D // K, D))
+        return layer.precond(y).sum(dim=2)
+
+    results = []
+    for direction in (layer.direction, per_head):
+        layer.direction = direction
+        out = layer(h)
+        grads = torch.autograd.grad(out.sin().sum(), list(layer.parameters()), allow_unused=True)
+        results.append([out, *grads])
+        del layer.direction
+    for a, b in zip(*results):
+        assert (a is None) == (b is None)
+        if a is not None:
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)

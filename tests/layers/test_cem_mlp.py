@@ -77,3 +77,25 @@ def test_convex_sign_uses_straight_through_gradient():
     h = torch.randn(B, J, D)
     layer(h).sum().backward()
     assert layer.w_gate.weight.grad.abs().sum() > 0
+
+
+def test_folded_preconditioner_equals_applying_it_per_token(rand):
+    """P Vᵀ g through the folded down projection V P equals P applied to every token's Vᵀ g (float64,
+    output and every gradient, two steps)."""
+    layer = make(rand, steps=2, precond="diag_lowrank")
+    with torch.no_grad():
+        layer.precond.v.normal_(0, 0.1)
+    h = torch.randn(2, (layer.hidden_dim + 1) // 2, layer.dim, dtype=torch.float64)  # enough tokens to fold
+
+    def per_token(u, gamma, w_out=None, with_energy=False):
+        y = (gamma * torch.nn.functional.silu(layer.w_up(u))) @ layer.w_up.weight
+        return layer.precond(y.unsqueeze(-2)).squeeze(-2)
+
+    results = []
+    for direction in (layer.direction, per_token):
+        layer.direction = direction
+        out = layer(h)
+        results.append([out, *torch.autograd.grad(out.sin().sum(), list(layer.parameters()))])
+        del layer.direction
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)

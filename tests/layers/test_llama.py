@@ -70,3 +70,25 @@ def test_causal(rand, position):
     h2[:, 3:] += 1
     with torch.no_grad():
         torch.testing.assert_close(layer(h)[:, :3], layer(h2)[:, :3])
+
+
+def test_cached_rope_tables_equal_fresh_ones():
+    from cem.layers.position import rope_cos_sin, rope_tables
+
+    for start, n in ((0, 5), (3, 9), (0, 40), (17, 1)):  # grows the cached table, then slices it
+        cos, sin = rope_cos_sin(8, start, n, 10000.0, torch.device("cpu"), torch.float32)
+        ref_cos, ref_sin = rope_tables(8, torch.arange(start, start + n))
+        torch.testing.assert_close(cos, ref_cos.float(), rtol=0, atol=0)
+        torch.testing.assert_close(sin, ref_sin.float(), rtol=0, atol=0)
+
+
+def test_tables_cached_under_inference_mode_serve_training():
+    from cem.layers.position import _ALIBI_CACHE, _ROPE_CACHE
+
+    _ALIBI_CACHE.clear(), _ROPE_CACHE.clear()
+    for position in ("rope", "alibi"):
+        layer = LlamaAttention(16, 2, position)
+        h = torch.randn(1, 5, 16)
+        with torch.inference_mode():
+            layer(h)
+        layer(h).sum().backward()  # the cached tables are ordinary tensors

@@ -125,7 +125,9 @@ def test_cache_bytes_per_token():
     per_layer = cfg.dim * 4  # float32
     assert cache_bytes("llama") == 2 * per_layer * cfg.n_layers  # keys and values
     assert cache_bytes("cem", kq_diag="none") == per_layer * cfg.n_layers  # keys only: they are the values
-    assert cache_bytes("cem", kq_diag="shared") == 2 * per_layer * cfg.n_layers  # keys + normalised context
+    for kw in (dict(kq_diag="shared"), dict(kq_diag="per_head"), dict(kq_diag="shared", exact_gradient=True), dict(arch_t2=True)):
+        arch = "cem-t2" if kw.pop("arch_t2", False) else "cem"
+        assert cache_bytes(arch, **kw) == per_layer * cfg.n_layers  # the diagonal term is read from the keys
     assert cache_bytes("llama-reuse") == 4 * per_layer * cfg.n_layers
     assert cache_bytes("cem", kq_diag="none", attn_steps=3) == per_layer * cfg.n_layers  # recursion reuses keys
 
@@ -135,3 +137,47 @@ def test_last_only_logits():
     ids = torch.randint(0, 61, (2, 7))
     with torch.no_grad():
         torch.testing.assert_close(model(ids, last_only=True), model(ids)[:, -1:])
+
+
+def ill_conditioned(model):
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.w_k.weight[0] = block.attn.w_k.weight[1] * (1 + 1e-9)  # two rows (almost) equal
+    return model
+
+
+@pytest.mark.parametrize("variant", ["cem-shared", "cem-perhead", "cem-exact"])
+def test_badly_conditioned_keys_fall_back_to_storing_the_context(variant):
+    model = ill_conditioned(build(variant, 2))
+    ids = torch.randint(0, 61, (2, 9))
+    cache = model.new_cache(12)
+    with torch.no_grad(), pytest.warns(UserWarning, match=r"cond\(W_K\) = .* stores ĥ besides the keys"):
+        parts = [model(ids[:, :5], cache=cache)] + [model(ids[:, t : t + 1], cache=cache) for t in range(5, 9)]
+    with torch.no_grad():
+        torch.testing.assert_close(torch.cat(parts, dim=1), model(ids), rtol=1e-10, atol=1e-10)
+    assert cache.bytes_per_token() == 2 * model.config.dim * 8 * model.config.n_layers  # keys + ĥ, float64
+
+
+@pytest.mark.parametrize("variant", ["cem-shared", "cem-perhead", "cem-exact"])
+def test_keys_only_cache_in_bfloat16(variant):
+    """With a well-conditioned W_K (here orthogonal) the keys-only cache (W_K^{-1} in float32) stays within
+    bf16 tolerance of the full forward; a random W_K (cond in the hundreds) keeps ĥ in bf16."""
+    model = build(variant, 2).float()
+    with torch.no_grad():
+        for block in model.blocks:
+            w = block.attn.w_k.weight
+            w.copy_(torch.linalg.qr(torch.randn_like(w))[0] * 0.5)
+    ids = torch.randint(0, 61, (2, 12))
+    with torch.no_grad():
+        ref = model(ids)
+        model = model.bfloat16()
+        full = model(ids).float()
+        cache = model.new_cache(12)
+        parts = [model(ids[:, :6], cache=cache)] + [model(ids[:, t : t + 1], cache=cache) for t in range(6, 12)]
+    cached = torch.cat(parts, dim=1).float()
+    assert all("hn" not in slot.buffers for slot in cache._slots.values())
+    assert (cached - ref).abs().max() <= 2 * (full - ref).abs().max()  # bf16's own error against float32
+    random_w = build(variant, 1).bfloat16()
+    with torch.no_grad(), pytest.warns(UserWarning, match="stores ĥ"):
+        random_w(ids[:, :3], cache=(cache := random_w.new_cache(4)))
+    assert "hn" in cache.slot("blocks.0.attn").buffers

@@ -1,7 +1,7 @@
 """cem's own decoding cache, carried through Hugging Face `generate()` as `past_key_values`.
 
 `HFCache` *is* a `cem.model.Cache` (a subclass): CEM attention stores keys only (plus the normalised context ĥ
-when a key-query diagonal is used), Llama attention keys and values, exactly as in `LanguageModel.generate`.
+only when a key-query diagonal is used and W_K is badly conditioned), Llama attention keys and values, exactly as in `LanguageModel.generate`.
 It adds the few things `transformers.generate` asks of a cache object:
 
 * `get_seq_length()` — how many positions are cached (read by `generate` before the prefill);
@@ -142,5 +142,6 @@ def _clone(cache: HFCache) -> HFCache:
 def _copy_slot(src: CacheSlot, dst: CacheSlot) -> None:
     dst.max_len, dst.length = src.max_len, src.length
     dst.buffers = {k: v.clone() for k, v in src.buffers.items()}
+    dst.state = dict(src.state)
     for index, child in src.children.items():
         _copy_slot(child, dst.child(index))

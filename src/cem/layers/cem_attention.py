@@ -10,6 +10,7 @@ softmax-weighted keys o^k come from the attention core (`attention_core`, backen
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 from torch import Tensor, nn
@@ -22,6 +23,12 @@ from .precond import make_preconditioner
 from .steps import DescentLayer
 
 KQ_DIAGONALS = ("none", "shared", "per_head")
+# A decoding cache reads the diagonal term from the keys through W_K^{-1} (computed in float32 or better)
+# while cond(W_K) is at most this for the dtype of the cached keys; beyond, it stores ĥ as well (twice the
+# bytes). The keys' rounding error reaches the diagonal term amplified by up to cond(W_K): measured on the
+# small preset, float32 decoding stays within 1e-5 of float64 up to cond ~3e3 and 2e-4 at 2.5e4; in bf16 the
+# error is about cond / 150 times bf16's own (random init has cond 200-2500 at D = 128: ĥ is kept).
+KEYS_ONLY_MAX_COND = {torch.float64: 1e6, torch.float32: 1e4, torch.bfloat16: 64.0, torch.float16: 64.0}
 
 
 class CEMAttention(DescentLayer):
@@ -98,40 +105,87 @@ class CEMAttention(DescentLayer):
         """Whether the core also carries ĥ as values, for the exact gradient's value-side diagonal term."""
         return self.exact_gradient and self.kq_diag is not None
 
-    def direction(self, u: Tensor, k: Tensor, hn: Tensor | None, q_start: int = 0, with_energy: bool = False):
+    def output_weight(self) -> Tensor | None:
+        """[P_1 W_Q^1ᵀ … P_K W_Q^Kᵀ]ᵀ (D, D), so that Σ_k P_k W_Q^kᵀ o^k = concat_k(o^k) @ it: the
+        preconditioner folded into the tied output weight once per forward (P_k is symmetric, so row r of
+        head k is P_k W_Q^k[r]). None without a preconditioner, or where the exact gradient's value-side
+        diagonal term needs the per-head form."""
+        if self.precond is None or self._value_diag:
+            return None
+        w = self.w_q.weight.view(self.n_heads, self.head_dim, self.dim).transpose(0, 1)  # (d, K, D)
+        return self.precond(w).transpose(0, 1).reshape(self.dim, self.dim)
+
+    def direction(
+        self,
+        u: Tensor,
+        k: Tensor,
+        hn: Tensor | None,
+        q_start: int = 0,
+        w_out: Tensor | None = None,
+        key_solve: Tensor | None = None,
+        with_energy: bool = False,
+    ):
         """The descent direction Σ_k P_k (W_Q^kᵀ o^k [+ d_k ∘ Σ_j p_kij ĥ_j]) = -P ∇_u ε at u (B, J, D);
-        `with_energy=True` returns (direction, ε(u)) with ε (B, J) from the same logits (eager form)."""
+        `with_energy=True` returns (direction, ε(u)) with ε (B, J) from the same logits (eager form).
+
+        `w_out` is `output_weight()` when the forward has folded the preconditioner already; with
+        `key_solve` = W_K^{-1}, `hn` holds the keys (B, Jk, D) instead of ĥ (the keys-only cache)."""
         q = self._heads(self.w_q(u))
         value_diag = self._value_diag
+        qd = self._diag_query(u)
+        if key_solve is not None and qd is not None:  # ĥ_j·a = k_j·(W_K^{-T} a)
+            qd = (qd.to(key_solve.dtype) @ key_solve).to(u.dtype)
         v = torch.cat([k, hn.unsqueeze(1).expand(-1, self.n_heads, -1, -1)], dim=-1) if value_diag else None
         energy = None
         if with_energy:
             slopes = alibi_slopes(self.n_heads, q.device, self.alibi)
-            o, energy = cem_attention_energy(q, k, self._diag_query(u), hn, slopes, self.self_bias, q_start, v)
+            o, energy = cem_attention_energy(q, k, qd, hn, slopes, self.self_bias, q_start, v)
         else:
-            o = self._attend(q, k, self._diag_query(u), hn, q_start, v)
-        y = self._project(o, value_diag)
+            o = self._attend(q, k, qd, hn, q_start, v)
+        y = self._project(o, value_diag, w_out, key_solve)
         return (y, energy) if with_energy else y
 
-    def _project(self, o: Tensor, value_diag: bool) -> Tensor:
+    def _project(self, o: Tensor, value_diag: bool, w_out: Tensor | None, key_solve: Tensor | None) -> Tensor:
         """Σ_k P_k (W_Q^kᵀ o^k [+ d_k ∘ o_ĥ^k]) from the attention outputs o (B, K, J, d [+ D])."""
         o, o_hn = (o[..., : self.head_dim], o[..., self.head_dim :]) if value_diag else (o, None)
-        if self.precond is None and not value_diag:
-            return o.transpose(1, 2).flatten(2) @ self.w_q.weight  # Σ_k W_Q^kᵀ o^k in one matmul
+        if not value_diag:
+            if w_out is None:
+                w_out = self.output_weight()
+            return o.transpose(1, 2).flatten(2) @ (self.w_q.weight if w_out is None else w_out)  # one matmul
+        if key_solve is not None:  # Σ_j p ĥ_j = W_K^{-1} Σ_j p k_j
+            o_hn = (o_hn.to(key_solve.dtype) @ key_solve.transpose(0, 1)).to(o.dtype)
         w = self.w_q.weight.view(self.n_heads, self.head_dim, self.dim)
         y = torch.einsum("bkjd,kdD->bjkD", o, w)  # per-head W_Q^kᵀ o^k, (B, J, K, D)
-        if value_diag:
-            diag = self.kq_diag if self.kq_diag.dim() == 2 else self.kq_diag.expand(self.n_heads, -1)
-            y = y + diag * o_hn.transpose(1, 2)
+        diag = self.kq_diag if self.kq_diag.dim() == 2 else self.kq_diag.expand(self.n_heads, -1)
+        y = y + diag * o_hn.transpose(1, 2)
         if self.precond is not None:
             y = self.precond(y)
         return y.sum(dim=2)
 
+    def key_solve(self, cache) -> Tensor | None:
+        """W_K^{-1} (D, D, float32 or better) when `cache` (a `CacheSlot`) reads the diagonal term from the
+        keys, else None. Decided when the slot is first used: keys only while cond(W_K) <= KEYS_ONLY_MAX_COND
+        of the weight's dtype, else ĥ is cached too, with a one-line notice."""
+        if cache is None or self.kq_diag is None:
+            return None
+        if "key_solve" not in cache.state:
+            w = self.w_k.weight.detach()
+            cond = torch.linalg.cond(w.double()).item()
+            solve = None
+            limit = KEYS_ONLY_MAX_COND.get(w.dtype, 0.0)
+            if cond <= limit:
+                work = torch.float64 if w.dtype == torch.float64 else torch.float32
+                solve = torch.linalg.inv(w.double()).to(work)
+            else:
+                warnings.warn(f"cond(W_K) = {cond:.3g} > {limit:g} ({w.dtype}): this cache stores ĥ besides the keys", stacklevel=3)
+            cache.state["key_solve"] = solve
+        return cache.state["key_solve"]
+
     def context(self, h: Tensor, cache=None) -> tuple[Tensor, Tensor | None, Tensor, int]:
         """Normalised input ĥ, keys k = W_K ĥ (B, K, J, d) and context ĥ (only if a diagonal needs it).
 
-        With a cache (one `CacheSlot`) the new keys are appended and the whole context is returned, with the
-        absolute position of the first new token.
+        With a cache (one `CacheSlot`) the new keys are appended and the whole context is returned, with the absolute position of the first new token. With a keys-only
+        cache (`key_solve`) the returned context is the keys (B, L, D) in place of ĥ.
         """
         hn = self.norm(h)
         k = self._heads(self.w_k(hn))
@@ -139,14 +193,20 @@ class CEMAttention(DescentLayer):
         if cache is None:
             return hn, k, ctx, 0
         q_start = cache.length
-        stored = cache.update(k=k, **({"hn": ctx} if ctx is not None else {}))
-        return hn, stored["k"], stored.get("hn"), q_start
+        store_hn = ctx is not None and self.key_solve(cache) is None
+        stored = cache.update(k=k, **({"hn": ctx} if store_hn else {}))  # keys by head: contiguous for the core
+        keys = stored["k"]
+        if ctx is not None:  # ĥ, or the keys side by side (B, L, D) for the keys-only diagonal term
+            ctx = stored["hn"] if store_hn else keys.transpose(1, 2).flatten(2)
+        return hn, keys, ctx, q_start
 
     def forward(self, h: Tensor, cache=None) -> Tensor:
-        """x^(0) = h (or ĥ), x^(t+1) = x^(t) + η_t direction(norm(x^(t))); returns x^(T) (B, J, D)."""
+        """x^(0) = h (or ĥ), x^(t+1) = x^(t) + η_t direction(norm(x^(t))); returns x^(T) (B, J, D).
+        The preconditioner is folded into the output weight once for all steps (`output_weight`)."""
         check_residual(h, self.dim, "CEMAttention", self.norm.weight.dtype)
         hn, k, ctx, q_start = self.context(h, cache)
-        return self.descend(h, hn, lambda u, with_energy=False: self.direction(u, k, ctx, q_start, with_energy))
+        w_out, solve = self.output_weight(), self.key_solve(cache)
+        return self.descend(h, hn, lambda u, with_energy=False: self.direction(u, k, ctx, q_start, w_out, solve, with_energy))
 
     def energy(self, u: Tensor, h: Tensor) -> Tensor:
         """ε(u_i | ĥ_{1:i}) for every position i, shape (B, J): the energy the forward pass descends."""

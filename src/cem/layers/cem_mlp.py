@@ -71,15 +71,26 @@ class CEMMLP(DescentLayer):
         self.w_up = nn.Linear(dim, hidden_dim, bias=False)
         self.precond = make_preconditioner(precond, 1, dim, precond_rank)
 
-    def direction(self, u: Tensor, gamma: Tensor, with_energy: bool = False):
-        """P Vᵀ(γ ∘ SiLU(V u)) = -P ∇_u ξ (convex: SiLU(sign(γ) ∘ V u)), shape (B, J, D);
+    def output_weight(self) -> Tensor:
+        """V P (m, D): the preconditioner folded into the tied down projection once per forward, so that
+        P Vᵀ g = g @ (V P) (P is symmetric: row r is P V[r]); V itself without a preconditioner."""
+        if self.precond is None:
+            return self.w_up.weight
+        return self.precond(self.w_up.weight.unsqueeze(-2)).squeeze(-2)
+
+    def direction(self, u: Tensor, gamma: Tensor, w_out: Tensor | None = None, with_energy: bool = False):
+        """P Vᵀ(γ ∘ SiLU(V u)) = -P ∇_u ξ (convex: SiLU(sign(γ) ∘ V u)), shape (B, J, D); with `w_out` =
+        `output_weight()` the preconditioner is already folded into the down projection.
         `with_energy=True` returns (direction, ξ(u)) with ξ (B, J) from the same V u (eq. 7)."""
         z = self.w_up(u)
         if self.convex:
             z = sign_ste(gamma) * z
-        y = (gamma * F.silu(z)) @ self.w_up.weight  # Vᵀ(...): the down projection is the tied Vᵀ
-        if self.precond is not None:
-            y = self.precond(y.unsqueeze(-2)).squeeze(-2)
+        g = gamma * F.silu(z)
+        if w_out is not None:
+            y = g @ w_out
+        else:
+            y = g @ self.w_up.weight  # Vᵀ(...): the down projection is the tied Vᵀ
+            y = y if self.precond is None else self.precond(y.unsqueeze(-2)).squeeze(-2)
         return (y, self._energy(z, gamma)) if with_energy else y
 
     def _energy(self, z: Tensor, gamma: Tensor) -> Tensor:
@@ -87,11 +98,15 @@ class CEMMLP(DescentLayer):
         return -((gamma.abs() if self.convex else gamma) * silu_integral(z)).sum(-1)
 
     def forward(self, h: Tensor, cache=None) -> Tensor:
-        """x^(0) = h (or ĥ), x^(t+1) = x^(t) + η_t direction(norm(x^(t))); returns x^(T). `cache` is unused."""
+        """x^(0) = h (or ĥ), x^(t+1) = x^(t) + η_t direction(norm(x^(t))); returns x^(T). `cache` is unused.
+        The preconditioner is folded into the down projection once for all steps (`output_weight`) when there
+        are at least as many tokens as hidden rows (else applying it per token is cheaper)."""
         check_residual(h, self.dim, "CEMMLP", self.norm.weight.dtype)
         hn = self.norm(h)
         gamma = self.w_gate(hn)
-        return self.descend(h, hn, lambda u, with_energy=False: self.direction(u, gamma, with_energy))
+        fold = self.precond is not None and h.shape[:-1].numel() >= self.hidden_dim
+        w_out = self.output_weight() if fold else None
+        return self.descend(h, hn, lambda u, with_energy=False: self.direction(u, gamma, w_out, with_energy))
 
     def energy(self, u: Tensor, h: Tensor) -> Tensor:
         """ξ(u_i | ĥ_i) for every position, shape (B, J)."""

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ._checks import check_choice, check_heads, check_positive_int, check_residual
-from .position import ALIBI_SLOPES, alibi_slopes, apply_rope, causal_mask, position_bias, rope_tables
+from .position import ALIBI_SLOPES, alibi_bias, apply_rope, causal_mask, rope_cos_sin
 from .norm import RMSNorm
 
 POSITIONS = ("rope", "alibi")
@@ -45,14 +45,14 @@ class LlamaAttention(nn.Module):
         q, k, v = self._heads(self.w_q(hn)), self._heads(self.w_k(hn)), self._heads(self.w_v(hn))
         start = 0 if cache is None else cache.length
         if self.position == "rope":
-            cos, sin = rope_tables(self.head_dim, torch.arange(start, start + h.shape[1], device=h.device), self.rope_theta)
+            cos, sin = rope_cos_sin(self.head_dim, start, h.shape[1], self.rope_theta, h.device, q.dtype)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is not None:
             stored = cache.update(k=k, v=v)
             k, v = stored["k"], stored["v"]
         n_q, n_k = q.shape[-2], k.shape[-2]
         if self.position == "alibi":
-            mask = position_bias(alibi_slopes(self.n_heads, h.device, self.alibi), None, start, n_q, n_k, q.dtype)
+            mask = alibi_bias(self.n_heads, self.alibi, start, n_q, n_k, q.dtype, h.device)
         elif start == 0:
             mask = None  # full causal forward: the fused is_causal path
         else:

@@ -43,6 +43,37 @@ def position_bias(
     return bias.masked_fill(rel < 0, float("-inf")).to(dtype)
 
 
+_ALIBI_CACHE: dict[tuple, Tensor] = {}
+_ROPE_CACHE: dict[tuple, tuple[Tensor, Tensor]] = {}
+_CACHE_ENTRIES = 8  # per cache: a handful of (length, dtype, device) combinations
+
+
+def _remember(store: dict, key: tuple, value):
+    if len(store) >= _CACHE_ENTRIES:
+        store.pop(next(iter(store)))  # oldest first
+    store[key] = value
+    return value
+
+
+def alibi_bias(n_heads: int, kind: str, q_start: int, n_q: int, n_k: int, dtype: torch.dtype, device: torch.device | str) -> Tensor:
+    """`position_bias` of the `kind` slopes without the self bias, a constant (no autograd graph) of shape
+    (1, K, n_q, n_k): 4-D, so that CPU SDPA takes its fused kernel (a 3-D mask sends it to the math path).
+
+    The full forward (q_start = 0) reuses one tensor per (heads, slopes, length, dtype, device) instead of
+    building it in every layer; under torch.compile it is built in the graph (the compiler fuses it).
+    """
+    slopes = alibi_slopes(n_heads, device, kind)
+    if torch.compiler.is_compiling() or q_start != 0:  # compiled, or cached decoding (a new offset every step)
+        return position_bias(slopes, None, q_start, n_q, n_k, dtype).unsqueeze(0)
+    key = (n_heads, kind, n_q, n_k, dtype, str(torch.device(device)))
+    bias = _ALIBI_CACHE.get(key)
+    if bias is None:
+        with torch.inference_mode(False):  # a tensor kept across calls must never be an inference tensor
+            slopes = alibi_slopes(n_heads, device, kind)
+            bias = _remember(_ALIBI_CACHE, key, position_bias(slopes, None, 0, n_q, n_k, dtype).unsqueeze(0))
+    return bias
+
+
 def causal_mask(q_start: int, n_q: int, n_k: int, device: torch.device) -> Tensor:
     """Boolean mask, True where key j may be seen by query i (j <= q_start + i). Shape (n_q, n_k)."""
     i = torch.arange(q_start, q_start + n_q, device=device)
@@ -55,6 +86,24 @@ def rope_tables(head_dim: int, positions: Tensor, theta: float = 10000.0) -> tup
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float64) / head_dim))
     angles = positions.to(torch.float64)[:, None] * inv_freq[None, :]
     return angles.cos(), angles.sin()
+
+
+def rope_cos_sin(head_dim: int, start: int, n: int, theta: float, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """`rope_tables` for positions start..start+n-1, cast to the working dtype of `apply_rope` for `dtype`,
+    computed once per (width, theta, device, dtype) and length (grown by doubling) and sliced after."""
+    work = torch.float64 if dtype == torch.float64 else torch.float32
+    device = torch.device(device)
+    if torch.compiler.is_compiling():
+        cos, sin = rope_tables(head_dim, torch.arange(start, start + n, device=device), theta)
+        return cos.to(work), sin.to(work)
+    key = (head_dim, float(theta), str(device), work)
+    tables = _ROPE_CACHE.get(key)
+    if tables is None or tables[0].shape[0] < start + n:
+        length = max(start + n, 2 * tables[0].shape[0] if tables is not None else 0)
+        with torch.inference_mode(False):  # kept across calls: never an inference tensor
+            cos, sin = rope_tables(head_dim, torch.arange(length, device=device), theta)
+            tables = _remember(_ROPE_CACHE, key, (cos.to(work), sin.to(work)))
+    return tables[0][start : start + n], tables[1][start : start + n]
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:

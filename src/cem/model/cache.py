@@ -1,8 +1,9 @@
 """The decoding cache: per attention application, the tensors of past tokens that later queries read.
 
-Llama attention stores keys and values. CEM attention stores keys once (they are the values) and, only
-when a key-query diagonal is used, the normalised context ĥ it needs. Buffers are allocated once for the
-whole generation (`max_len` positions) and filled in place.
+Llama attention stores keys and values. CEM attention stores keys once (they are the values); with a key-query diagonal the term ĥ_j·(d∘u) is read from the keys through
+W_K^{-1} (`CEMAttention.key_solve`), and ĥ is stored as well only when W_K is badly conditioned. Buffers
+are allocated once for the whole generation (`max_len` positions) and filled in place; `state` holds
+per-slot values that are not per token (such as W_K^{-1}).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ class CacheSlot:
         self.max_len = max_len
         self.length = 0
         self.buffers: dict[str, Tensor] = {}
+        self.state: dict[str, object] = {}  # not per token: never counted in bytes_per_token
         self.children: dict[int, CacheSlot] = {}
 
     def child(self, index: int) -> "CacheSlot":

@@ -51,7 +51,7 @@ class TrainConfig:
     seed: int = 0
     device: str = "auto"
     precision: str = "auto"  # "auto" (bf16 autocast where supported on GPU), "bf16", "fp32"
-    compile: bool = False
+    compile: bool | None = None  # None: `compile_by_default` (on for CUDA; on the CPU only for long runs)
     parallel: str = "ddp"  # with torchrun: "ddp" or "fsdp" (FSDP2, fully_shard)
     wandb: bool = False
     wandb_project: str = "cem"

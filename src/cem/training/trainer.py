@@ -357,6 +357,17 @@ def _restore(rundir: RunDir, resume: bool, model: LanguageModel, sampler: Sequen
     return state, saved
 
 
+# On the CPU compilation pays only for long runs: on the shared 2-core CPU it takes about a minute per model
+# (forward and backward graphs, again for evaluation) and saves 15-22% of a CEM step (6-8% of Llama's) of
+# 0.1-0.3 s at the small preset, so it breaks even after roughly 2-3k steps (docs/LOG.md, issue 13).
+CPU_COMPILE_MIN_STEPS = 3000
+
+
+def compile_by_default(device: torch.device, steps_total: int) -> bool:
+    """`compile=None`: torch.compile on CUDA; on the CPU only for runs of at least CPU_COMPILE_MIN_STEPS steps."""
+    return device.type == "cuda" or steps_total >= CPU_COMPILE_MIN_STEPS
+
+
 def _build_optimizer(model: LanguageModel, run: RunConfig, info: DistInfo, device: torch.device, steps_total: int, saved: dict | None):
     """Wrap the model for the processes (DDP / FSDP2), then AdamW and the schedule, restored when resuming.
 
@@ -374,7 +385,7 @@ def _build_optimizer(model: LanguageModel, run: RunConfig, info: DistInfo, devic
         else:
             optimizer.load_state_dict(saved["optimizer"])
         scheduler.load_state_dict(saved["scheduler"])
-    if t.compile:
+    if compile_by_default(device, steps_total) if t.compile is None else t.compile:
         wrapped = torch.compile(wrapped)
     return wrapped, optimizer, scheduler
 
