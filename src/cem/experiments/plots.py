@@ -38,6 +38,15 @@ def _finish(fig, ax, title: str, path: Path, caption: str) -> None:
     plt.close(fig)
 
 
+def _finish_panels(fig, title: str, path: Path, caption: str) -> None:
+    """`_finish` for a figure of several panels: one title above them all, the caption below."""
+    fig.suptitle(textwrap.fill(title, 100), fontsize=9)
+    fig.text(0.01, 0.005, textwrap.fill(caption, 150), fontsize=7, va="bottom")
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def plot_sizes(summary, title, path):
     """Perplexity against parameters; each CEM point linked to its Llama baseline of the same size (Fig. 2a, 2b)."""
     rows = summary["rows"]
@@ -155,11 +164,7 @@ def plot_step_sizes(summary, title, path):
         ax.set_title(name, fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle(textwrap.fill(title, 100), fontsize=9)
-    fig.text(0.01, 0.005, _caption(summary) + " At T=1, η = 1/T is η = 1.", fontsize=7, va="bottom")
-    fig.tight_layout(rect=(0, 0.05, 1, 1))
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _finish_panels(fig, title, path, _caption(summary) + " At T=1, η = 1/T is η = 1.")
 
 
 def plot_test_time(summary, title, path):
@@ -208,11 +213,7 @@ def plot_energy(summary, title, path):
         ax.set_title(kind, fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    fig.suptitle(textwrap.fill(title, 100), fontsize=9)
-    fig.text(0.01, 0.005, "Mean energy over 4 held-out sequences (one seed), relative to the start point; steps left of the dotted line are the trained ones.", fontsize=7, va="bottom")
-    fig.tight_layout(rect=(0, 0.05, 1, 1))
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _finish_panels(fig, title, path, "Mean energy over 4 held-out sequences (one seed), relative to the start point; steps left of the dotted line are the trained ones.")
 
 
 def plot_table3(summary, title, path):
