@@ -72,7 +72,15 @@ def _opening(summaries: list[dict]) -> list[str]:
         items = [f"{f['claim']} ({e}{'; ' + _diff(f) if f.get('difference') else ''})" for e, f in fs if f["verdict"] == verdict]
         return "; ".join(items) if items else "none"
 
-    lines = [f"**The paper's findings at this scale:** {counts(paper)}."]
+    scale = summaries[0]["scale"]["name"]
+    lines = [
+        f"**In plain words:** at the `{scale}` scale, with every run at the paper's budget, {sum(f['verdict'] == 'held' for _, f in paper)} of the "
+        f"paper's {len(paper)} findings checked hold, {sum(f['verdict'] == 'not held' for _, f in paper)} are contradicted (the interval excludes "
+        f"zero with the other sign) and {sum(f['verdict'] == 'inconclusive' for _, f in paper)} cannot be told from seed noise. Each item below gives "
+        "the seed-paired difference (perplexity, or relative where the claim is relative) with its 95% interval.",
+        "",
+        f"**The paper's findings at this scale:** {counts(paper)}.",
+    ]
     for verdict in MARK:
         lines.append(f"- **{verdict.capitalize()}:** {listing(paper, verdict)}.")
     if ours:
@@ -85,8 +93,8 @@ def _opening(summaries: list[dict]) -> list[str]:
 def _diff(f: dict) -> str:
     d = f["difference"]
     if d["n"] < 2:
-        return f"difference {d['mean']:+.4g}, one seed"
-    return f"difference {d['mean']:+.4g} [95% CI {d['lo']:+.4g}, {d['hi']:+.4g}]"
+        return f"difference {d['mean']:+.3g}, one seed"
+    return f"difference {d['mean']:+.3g} [95% CI {d['lo']:+.3g}, {d['hi']:+.3g}]"
 
 
 def write_report(results_dir: str | Path, allow_short: bool = False) -> Path:
