@@ -1,8 +1,10 @@
-"""Atomic file writes: readers see the old file, no file, or the whole new one, never half of it."""
+"""Atomic file writes (readers see the old file, no file, or the whole new one, never half of it) and file
+checksums."""
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import tempfile
@@ -10,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["atomic_write", "atomic_write_json", "atomic_write_text"]
+__all__ = ["atomic_write", "atomic_write_json", "atomic_write_text", "sha256_file"]
 
 
 @contextlib.contextmanager
@@ -49,3 +51,12 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
 def atomic_write_json(path: str | os.PathLike, obj, indent: int | None = 2) -> Path:
     """Write `obj` as JSON to `path` atomically."""
     return atomic_write_text(path, json.dumps(obj, indent=indent))
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    """The SHA-256 hex digest of a file, read in 1 MiB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()

@@ -13,7 +13,8 @@ import torch
 
 from cem.model import LanguageModel, model_config
 from cem.training import RunDir, checkpoint, find_checkpoint, load_checkpoint, load_run_config, save_checkpoint, train, verify_checkpoint
-from cem.training.checkpoint import MANIFEST, _sha256, load_trainer_state
+from cem.io import sha256_file as _sha256
+from cem.training.checkpoint import MANIFEST, load_trainer_state
 from cem.training.rundir import RunLockedError
 
 

@@ -105,7 +105,8 @@ def bpe_tokenizer_in_run(tmp, run, monkeypatch):
 
 
 def malicious_state(tmp, run, monkeypatch):
-    from cem.training.checkpoint import MANIFEST, _sha256
+    from cem.io import sha256_file as _sha256
+    from cem.training.checkpoint import MANIFEST
 
     class Evil:
         def __reduce__(self):

@@ -15,7 +15,6 @@ copy, an offline machine). Every prepared corpus is loaded once to check it. The
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import shutil
 import sys
@@ -23,7 +22,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from cem.io import atomic_write
+from cem.io import atomic_write, atomic_write_text, sha256_file
 
 TINYSHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 TINYSHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
@@ -57,36 +56,23 @@ def hf_rows(name: str, config: str | None, split: str) -> Iterator[dict]:  # pra
     return iter(datasets.load_dataset(name, config, split=split, streaming=True))
 
 
-def _write_text(path: Path, text: str) -> None:
-    with atomic_write(path) as f:
-        f.write(text.encode("utf-8"))
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _wikitext2(root: Path) -> None:
     for split, hf_split in (("train", "train"), ("valid", "validation"), ("test", "test")):
         rows = hf_rows("Salesforce/wikitext", "wikitext-2-v1", hf_split)
-        _write_text(root / f"wikitext-2/{split}.txt", "".join(row["text"] for row in rows))
+        atomic_write_text(root / f"wikitext-2/{split}.txt", "".join(row["text"] for row in rows))
 
 
 def _tinyshakespeare(root: Path) -> None:
     dest = root / "tinyshakespeare/input.txt"
     download(TINYSHAKESPEARE_URL, dest)
-    if _sha256(dest) != TINYSHAKESPEARE_SHA256:
+    if sha256_file(dest) != TINYSHAKESPEARE_SHA256:
         dest.unlink()
         raise ValueError(f"{TINYSHAKESPEARE_URL}: the file differs from char-rnn's input.txt (sha256 mismatch); removed")
 
 
 def _tinystories(root: Path) -> None:
     train = itertools.islice(hf_rows("roneneldan/TinyStories", None, "train"), TINYSTORIES_TRAIN_STORIES)
-    _write_text(root / FILES["tinystories"][0], "".join(row["text"].strip() + "\n" for row in train))
+    atomic_write_text(root / FILES["tinystories"][0], "".join(row["text"].strip() + "\n" for row in train))
     held_out, size = [], 0
     for row in hf_rows("roneneldan/TinyStories", None, "validation"):
         story = row["text"].strip() + "\n\n"
@@ -94,7 +80,7 @@ def _tinystories(root: Path) -> None:
         size += len(story.encode("utf-8"))
         if size >= TINYSTORIES_VALID_BYTES:
             break
-    _write_text(root / FILES["tinystories"][1], "".join(held_out))
+    atomic_write_text(root / FILES["tinystories"][1], "".join(held_out))
 
 
 def _enwik8(root: Path) -> None:

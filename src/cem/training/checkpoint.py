@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import json
 import os
 import random
@@ -30,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..io import atomic_write_json
+from ..io import atomic_write_json, sha256_file
 from ..model import LanguageModel, ModelConfig, load_pretrained, save_weights
 
 MANIFEST = "manifest.json"
@@ -42,14 +41,6 @@ _TRASH_PREFIX = ".trash-ckpt-"
 def _op(name: str, fn, *args, **kwargs):
     """Every file-system operation of a save goes through here (tests inject crashes at the k-th call)."""
     return fn(*args, **kwargs)
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _fsync(path: Path) -> None:
@@ -114,7 +105,7 @@ def save_checkpoint(directory: Path, cfg: ModelConfig, model_state: dict, traine
         _op("torch.save", torch.save, {**trainer_state, "format": FORMAT_VERSION}, tmp / "trainer_state.pt")
         for p in sorted(tmp.iterdir()):
             _op("fsync", _fsync, p)
-        files = {p.name: {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in sorted(tmp.iterdir())}
+        files = {p.name: {"bytes": p.stat().st_size, "sha256": sha256_file(p)} for p in sorted(tmp.iterdir())}
         manifest = {"format": FORMAT_VERSION, "step": int(trainer_state.get("step", 0)), "files": files}
         _op("write_manifest", atomic_write_json, tmp / MANIFEST, manifest)
         _op("fsync", _fsync, tmp)
@@ -196,7 +187,7 @@ def verify_checkpoint(directory: Path) -> None:
         path = directory / name
         if not path.is_file():
             raise ValueError(f"checkpoint {directory} is incomplete: {name} is missing")
-        if path.stat().st_size != meta["bytes"] or _sha256(path) != meta["sha256"]:
+        if path.stat().st_size != meta["bytes"] or sha256_file(path) != meta["sha256"]:
             raise ValueError(f"checkpoint {directory} is corrupted: {name} does not match its checksum (truncated or altered)")
 
 
