@@ -368,6 +368,7 @@ def test_trust_remote_code_loads_without_importing_cem_hf(tmp_path):
     assert json.loads((out / "config.json").read_text())["auto_map"]["AutoModelForCausalLM"] == "modeling_cem.CEMForCausalLM"
     code = (
         "import sys, torch\n"
+        f"torch.set_num_threads({torch.get_num_threads()})\n"  # the same reduction order as this process
         "from transformers import AutoModelForCausalLM\n"
         "assert 'cem.hf' not in sys.modules\n"
         f"m = AutoModelForCausalLM.from_pretrained({str(out)!r}, trust_remote_code=True)\n"
