@@ -6,7 +6,7 @@ import random
 import pytest
 
 from cem.experiments import ALL_IDS, EXPERIMENTS, SCALES, SUITE_ORDER, RunSpec, akima_optimum, get_scale, run_experiment, write_report
-from cem.experiments.registry import close, gains_more, lower
+from cem.experiments.findings import close, gains_more, lower
 from cem.experiments.report import ShortOfBudget
 from cem.experiments.runner import _specs
 from cem.experiments.stats import Interval, ci_halfwidth

@@ -15,6 +15,7 @@ from ..layers.steps import DescentLayer
 from ..model.flops import forward_flops_per_token
 from ..training import RunDir
 from ..training.evaluate import evaluate
+from .findings import Context, Finding
 from .stats import Interval, mean_std
 
 
@@ -115,13 +116,12 @@ def _curve_rows(steps, runs: list[list[dict]]) -> list[dict]:
     return out
 
 
-def test_time_study(c) -> tuple[list, dict]:
+def test_time_study(c: Context) -> tuple[list, dict]:
     """Every model of the experiment evaluated at each T of the scale's `eval_steps`, fixed, and (CEM models)
     adaptive with each tolerance of ADAPTIVE_TOLS at most the deepest T (the energy an adaptive step needs is
     costly for the MLP, whose φ = ∫SiLU takes a quadrature, so one depth is evaluated); the Llama control applies its sublayers T
     times (plain reuse at test time). Per model, the finding "more test-time steps than trained lower
     perplexity", on seed-paired differences."""
-    from .registry import Finding
 
     steps = list(c.scale.eval_steps)
     curves, adaptive = {}, {}
@@ -187,9 +187,8 @@ def energy_trace(run_dir: Path, max_steps: int = 4, n_seqs: int = 4, data_dir: s
     return rows
 
 
-def energy_study(c) -> tuple[list, dict]:
+def energy_study(c: Context) -> tuple[list, dict]:
     """The energy trace of the first seed's model; does each trained step (and each step beyond) descend?"""
-    from .registry import Finding
 
     run_dir = c.root / "runs" / c.variants[0].spec.with_seed(c.scale.seeds[0]).slug
     trace = _cached(run_dir / "energy.json", lambda: energy_trace(run_dir, data_dir=c.data_dir, device=c.device))
@@ -208,10 +207,9 @@ def energy_study(c) -> tuple[list, dict]:
     return findings, {"energy": trace}
 
 
-def gp_study(c) -> tuple[list, dict]:
+def gp_study(c: Context) -> tuple[list, dict]:
     """Table 3: the GP regression study at the scale's GP setting; T=8 against T=1, paired by seed."""
     from .gp_regression import run_gp_study, summarize
-    from .registry import Finding
 
     gp_scale = {"smoke": "tiny"}.get(c.scale.name, c.scale.name)
     rows = run_gp_study(seeds=c.scale.seeds, scale=gp_scale, out_dir=c.out, progress=True)

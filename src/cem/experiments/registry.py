@@ -1,47 +1,21 @@
 """The experiments as data: each entry names its training runs (variants of a size and architecture), the
 analysis that turns their results into the paper's findings, and its plot.
 
-Findings are judged on seed-paired differences (`cem.experiments.stats`): *held* only when the 95%
-confidence interval of the mean paired difference excludes zero with the paper's sign; "A is close to B"
-findings are equivalence tests (the whole interval of the relative difference inside the tolerance).
+How findings are judged is in `cem.experiments.findings`.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from . import plots
+from . import analysis, plots
+from .findings import Context, Finding, close, gains_more, lower
 from .scales import Scale
 from .stats import Interval
 from .sweep import RunSpec, Variant
-
-
-@dataclass
-class Finding:
-    claim: str
-    verdict: str  # "held" | "not held" | "inconclusive"
-    evidence: str
-    difference: dict | None = None  # the paired difference (mean, lo, hi, n) the verdict rests on
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-@dataclass
-class Context:
-    """What an analysis sees: the scale, one row per variant (per-seed metrics in `*_per_seed`), where the
-    runs live, and the data directory (analyses that evaluate trained models need it)."""
-
-    scale: Scale
-    rows: list[dict]
-    variants: list[Variant]
-    root: Path
-    out: Path
-    data_dir: str | None = None
-    device: str = "auto"
 
 
 @dataclass
@@ -53,51 +27,6 @@ class Experiment:
     plot: Callable[[dict, str, Path], None]  # (summary, title, png path)
     seeds: str = "default"  # "recursion": the scale's recursion seeds (5 at cpu and gpu scale)
     paper: bool = True  # False for ours (beyond the paper)
-
-
-# --- findings on seed-paired differences -------------------------------------------------------------
-
-
-def row(rows: list[dict], label: str) -> dict:
-    for r in rows:
-        if r["label"] == label:
-            return r
-    raise KeyError(label)
-
-
-def per_seed(rows, label: str, key: str = "test_perplexity") -> list[float]:
-    return row(rows, label)[key + "_per_seed"]
-
-
-def _means(rows, *labels) -> str:
-    return "; ".join(f"{lab}: {row(rows, lab)['test_perplexity']:.3f}" for lab in labels)
-
-
-def lower(rows, better: str, worse: str, claim: str) -> Finding:
-    """Claim: `better` has a lower test perplexity than `worse` (paired difference worse - better > 0)."""
-    d = Interval.of([w - b for b, w in zip(per_seed(rows, better), per_seed(rows, worse))])
-    rel = d.mean / row(rows, worse)["test_perplexity"]
-    evidence = f"{_means(rows, better, worse)}; paired difference {d.text()} ({rel:+.1%} of {worse})"
-    return Finding(claim, d.verdict(+1), evidence, d.to_dict())
-
-
-def close(rows, a: str, b: str, claim: str, tolerance: float) -> Finding:
-    """Claim: `a` is within `tolerance` (relative) of `b`: the interval of (a - b) / b lies inside ±tolerance."""
-    d = Interval.of([(x - y) / y for x, y in zip(per_seed(rows, a), per_seed(rows, b))])
-    evidence = f"{_means(rows, a, b)}; relative paired difference {d.text('+.2%')}, tolerance ±{tolerance:.0%}"
-    return Finding(claim, d.within(tolerance), evidence, d.to_dict())
-
-
-def gains_more(rows, reuse: tuple[str, str], cem: tuple[str, str], claim: str) -> Finding:
-    """Claim: going from `cem[0]` to `cem[1]` lowers perplexity more than going from `reuse[0]` to `reuse[1]`."""
-    g_cem = [a - b for a, b in zip(per_seed(rows, cem[0]), per_seed(rows, cem[1]))]
-    g_reuse = [a - b for a, b in zip(per_seed(rows, reuse[0]), per_seed(rows, reuse[1]))]
-    d = Interval.of([c - r for c, r in zip(g_cem, g_reuse)])
-    evidence = (
-        f"perplexity gain {cem[0]} → {cem[1]}: {Interval.of(g_cem).mean:+.3f}; plain reuse {reuse[0]} → {reuse[1]}: "
-        f"{Interval.of(g_reuse).mean:+.3f}; difference of gains {d.text()}"
-    )
-    return Finding(claim, d.verdict(+1), evidence, d.to_dict())
 
 
 def _llama(size: str, group: str = "Llama") -> Variant:
@@ -379,24 +308,6 @@ def testtime_variants(s: Scale) -> list[Variant]:
     ]
 
 
-def testtime_findings(c: Context):
-    from .analysis import test_time_study
-
-    return test_time_study(c)
-
-
-def energy_findings(c: Context):
-    from .analysis import energy_study
-
-    return energy_study(c)
-
-
-def table3_findings(c: Context):
-    from .analysis import gp_study
-
-    return gp_study(c)
-
-
 EXPERIMENTS: dict[str, Experiment] = {
     e.id: e
     for e in [
@@ -411,9 +322,9 @@ EXPERIMENTS: dict[str, Experiment] = {
         Experiment("step-size", "step size η at T = 1, 2, 3: constant 1, 1/T, or learned per step (diag+low-rank P)", step_size_variants, step_size_findings, plots.plot_step_sizes, "recursion", paper=False),
         Experiment("positional", "position encoding (RoPE, ALiBi) vs energy structure", positional_variants, positional_findings, plots.plot_points, paper=False),
         Experiment("readings", "the paper's two ambiguous readings: ALiBi slopes and the start point x0", readings_variants, readings_findings, plots.plot_points, paper=False),
-        Experiment("test-time", "perplexity against test-time compute: full CEM trained at T=1, T=2 and random depth, evaluated at T=1..8 (fixed and adaptive), against Llama with plain reuse", testtime_variants, testtime_findings, plots.plot_test_time, "recursion", paper=False),
-        Experiment("energy", "the energy of each layer at each recursion step on held-out text", lambda s: testtime_variants(s)[1:2], energy_findings, plots.plot_energy, paper=False),
-        Experiment("table3", "recursion on synthetic Gaussian-process regression (10 input dims)", None, table3_findings, plots.plot_table3),
+        Experiment("test-time", "perplexity against test-time compute: full CEM trained at T=1, T=2 and random depth, evaluated at T=1..8 (fixed and adaptive), against Llama with plain reuse", testtime_variants, analysis.test_time_study, plots.plot_test_time, "recursion", paper=False),
+        Experiment("energy", "the energy of each layer at each recursion step on held-out text", lambda s: testtime_variants(s)[1:2], analysis.energy_study, plots.plot_energy, paper=False),
+        Experiment("table3", "recursion on synthetic Gaussian-process regression (10 input dims)", None, analysis.gp_study, plots.plot_table3),
     ]
 }
 

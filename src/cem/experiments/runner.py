@@ -13,7 +13,8 @@ import torch
 
 from ..device import cpu_model
 from ..io import atomic_write_json
-from .registry import ALL_IDS, EXPERIMENTS, SUITE_ORDER, Context
+from .findings import Context
+from .registry import ALL_IDS, EXPERIMENTS, SUITE_ORDER
 from .scales import Scale, get_scale
 from .sweep import run_sweep, summarize
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
-from ..layers._checks import check_choice
+from ..checks import check_choice
 
 
 @dataclass(frozen=True)

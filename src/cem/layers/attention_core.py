@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..kernels import HAS_TRITON, triton_cem_attention
-from ._checks import check_choice
+from ..checks import check_choice
 from .position import alibi_bias, position_bias
 
 BACKENDS = ("auto", "eager", "sdpa", "flex", "triton", "fast")

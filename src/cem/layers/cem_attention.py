@@ -15,7 +15,7 @@ import warnings
 import torch
 from torch import Tensor, nn
 
-from ._checks import check_choice, check_heads, check_residual, check_same_shape
+from ..checks import check_choice, check_heads, check_residual, check_same_shape
 from .attention_core import cem_attention, cem_attention_energy, cem_logits, check_backend, resolve_backend
 from .position import ALIBI_SLOPES, alibi_slopes
 from .norm import RMSNorm

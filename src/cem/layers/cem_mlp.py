@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._checks import check_choice, check_positive_int, check_residual, check_same_shape
+from ..checks import check_choice, check_positive_int, check_residual, check_same_shape
 from .norm import RMSNorm
 from .precond import make_preconditioner
 from .steps import DescentLayer

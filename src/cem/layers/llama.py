@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._checks import check_choice, check_heads, check_positive_int, check_residual
+from ..checks import check_choice, check_heads, check_positive_int, check_residual
 from .position import ALIBI_SLOPES, alibi_bias, apply_rope, causal_mask, rope_cos_sin
 from .norm import RMSNorm
 

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._checks import check_choice, check_positive_int
+from ..checks import check_choice, check_positive_int
 
 PRECONDITIONERS = ("identity", "diag", "diag_lowrank")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from ._checks import check_positive_int
+from ..checks import check_positive_int
 
 
 class Reuse(nn.Module):

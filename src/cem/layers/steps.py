@@ -34,7 +34,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ._checks import check_choice, check_finite, check_nonnegative_int, check_positive_int, check_tolerance
+from ..checks import check_choice, check_finite, check_nonnegative_int, check_positive_int, check_tolerance
 
 STEP_SCHEDULES = ("constant", "inverse", "learned")
 STARTS = ("residual", "norm")

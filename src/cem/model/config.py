@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, fields
 
 from ..layers import ALIBI_SLOPES, KQ_DIAGONALS, MLP_ENERGIES, POSITIONS, PRECONDITIONERS, STARTS, STEP_SCHEDULES
-from ..layers._checks import check_choice, check_finite, check_heads, check_nonnegative_int, check_positive_int, check_tolerance
+from ..checks import check_choice, check_finite, check_heads, check_nonnegative_int, check_positive_int, check_tolerance
 from ..layers.attention_core import BACKENDS
 
 LAYER_KINDS = ("llama", "cem")

@@ -6,7 +6,7 @@ import torch
 from torch import Tensor, nn
 
 from ..layers import CEMMLP, CEMAttention, GatedMLP, LlamaAttention, Reuse, RMSNorm
-from ..layers._checks import check_nonnegative_int, check_tolerance
+from ..checks import check_nonnegative_int, check_tolerance
 from ..layers.steps import DescentLayer
 from .cache import Cache
 from .config import ModelConfig

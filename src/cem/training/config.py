@@ -12,7 +12,7 @@ from pathlib import Path
 import yaml
 
 from ..device import PRECISIONS
-from ..layers._checks import check_choice, check_finite, check_positive_int
+from ..checks import check_choice, check_finite, check_positive_int
 from ..model import ModelConfig, model_config
 
 PARALLEL = ("ddp", "fsdp")

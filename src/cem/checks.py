@@ -1,4 +1,4 @@
-"""Argument and input validation shared by the layers: clear ValueErrors instead of deep torch errors."""
+"""Argument and input validation shared by every part of cem: clear ValueErrors that name the setting instead of deep torch errors."""
 
 from __future__ import annotations
 
