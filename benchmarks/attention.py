@@ -41,7 +41,7 @@ from benchmarks.common import (
     setup,
 )
 from cem.kernels import HAS_TRITON
-from cem.layers import CEMAttention, LlamaAttention
+from cem.layers import CEMAttention, LlamaAttention, Recursion
 
 ALL_BACKENDS = ("eager", "sdpa", "flex", "triton", "fast")
 GPU_SEQS = (512, 1024, 2048, 4096, 8192)
@@ -99,7 +99,7 @@ def specs(args, device: torch.device, dtype: torch.dtype) -> list[Spec]:
     for steps in args.cem_steps:
         for diag in args.kq_diag:
             for backend in args.backends:
-                build = lambda s=steps, d=diag, b=backend: CEMAttention(args.dim, args.heads, steps=s, kq_diag=d, backend=b)  # noqa: E731
+                build = lambda s=steps, d=diag, b=backend: CEMAttention(args.dim, args.heads, recursion=Recursion(steps=s), kq_diag=d, backend=b)  # noqa: E731
                 spec = Spec(f"CEM T={steps} kq={diag}", backend, build)
                 if backend not in usable:
                     spec.skip = "needs CUDA and triton" if backend == "triton" else "unavailable"

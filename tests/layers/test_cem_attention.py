@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from cem.layers import CEMAttention
+from cem.layers import CEMAttention, Recursion
 from cem_reference import attention_head_energies, attention_update_formula, precond_dense, rms_norm
 
 B, J, D, K = 2, 7, 24, 3
@@ -31,7 +31,7 @@ def autograd_update(layer, h):
 @pytest.mark.parametrize("kq_diag,exact", [("none", False), ("shared", True), ("per_head", True)])
 @pytest.mark.parametrize("backend", ["eager", "sdpa", "fast"])
 def test_step_equals_autograd_on_energy(rand, precond, kq_diag, exact, backend):
-    layer = make(rand, kq_diag=kq_diag, precond=precond, exact_gradient=exact, step_size=0.7, backend=backend)
+    layer = make(rand, kq_diag=kq_diag, precond=precond, exact_gradient=exact, recursion=Recursion(step_size=0.7), backend=backend)
     h = torch.randn(B, J, D, dtype=torch.float64)
     with torch.no_grad():
         step = layer(h) - h
@@ -41,7 +41,7 @@ def test_step_equals_autograd_on_energy(rand, precond, kq_diag, exact, backend):
 @pytest.mark.parametrize("kq_diag", ["shared", "per_head"])
 @pytest.mark.parametrize("precond", ["identity", "diag_lowrank"])
 def test_default_step_equals_design_formula(rand, kq_diag, precond):
-    layer = make(rand, kq_diag=kq_diag, precond=precond, step_size=0.9)
+    layer = make(rand, kq_diag=kq_diag, precond=precond, recursion=Recursion(step_size=0.9))
     h = torch.randn(B, J, D, dtype=torch.float64)
     with torch.no_grad():
         step = layer(h) - h
@@ -80,7 +80,7 @@ def test_small_steps_descend(rand, precond):
 
 
 def test_steps_recompute_queries_with_fixed_keys(rand):
-    layer = make(rand, kq_diag="shared", exact_gradient=True, step_size=0.5)
+    layer = make(rand, kq_diag="shared", exact_gradient=True, recursion=Recursion(step_size=0.5))
     h = torch.randn(B, J, D, dtype=torch.float64)
     with torch.no_grad():
         layer.steps = 2
@@ -97,7 +97,7 @@ def test_steps_recompute_queries_with_fixed_keys(rand):
 
 @pytest.mark.parametrize("backend", ["eager", "sdpa"])
 def test_causal(rand, backend):
-    layer = make(rand, kq_diag="per_head", precond="diag_lowrank", steps=2, backend=backend)
+    layer = make(rand, kq_diag="per_head", precond="diag_lowrank", recursion=Recursion(steps=2), backend=backend)
     h = torch.randn(B, J, D, dtype=torch.float64)
     h2 = h.clone()
     h2[:, 4:] = torch.randn(B, J - 4, D, dtype=torch.float64)
@@ -121,7 +121,7 @@ def test_parameters_and_shapes():
 
 
 def test_learned_step_size(rand):
-    layer = make(rand, learn_step_size=True, step_size=0.5)
+    layer = make(rand, recursion=Recursion(step_size=0.5, learn_step_size=True))
     h = torch.randn(B, J, D, dtype=torch.float64)
     with torch.no_grad():
         layer.eta.gain.fill_(2.0)
@@ -145,7 +145,7 @@ def test_preconditioner_apply_matches_dense(rand):
 def test_folded_preconditioner_equals_per_head_form(rand, kq_diag, precond):
     """Σ_k P_k W_Q^kᵀ o^k through the folded output weight (once per forward) equals P_k applied per head,
     in the output and in every parameter's gradient (float64, two steps)."""
-    layer = make(rand, kq_diag=kq_diag, precond=precond, steps=2)
+    layer = make(rand, kq_diag=kq_diag, precond=precond, recursion=Recursion(steps=2))
     if layer.precond.v is not None:
         with torch.no_grad():
             layer.precond.v.normal_(0, 0.1)  # off the zero init, so the low-rank part matters

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from cem.layers import CEMMLP, silu_integral
+from cem.layers import CEMMLP, Recursion, silu_integral
 from cem_reference import mlp_energy, precond_dense, rms_norm, silu_integral as ref_phi, silu_integral_closed_form
 
 B, J, D, M = 2, 5, 12, 20
@@ -23,7 +23,7 @@ def test_silu_integral_matches_closed_form():
 @pytest.mark.parametrize("precond", ["identity", "diag", "diag_lowrank"])
 @pytest.mark.parametrize("energy", ["gated", "convex"])
 def test_step_equals_autograd_on_energy(rand, precond, energy):
-    layer = make(rand, precond=precond, energy=energy, step_size=0.6)
+    layer = make(rand, precond=precond, energy=energy, recursion=Recursion(step_size=0.6))
     h = torch.randn(B, J, D, dtype=torch.float64)
     u = rms_norm(h, layer.norm.weight, layer.norm.eps).detach().requires_grad_(True)
     (g,) = torch.autograd.grad(mlp_energy(layer, u, h).sum(), u)
@@ -64,7 +64,7 @@ def test_tied_parameters():
 
 
 def test_position_wise(rand):
-    layer = make(rand, steps=3, precond="diag_lowrank")
+    layer = make(rand, recursion=Recursion(steps=3), precond="diag_lowrank")
     h = torch.randn(B, J, D, dtype=torch.float64)
     with torch.no_grad():
         full = layer(h)
@@ -82,7 +82,7 @@ def test_convex_sign_uses_straight_through_gradient():
 def test_folded_preconditioner_equals_applying_it_per_token(rand):
     """P Vᵀ g through the folded down projection V P equals P applied to every token's Vᵀ g (float64,
     output and every gradient, two steps)."""
-    layer = make(rand, steps=2, precond="diag_lowrank")
+    layer = make(rand, recursion=Recursion(steps=2), precond="diag_lowrank")
     with torch.no_grad():
         layer.precond.v.normal_(0, 0.1)
     h = torch.randn(2, (layer.hidden_dim + 1) // 2, layer.dim, dtype=torch.float64)  # enough tokens to fold

@@ -4,7 +4,7 @@ in float64, against plain fixed-T recursions of the same layer."""
 import pytest
 import torch
 
-from cem.layers import CEMMLP, CEMAttention
+from cem.layers import CEMMLP, CEMAttention, Recursion
 from cem.model import LanguageModel, model_config
 
 B, J, D, K, M = 2, 7, 24, 3, 20
@@ -17,8 +17,8 @@ LAYERS = {
 }
 
 
-def build(kind, rand, seed=7, **kw):
-    return rand(LAYERS[kind](**kw).double(), seed=seed).eval()
+def build(kind, rand, seed=7, **recursion):
+    return rand(LAYERS[kind](recursion=Recursion(**recursion)).double(), seed=seed).eval()
 
 
 def plain(layer, h, steps, step_size=None):
@@ -126,7 +126,7 @@ def test_guard_with_tiny_steps_is_the_plain_step(rand, kind):
 
 
 def test_options_are_refused_in_training_and_validated():
-    layer = CEMMLP(D, M, steps=2)
+    layer = CEMMLP(D, M, recursion=Recursion(steps=2))
     h = torch.randn(B, J, D)
     for option, value in (("adaptive_tol", 1e-3), ("guard", 2)):
         setattr(layer, option, value)

@@ -6,7 +6,7 @@ import torch
 
 from cem.layers import CEMMLP, CEMAttention
 from cem.layers.position import alibi_slopes
-from cem.layers.steps import StepSize
+from cem.layers.steps import Recursion, StepSize
 from cem.model import LanguageModel, model_config
 from cem_reference import attention_head_energies, mlp_energy, precond_dense, rms_norm
 
@@ -49,7 +49,7 @@ def build(kind, rand, **kw):
 @pytest.mark.parametrize("start", ["residual", "norm"])
 @pytest.mark.parametrize("schedule", ["constant", "inverse", "learned"])
 def test_recursion_equals_reference(rand, kind, start, schedule):
-    layer = build(kind, rand, steps=3, step_size=0.8, step_schedule=schedule, start=start, precond="diag")
+    layer = build(kind, rand, recursion=Recursion(steps=3, step_size=0.8, schedule=schedule, start=start), precond="diag")
     if schedule == "learned":
         with torch.no_grad():
             layer.eta.step_gains.copy_(torch.tensor([1.2, 0.5, 0.9], dtype=torch.float64))
@@ -62,7 +62,7 @@ def test_recursion_equals_reference(rand, kind, start, schedule):
 
 def test_norm_start_drops_the_raw_residual(rand):
     """With x^(0) = RMSNorm(h), a rescaled input gives the same output (RMSNorm is scale-invariant)."""
-    layer = build("mlp", rand, start="norm")
+    layer = build("mlp", rand, recursion=Recursion(start="norm"))
     h = torch.randn(B, J, D, dtype=torch.float64)
     with torch.no_grad():
         torch.testing.assert_close(layer(h), layer(5 * h), rtol=1e-5, atol=1e-5)  # up to the norm eps
@@ -70,12 +70,12 @@ def test_norm_start_drops_the_raw_residual(rand):
 
 
 def test_learned_schedule_runs_beyond_its_trained_steps():
-    eta = StepSize(0.5, schedule="learned", learned_steps=2).double()
+    eta = StepSize(Recursion(step_size=0.5, schedule="learned", learned_steps=2)).double()
     with torch.no_grad():
         eta.step_gains.copy_(torch.tensor([2.0, 3.0]))
     assert [float(eta(t, 5)) for t in range(5)] == [1.0, 1.5, 1.5, 1.5, 1.5]
-    assert StepSize(0.9, schedule="inverse")(0, 3) == pytest.approx(0.3)
-    assert StepSize(0.9)(2, 3) == 0.9
+    assert StepSize(Recursion(step_size=0.9, schedule="inverse"))(0, 3) == pytest.approx(0.3)
+    assert StepSize(Recursion(step_size=0.9))(2, 3) == 0.9
 
 
 def test_app_a_slopes_and_energy(rand):
@@ -91,12 +91,31 @@ def test_app_a_slopes_and_energy(rand):
         CEMAttention(D, K, alibi="2^-k")
 
 
-@pytest.mark.parametrize("bad", [dict(step_schedule="cosine"), dict(start="zero")])
-def test_bad_recursion_options(bad):
-    with pytest.raises(ValueError, match=next(iter(bad))):
-        CEMMLP(D, M, **bad)
-    with pytest.raises(ValueError, match=next(iter(bad))):
+@pytest.mark.parametrize(
+    "bad,match",
+    [
+        (dict(step_schedule="cosine"), "step_schedule"),
+        (dict(start="zero"), "start"),
+        (dict(learn_step_size=1), "learn_step_size"),
+    ],
+)
+def test_bad_recursion_options(bad, match):
+    """Recursion validates itself once, for the layers and for the config's `recursion(kind)`."""
+    name, value = next(iter(bad.items()))
+    with pytest.raises(ValueError, match=match):
+        Recursion(**{"schedule" if name == "step_schedule" else name: value})
+    with pytest.raises(ValueError, match=match):
         model_config("micro", "cem", **bad)
+
+
+def test_config_gives_one_recursion_per_sublayer():
+    cfg = model_config("micro", "cem", attn_steps=2, mlp_steps=3, mlp_step_size=0.5, start="norm", step_schedule="learned",
+                       learn_step_size=True, train_depth="layer", train_depth_max=4)
+    assert cfg.recursion("attn") == Recursion(2, 1.0, "learned", 4, "norm", True)
+    assert cfg.recursion("mlp") == Recursion(3, 0.5, "learned", 4, "norm", True)
+    assert model_config("micro", "cem", mlp_steps=3).recursion("mlp").learned_steps == 3  # fixed depth: T gains
+    with pytest.raises(ValueError, match="unknown sublayer 'head'"):
+        cfg.recursion("head")
 
 
 @pytest.mark.parametrize("per", ["model", "layer"])

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from cem.layers import CEMMLP, CEMAttention, GatedMLP, LlamaAttention, Reuse
+from cem.layers import CEMMLP, CEMAttention, GatedMLP, LlamaAttention, Recursion, Reuse
 from cem.model import LanguageModel, model_config
 
 
@@ -17,8 +17,9 @@ from cem.model import LanguageModel, model_config
         (lambda: CEMMLP(12, 8, precond="newton"), "unknown precond"),
         (lambda: CEMMLP(12, 8, energy="quadratic"), "unknown energy"),
         (lambda: LlamaAttention(12, 3, position="learned"), "unknown position 'learned'"),
-        (lambda: CEMAttention(12, 3, steps=0), "steps must be an integer >= 1"),
-        (lambda: CEMMLP(12, 8, steps=-1), "steps must be"),
+        (lambda: Recursion(steps=0), "steps must be an integer >= 1"),
+        (lambda: Recursion(step_size=0.0), "step_size must be > 0"),
+        (lambda: Recursion(learned_steps=0), "learned_steps must be"),
         (lambda: Reuse(GatedMLP(12, 8), 0), "times must be"),
         (lambda: model_config("13M"), "unknown preset '13M'"),
         (lambda: model_config("tiny", "mamba"), "unknown arch 'mamba'"),

@@ -7,7 +7,7 @@ from .llama import POSITIONS, GatedMLP, LlamaAttention
 from .norm import RMSNorm
 from .precond import PRECONDITIONERS, Preconditioner, make_preconditioner
 from .reuse import Reuse
-from .steps import STARTS, STEP_SCHEDULES
+from .steps import STARTS, STEP_SCHEDULES, Recursion
 
 __all__ = [
     "ALIBI_SLOPES",
@@ -23,6 +23,7 @@ __all__ = [
     "PRECONDITIONERS",
     "Preconditioner",
     "RMSNorm",
+    "Recursion",
     "Reuse",
     "make_preconditioner",
     "silu_integral",

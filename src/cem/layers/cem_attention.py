@@ -20,7 +20,7 @@ from .attention_core import cem_attention, cem_attention_energy, cem_logits, che
 from .position import ALIBI_SLOPES, alibi_slopes
 from .norm import RMSNorm
 from .precond import make_preconditioner
-from .steps import DescentLayer
+from .steps import DescentLayer, Recursion
 
 KQ_DIAGONALS = ("none", "shared", "per_head")
 # A decoding cache reads the diagonal term from the keys through W_K^{-1} (computed in float32 or better)
@@ -38,8 +38,8 @@ class CEMAttention(DescentLayer):
     k*d:(k+1)*d of both. `kq_diag` is the diagonal d_k of A_k (initialised to 0), `self_bias` s_k the learned
     self-attention offset of the ALiBi bias, `precond` the per-head preconditioners P_k (None = identity).
     `exact_gradient=True` keeps the value-side diagonal term Σ_k d_k ∘ Σ_j p_kij ĥ_j that Algorithm 1 drops.
-    `alibi` picks the slopes m_k (`standard` 2^(-8k/K), or `app-a` 2^(-k) as App. A's example); `steps`,
-    `step_size`, `step_schedule` and `start` are the recursion's (see `cem.layers.steps`).
+    `alibi` picks the slopes m_k (`standard` 2^(-8k/K), or `app-a` 2^(-k) as App. A's example); `recursion`
+    holds T, η, the schedule and the start point (`cem.layers.steps.Recursion`).
     """
 
     def __init__(
@@ -47,21 +47,16 @@ class CEMAttention(DescentLayer):
         dim: int,
         n_heads: int,
         *,
-        steps: int = 1,
-        step_size: float = 1.0,
+        recursion: Recursion = Recursion(),
         kq_diag: str = "shared",
         precond: str = "identity",
         precond_rank: int = 4,
         exact_gradient: bool = False,
-        learn_step_size: bool = False,
-        step_schedule: str = "constant",
-        learned_steps: int | None = None,
-        start: str = "residual",
         alibi: str = "standard",
         backend: str = "auto",
         eps: float = 1e-6,
     ) -> None:
-        super().__init__(steps, step_size, learn_step_size, step_schedule, learned_steps, start)
+        super().__init__(recursion)
         check_heads(dim, n_heads)
         check_choice("kq_diag", kq_diag, KQ_DIAGONALS)
         check_choice("alibi", alibi, ALIBI_SLOPES)

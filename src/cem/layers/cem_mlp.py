@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from ..checks import check_choice, check_positive_int, check_residual, check_same_shape
 from .norm import RMSNorm
 from .precond import make_preconditioner
-from .steps import DescentLayer
+from .steps import DescentLayer, Recursion
 
 MLP_ENERGIES = ("gated", "convex")
 
@@ -41,8 +41,8 @@ class CEMMLP(DescentLayer):
 
     `w_gate` is W (the gate γ = W ĥ, computed once from the input), `w_up` is V (up projection; its
     transpose is the down projection), `precond` P_mlp (None = identity). `energy="convex"` selects the
-    convex energy of App. B (sign through a straight-through estimator). `steps`, `step_size`,
-    `step_schedule` and `start` are the recursion's (see `cem.layers.steps`).
+    convex energy of App. B (sign through a straight-through estimator). `recursion` holds T, η, the
+    schedule and the start point (`cem.layers.steps.Recursion`).
     """
 
     def __init__(
@@ -50,18 +50,13 @@ class CEMMLP(DescentLayer):
         dim: int,
         hidden_dim: int,
         *,
-        steps: int = 1,
-        step_size: float = 1.0,
+        recursion: Recursion = Recursion(),
         precond: str = "identity",
         precond_rank: int = 16,
         energy: str = "gated",
-        learn_step_size: bool = False,
-        step_schedule: str = "constant",
-        learned_steps: int | None = None,
-        start: str = "residual",
         eps: float = 1e-6,
     ) -> None:
-        super().__init__(steps, step_size, learn_step_size, step_schedule, learned_steps, start)
+        super().__init__(recursion)
         check_positive_int("dim", dim)
         check_positive_int("hidden_dim", hidden_dim)
         check_choice("energy", energy, MLP_ENERGIES)

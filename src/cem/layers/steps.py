@@ -1,5 +1,5 @@
 """The recursion of a CEM layer (paper §2.3): the number of steps T, the step size η of each step, and
-where the recursion starts.
+where the recursion starts, held together by one `Recursion` value.
 
 Step-size schedules (η_t for step t = 0..T-1 of T):
 - `constant`: η_t = η (the paper's reading; it fixes η = 1 for T = 1 and says nothing for T > 1);
@@ -31,6 +31,8 @@ with an option on, `last_steps_used` holds the steps of every position (B, J) of
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor, nn
 
@@ -40,19 +42,41 @@ STEP_SCHEDULES = ("constant", "inverse", "learned")
 STARTS = ("residual", "norm")
 
 
-class StepSize(nn.Module):
-    """η_t of step t of T: `step_size` (a plain float, changeable at test time) under a schedule, times a
-    learned scalar gain if asked. `learned_steps` is how many per-step gains the `learned` schedule holds."""
+@dataclass(frozen=True)
+class Recursion:
+    """The recursion of one CEM layer (module docstring): T = `steps` descent steps of size η = `step_size`
+    under `schedule`, from the `start` point; the `learned` schedule holds `learned_steps` per-step gains
+    (None: T), and `learn_step_size=True` adds one learned scalar gain. Validated when made."""
 
-    def __init__(self, step_size: float = 1.0, learnable: bool = False, schedule: str = "constant", learned_steps: int = 1) -> None:
+    steps: int = 1
+    step_size: float = 1.0
+    schedule: str = "constant"
+    learned_steps: int | None = None
+    start: str = "residual"
+    learn_step_size: bool = False
+
+    def __post_init__(self) -> None:
+        check_positive_int("steps", self.steps)
+        check_finite("step_size", self.step_size, 0, low_open=True)
+        check_choice("step_schedule", self.schedule, STEP_SCHEDULES)
+        if self.learned_steps is not None:
+            check_positive_int("learned_steps", self.learned_steps)
+        check_choice("start", self.start, STARTS)
+        if not isinstance(self.learn_step_size, bool):
+            raise ValueError(f"learn_step_size must be true or false, got {self.learn_step_size!r}")
+
+
+class StepSize(nn.Module):
+    """η_t of step t of T: the recursion's `step_size` (a plain float, changeable at test time) under its
+    schedule, times a learned scalar gain if asked (`learn_step_size`)."""
+
+    def __init__(self, recursion: Recursion) -> None:
         super().__init__()
-        check_choice("step_schedule", schedule, STEP_SCHEDULES)
-        check_positive_int("learned_steps", learned_steps)
-        check_finite("step_size", step_size, 0, low_open=True)
-        self.step_size = float(step_size)
-        self.schedule = schedule
-        self.gain = nn.Parameter(torch.ones(())) if learnable else None
-        self.step_gains = nn.Parameter(torch.ones(learned_steps)) if schedule == "learned" else None
+        self.step_size = float(recursion.step_size)
+        self.schedule = recursion.schedule
+        self.gain = nn.Parameter(torch.ones(())) if recursion.learn_step_size else None
+        gains = recursion.learned_steps or recursion.steps
+        self.step_gains = nn.Parameter(torch.ones(gains)) if recursion.schedule == "learned" else None
 
     def forward(self, t: int = 0, steps: int = 1) -> float | Tensor:
         """η_t for step t (0-based) of `steps`."""
@@ -66,27 +90,18 @@ class StepSize(nn.Module):
 
 
 class DescentLayer(nn.Module):
-    """Base of the CEM layers: `steps` (T) and `step_size` (η) are plain attributes, changeable on a
-    built or trained model (the test-time compute knob of §2.3).
+    """Base of the CEM layers, built from a `Recursion`: `steps` (T) and `step_size` (η) are plain
+    attributes, changeable on a built or trained model (the test-time compute knob of §2.3).
 
-    In training, `draw_steps` can set the T of the next forward passes (random-depth training); evaluation
+    In training, `drawn_steps` can set the T of the next forward passes (random-depth training); evaluation
     always uses `steps`. `adaptive_tol` and `guard` are the inference options of the module docstring.
     """
 
-    def __init__(
-        self,
-        steps: int,
-        step_size: float,
-        learn_step_size: bool,
-        step_schedule: str = "constant",
-        learned_steps: int | None = None,
-        start: str = "residual",
-    ) -> None:
+    def __init__(self, recursion: Recursion) -> None:
         super().__init__()
-        check_choice("start", start, STARTS)
-        self.steps = steps
-        self.start = start
-        self.eta = StepSize(step_size, learn_step_size, step_schedule, learned_steps or steps)
+        self.steps = recursion.steps
+        self.start = recursion.start
+        self.eta = StepSize(recursion)
         self.drawn_steps: int | None = None
         self.adaptive_tol: float | None = None
         self.guard = 0

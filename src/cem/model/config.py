@@ -6,7 +6,7 @@ import dataclasses
 import math
 from dataclasses import dataclass, fields
 
-from ..layers import ALIBI_SLOPES, KQ_DIAGONALS, MLP_ENERGIES, POSITIONS, PRECONDITIONERS, STARTS, STEP_SCHEDULES
+from ..layers import ALIBI_SLOPES, KQ_DIAGONALS, MLP_ENERGIES, POSITIONS, PRECONDITIONERS, Recursion
 from ..checks import check_choice, check_finite, check_heads, check_nonnegative_int, check_positive_int, check_tolerance
 from ..layers.attention_core import BACKENDS
 
@@ -66,7 +66,7 @@ class ModelConfig:
             check_positive_int(name, getattr(self, name))
         for name in ("attn_step_size", "mlp_step_size", "norm_eps", "init_std", "mlp_width_mult"):
             check_finite(name, getattr(self, name), 0, low_open=True)
-        for name in ("exact_gradient", "learn_step_size", "tie_embeddings"):
+        for name in ("exact_gradient", "tie_embeddings"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         check_choice("attn", self.attn, LAYER_KINDS)
@@ -78,15 +78,20 @@ class ModelConfig:
         check_choice("mlp_precond", self.mlp_precond, PRECONDITIONERS)
         check_choice("mlp_energy", self.mlp_energy, MLP_ENERGIES)
         check_choice("alibi", self.alibi, ALIBI_SLOPES)
-        check_choice("start", self.start, STARTS)
-        check_choice("step_schedule", self.step_schedule, STEP_SCHEDULES)
         check_choice("train_depth", self.train_depth, TRAIN_DEPTHS)
         check_tolerance("adaptive_tol", self.adaptive_tol)
         check_nonnegative_int("guard", self.guard)
+        for kind in ("attn", "mlp"):
+            self.recursion(kind)  # the recursion checks start, step_schedule and learn_step_size
 
-    def learned_steps(self, steps: int) -> int:
-        """How many per-step gains a `learned` schedule holds: the deepest T the layer is trained at."""
-        return max(steps, self.train_depth_max) if self.train_depth != "fixed" else steps
+    def recursion(self, kind: str) -> Recursion:
+        """The recursion of the CEM `kind` sublayer ("attn" or "mlp"): its own T and η, the schedule, start
+        and learned gain both share; a `learned` schedule holds a gain for the deepest T it is trained at."""
+        own = {"attn": (self.attn_steps, self.attn_step_size), "mlp": (self.mlp_steps, self.mlp_step_size)}
+        check_choice("sublayer", kind, tuple(own))
+        steps, step_size = own[kind]
+        learned_steps = max(steps, self.train_depth_max) if self.train_depth != "fixed" else steps
+        return Recursion(steps, step_size, self.step_schedule, learned_steps, self.start, self.learn_step_size)
 
     @property
     def head_dim(self) -> int:

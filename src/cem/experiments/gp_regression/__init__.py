@@ -11,7 +11,7 @@ non-stationary kernel, but leaves the protocol open. This package fixes one (doc
   squared distance 2d/3 have correlation exp(-4/3) ≈ 0.26 in any dimension). "nonstationary": the Gibbs
   kernel with an input-dependent lengthscale ℓ(x) = ℓ0·exp(α x₁), ℓ0 = 0.5·sqrt(10), α = 0.75 (ℓ from 0.75
   to 3.3: wiggly on one side of the cube, almost linear on the other), unit variance everywhere.
-* Model. `CEMRegressor`: linear embedding R^10 -> R^D, one `CEMMLP(D, m, steps=T)` (weights shared across
+* Model. `CEMRegressor`: linear embedding R^10 -> R^D, one `CEMMLP(D, m, recursion=Recursion(steps=T))` (weights shared across
   the T steps: the recursion), linear readout R^D -> R; each point is a length-1 sequence.
 * Training. Adam, a fixed number of steps, identical hyperparameters across T; standardised targets;
   with validation points (`n_val > 0`, the "cpu"/"gpu"/"paper" scales) the best-validation checkpoint.

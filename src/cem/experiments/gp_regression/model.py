@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from ...layers import CEMMLP
+from ...layers import CEMMLP, Recursion
 from .config import GPConfig
 
 
@@ -39,9 +39,8 @@ class CEMRegressor(nn.Module):
             raise ValueError(f"embed='identity' needs dim == input_dim, got {dim} != {input_dim}")
         self.input_dim = input_dim
         self.embed = nn.Linear(input_dim, dim) if embed == "linear" else nn.Identity()
-        self.cem = CEMMLP(
-            dim, hidden_dim, steps=steps, step_size=step_size, precond=precond, precond_rank=precond_rank, energy=energy
-        )
+        recursion = Recursion(steps, step_size)
+        self.cem = CEMMLP(dim, hidden_dim, recursion=recursion, precond=precond, precond_rank=precond_rank, energy=energy)
         self.readout = nn.Linear(dim, 1)
 
     @property
