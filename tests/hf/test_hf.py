@@ -220,6 +220,21 @@ def test_inference_options_generate_and_survive_save(tmp_path):
         ch.CEMConfig(adaptive_tol=-1.0)
 
 
+def test_test_time_on_the_wrapper_is_temporary():
+    """`test_time` on the wrapper: generate at T = 3 inside the block (greedy equal to cem's generate with
+    steps=3); the layers and the config are as before afterwards."""
+    model = tiny("cem", rand=True)
+    hf = ch.to_hf(model)
+    prompt = ids_of(length=5)
+    ref = model.generate(prompt, 4, temperature=0, steps=3)
+    with hf.test_time(steps=3, guard=1):
+        assert {(m.steps, m.guard) for m in model.descent_layers()} == {(3, 1)}
+        with hf.test_time(guard=0):
+            assert torch.equal(hf.generate(prompt, max_new_tokens=4, do_sample=False), ref)
+    assert {(m.steps, m.guard) for m in model.descent_layers()} == {(1, 0)}
+    assert (hf.config.attn_steps, hf.config.guard) == (1, 0)
+
+
 def test_cem_cache_without_diagonal_is_half_of_llama():
     caches = {}
     for arch, extra in (("cem", {"kq_diag": "none"}), ("llama", {})):

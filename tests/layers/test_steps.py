@@ -151,3 +151,19 @@ def test_fixed_depth_never_draws():
     model = LanguageModel(model_config("micro", "cem", vocab_size=32, attn_steps=2))
     model(torch.randint(0, 32, (1, 5)))
     assert all(m.drawn_steps is None and m.depth() == m.steps for m in model.descent_layers())
+
+
+def test_layer_test_time_is_temporary(rand):
+    layer = build("mlp", rand, recursion=Recursion(steps=2))
+    h = torch.randn(B, J, D, dtype=torch.float64)
+    with torch.no_grad():
+        with layer.test_time(steps=3, guard=1) as same:
+            assert same is layer and (layer.steps, layer.adaptive_tol, layer.guard) == (3, None, 1)
+            out = layer(h)
+        assert (layer.steps, layer.adaptive_tol, layer.guard) == (2, None, 0)
+        layer.steps, layer.guard = 3, 1
+        torch.testing.assert_close(out, layer(h))
+        layer.steps, layer.guard = 2, 0
+        with pytest.raises(ValueError, match="adaptive_tol"), layer.test_time(steps=4, adaptive_tol=-1.0):
+            pass
+    assert (layer.steps, layer.adaptive_tol, layer.guard) == (2, None, 0)

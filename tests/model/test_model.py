@@ -78,6 +78,43 @@ def test_steps_change_at_test_time():
     assert not torch.allclose(a, b)
 
 
+def test_test_time_sets_and_restores_the_knobs():
+    model = tiny("cem")
+    model.set_inference(adaptive_tol=1e-3)
+    knobs = lambda: [(m.steps, m.adaptive_tol, m.guard) for m in model.descent_layers()]  # noqa: E731
+    before = knobs()
+    ids = torch.randint(0, 97, (1, 10))
+    with torch.no_grad():
+        with model.test_time(steps=3):
+            t3 = model(ids)
+        model.set_steps(3)
+        torch.testing.assert_close(t3, model(ids))  # the same as the permanent setter
+        model.set_steps(1)
+    assert knobs() == before
+    with model.test_time(steps=2, mlp_steps=4, guard=2):
+        assert knobs() == [(2, 1e-3, 2), (4, 1e-3, 2)] * 2  # attn, mlp per block; adaptive_tol kept
+        with model.test_time(attn_steps=5, adaptive_tol=0.1):
+            assert knobs() == [(5, 0.1, 2), (4, 0.1, 2)] * 2
+        assert knobs() == [(2, 1e-3, 2), (4, 1e-3, 2)] * 2
+    assert knobs() == before
+    with pytest.raises(RuntimeError, match="inside"), model.test_time(steps=4):
+        raise RuntimeError("inside")
+    assert knobs() == before
+
+
+@pytest.mark.parametrize(
+    "knobs,match",
+    [(dict(steps=2, guard=-1), "guard"), (dict(steps=2, adaptive_tol=-1.0), "adaptive_tol"), (dict(steps=2, mlp_steps=0), "mlp_steps")],
+)
+def test_test_time_checks_everything_before_changing_a_layer(knobs, match):
+    model = tiny("cem")
+    seen = []
+    with pytest.raises(ValueError, match=match):
+        with model.test_time(**knobs):
+            seen.append(True)
+    assert not seen and {m.steps for m in model.descent_layers()} == {1}
+
+
 def test_initial_loss_is_near_uniform():
     model = tiny("cem")
     ids = torch.randint(0, 97, (4, 32))

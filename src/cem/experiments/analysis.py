@@ -178,10 +178,9 @@ def energy_trace(run_dir: Path, max_steps: int = 4, n_seqs: int = 4, data_dir: s
         for t in range(max_steps + 1):
             x = x0
             if t > 0:
-                layer.steps = t
-                x = layer(h)
+                with layer.test_time(steps=t):
+                    x = layer(h)
             energies.append(layer.energy(layer.norm(x), h).mean().item())
-        layer.steps = trained
         kind = "attention" if ".attn" in name else "mlp"
         rows.append({"layer": name, "kind": kind, "trained_steps": trained, "energy": energies})
     return rows

@@ -157,6 +157,11 @@ class CEMForCausalLM(CEMPreTrainedModel, GenerationMixin):
         self.model.set_inference(adaptive_tol, guard)
         self.sync_config()
 
+    def test_time(self, **knobs):
+        """`LanguageModel.test_time` on the wrapped model: steps, adaptive_tol, guard for one `with` block
+        (`config` unchanged, as the model has its own back afterwards)."""
+        return self.model.test_time(**knobs)
+
     def steps_used(self) -> dict:
         """`LanguageModel.steps_used`: average recursion steps per position since `reset_steps_used`."""
         return self.model.steps_used()

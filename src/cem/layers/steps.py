@@ -31,6 +31,7 @@ with an option on, `last_steps_used` holds the steps of every position (B, J) of
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -94,7 +95,8 @@ class DescentLayer(nn.Module):
     attributes, changeable on a built or trained model (the test-time compute knob of §2.3).
 
     In training, `drawn_steps` can set the T of the next forward passes (random-depth training); evaluation
-    always uses `steps`. `adaptive_tol` and `guard` are the inference options of the module docstring.
+    always uses `steps`. `adaptive_tol` and `guard` are the inference options of the module docstring;
+    `test_time` changes T and them for one `with` block.
     """
 
     def __init__(self, recursion: Recursion) -> None:
@@ -143,6 +145,22 @@ class DescentLayer(nn.Module):
     def guard(self, value: int) -> None:
         check_nonnegative_int("guard", value)
         self._guard = value
+
+    @contextmanager
+    def test_time(self, steps: int | None = None, adaptive_tol: float | None = None, guard: int | None = None):
+        """Run the `with` block at these test-time knobs (None keeps this layer's own): T, `adaptive_tol` and
+        `guard`; afterwards the layer has its own back, whatever happened."""
+        saved = self.steps, self.adaptive_tol, self.guard
+        try:
+            if steps is not None:
+                self.steps = steps
+            if adaptive_tol is not None:
+                self.adaptive_tol = adaptive_tol
+            if guard is not None:
+                self.guard = guard
+            yield self
+        finally:
+            self.steps, self.adaptive_tol, self.guard = saved
 
     def reset_steps_used(self) -> None:
         """Zero the step counters read by `steps_used`."""

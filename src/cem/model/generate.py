@@ -55,7 +55,7 @@ def generate(
 ) -> Tensor:
     """Prompt (B, J) or (J,) followed by `max_new_tokens` sampled ids; `steps` overrides the recursion T of
     every CEM layer for this call only (the test-time compute knob), and so do `adaptive_tol` and `guard`
-    (the inference options of `LanguageModel.set_inference`; None keeps the model's).
+    (the inference options of `LanguageModel.set_inference`; None keeps the model's): `LanguageModel.test_time`.
 
     Past the context the model sees a window: the prompt is cropped to its last `context` tokens, and when
     the cache is full it is rebuilt from the last `context - context // 4` tokens (one prefill every
@@ -69,35 +69,27 @@ def generate(
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     keep = max(1, context - context // 4)
-    layers = model.descent_layers()
-    saved = [(m.steps, m.adaptive_tol, m.guard) for m in layers]
-    was_training = model.training
-    model.eval()
-    try:
-        if steps is not None:
-            model.set_steps(steps)
-        for m in layers:
-            m.adaptive_tol = m.adaptive_tol if adaptive_tol is None else adaptive_tol
-            m.guard = m.guard if guard is None else guard
-        window = ids[:, -context:]
-        total = window.shape[1] + max_new_tokens - 1  # the last sampled token is never fed back
-        cache = model.new_cache(min(max(total, window.shape[1]), context))
-        logits = model(window, cache=cache, last_only=True)[:, -1]
-        out = [ids]
-        for i in range(max_new_tokens):
-            nxt = sample_next(logits, temperature, top_k, top_p, generator).unsqueeze(-1)
-            out.append(nxt)
-            if i == max_new_tokens - 1:
-                break
-            if cache.length < cache.max_len:
-                logits = model(nxt, cache=cache)[:, -1]
-            else:  # full: rebuild the cache from the most recent tokens
-                recent = torch.cat(out, dim=1)[:, -keep:]
-                cache = model.new_cache(context)
-                logits = model(recent, cache=cache, last_only=True)[:, -1]
-    finally:
-        for m, (s, tol, g) in zip(layers, saved):
-            m.steps, m.adaptive_tol, m.guard = s, tol, g
-        model.train(was_training)
+    with model.test_time(steps=steps, adaptive_tol=adaptive_tol, guard=guard):
+        was_training = model.training
+        model.eval()
+        try:
+            window = ids[:, -context:]
+            total = window.shape[1] + max_new_tokens - 1  # the last sampled token is never fed back
+            cache = model.new_cache(min(max(total, window.shape[1]), context))
+            logits = model(window, cache=cache, last_only=True)[:, -1]
+            out = [ids]
+            for i in range(max_new_tokens):
+                nxt = sample_next(logits, temperature, top_k, top_p, generator).unsqueeze(-1)
+                out.append(nxt)
+                if i == max_new_tokens - 1:
+                    break
+                if cache.length < cache.max_len:
+                    logits = model(nxt, cache=cache)[:, -1]
+                else:  # full: rebuild the cache from the most recent tokens
+                    recent = torch.cat(out, dim=1)[:, -keep:]
+                    cache = model.new_cache(context)
+                    logits = model(recent, cache=cache, last_only=True)[:, -1]
+        finally:
+            model.train(was_training)
     result = torch.cat(out, dim=1)
     return result.squeeze(0) if squeeze else result

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from contextlib import ExitStack, contextmanager
+
 import torch
 from torch import Tensor, nn
 
 from ..layers import CEMMLP, CEMAttention, GatedMLP, LlamaAttention, Reuse, RMSNorm
-from ..checks import check_nonnegative_int, check_tolerance
+from ..checks import check_nonnegative_int, check_positive_int, check_tolerance
 from ..layers.steps import DescentLayer
 from .cache import Cache
 from .config import ModelConfig
@@ -150,14 +152,23 @@ class LanguageModel(nn.Module):
             layer.drawn_steps = drawn[0 if n == 1 else i]
         return drawn
 
-    def set_steps(self, steps: int | None = None, attn_steps: int | None = None, mlp_steps: int | None = None) -> None:
-        """Change the recursion depth T of CEM layers on a built or trained model (no retraining)."""
+    def _depths(self, steps: int | None, attn_steps: int | None, mlp_steps: int | None) -> dict[DescentLayer, int]:
+        """The new T of every CEM layer one of these changes (a kind's own T before `steps`), all checked first."""
+        for name, value in (("steps", steps), ("attn_steps", attn_steps), ("mlp_steps", mlp_steps)):
+            if value is not None:
+                check_positive_int(name, value)
+        depths = {}
         for m in self.descent_layers():
             new = attn_steps if isinstance(m, CEMAttention) else mlp_steps
-            if new is None:
-                new = steps
+            new = steps if new is None else new
             if new is not None:
-                m.steps = new
+                depths[m] = new
+        return depths
+
+    def set_steps(self, steps: int | None = None, attn_steps: int | None = None, mlp_steps: int | None = None) -> None:
+        """Change the recursion depth T of CEM layers on a built or trained model (no retraining)."""
+        for m, t in self._depths(steps, attn_steps, mlp_steps).items():
+            m.steps = t
 
     def set_inference(self, adaptive_tol: float | None = None, guard: int = 0) -> None:
         """Set the inference options of every CEM layer (`cem.layers.steps`), exactly as given: adaptive
@@ -168,6 +179,28 @@ class LanguageModel(nn.Module):
         check_nonnegative_int("guard", guard)
         for m in self.descent_layers():
             m.adaptive_tol, m.guard = adaptive_tol, guard
+
+    @contextmanager
+    def test_time(
+        self,
+        *,
+        steps: int | None = None,
+        attn_steps: int | None = None,
+        mlp_steps: int | None = None,
+        adaptive_tol: float | None = None,
+        guard: int | None = None,
+    ):
+        """Run the `with` block at these test-time knobs, the one way to change them for a while (None keeps
+        each CEM layer's own): T as in `set_steps`, and `adaptive_tol` and `guard` as in `set_inference`.
+        Everything is checked before any layer changes; afterwards every layer has its own back."""
+        depths = self._depths(steps, attn_steps, mlp_steps)
+        check_tolerance("adaptive_tol", adaptive_tol)
+        if guard is not None:
+            check_nonnegative_int("guard", guard)
+        with ExitStack() as stack:
+            for m in self.descent_layers():
+                stack.enter_context(m.test_time(depths.get(m), adaptive_tol, guard))
+            yield self
 
     def reset_steps_used(self) -> None:
         """Zero every CEM layer's step counters (see `steps_used`)."""
