@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..checks import check_choice, check_positive_int
-
-PRECONDITIONERS = ("identity", "diag", "diag_lowrank")
-
 
 class Preconditioner(nn.Module):
     """`n` independent preconditioners P_1..P_n of size D, applied in O(D·R) (never a dense matrix).
@@ -55,9 +53,38 @@ class Preconditioner(nn.Module):
         return mat
 
 
+@dataclass(frozen=True)
+class PreconditionerKind:
+    """A kind of P: with the diagonal term or not (identity), with the low-rank term U Vᵀ + V Uᵀ or not;
+    and what applying it costs."""
+
+    diagonal: bool
+    low_rank: bool
+
+    def matmul_flops(self, dim: int, rank: int) -> int:
+        """Matmul FLOPs of P y for one vector y of size D: U (Vᵀ y) and V (Uᵀ y), four D×R products."""
+        return 8 * dim * rank if self.low_rank else 0
+
+    def flops(self, dim: int, rank: int) -> int:
+        """FLOPs of P y for one vector y, the diagonal's 2·D (a multiply-add per entry, as the model's count) included."""
+        return (2 * dim if self.diagonal else 0) + self.matmul_flops(dim, rank)
+
+    def folded_flops(self, rows: int, dim: int, rank: int, tokens: int) -> int:
+        """FLOPs per token of P folded into a weight of `rows` rows once per forward pass of `tokens` tokens."""
+        return rows * self.flops(dim, rank) // tokens
+
+
+PRECONDITIONERS: dict[str, PreconditionerKind] = {
+    "identity": PreconditionerKind(diagonal=False, low_rank=False),
+    "diag": PreconditionerKind(diagonal=True, low_rank=False),
+    "diag_lowrank": PreconditionerKind(diagonal=True, low_rank=True),
+}
+
+
 def make_preconditioner(kind: str, n: int, dim: int, rank: int) -> Preconditioner | None:
     """`None` for identity, else a `Preconditioner` of the given kind."""
-    check_choice("precond", kind, PRECONDITIONERS)
-    if kind == "identity":
+    check_choice("precond", kind, tuple(PRECONDITIONERS))
+    spec = PRECONDITIONERS[kind]
+    if not spec.diagonal:
         return None
-    return Preconditioner(n, dim, rank if kind == "diag_lowrank" else None)
+    return Preconditioner(n, dim, rank if spec.low_rank else None)

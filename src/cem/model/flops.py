@@ -4,6 +4,7 @@ and so is the preconditioner folded into the output weights (its cost spread ove
 
 from __future__ import annotations
 
+from ..layers import PRECONDITIONERS
 from .config import ModelConfig
 
 
@@ -13,12 +14,12 @@ def attention_flops(cfg: ModelConfig, seq_len: int) -> int:
     if cfg.attn == "llama":
         return cfg.attn_reuse * (4 * 2 * D * D + 2 * 2 * J * D)
     diag = {"none": 0, "shared": 2 * J * D, "per_head": 2 * J * D * K}[cfg.kq_diag]
-    value_diag = 2 * J * D * K if (cfg.exact_gradient and cfg.kq_diag != "none") else 0
-    per_p = 0 if cfg.attn_precond == "identity" else 2 * D * (1 + (4 * cfg.attn_precond_rank if cfg.attn_precond == "diag_lowrank" else 0))
+    value_diag = 2 * J * D * K if (cfg.exact_gradient and diag) else 0
+    p = PRECONDITIONERS[cfg.attn_precond]
     if value_diag:  # per-head form: P_k applied to every token's K head outputs in every step
-        precond, fold = K * per_p, 0
+        precond, fold = K * p.flops(D, cfg.attn_precond_rank), 0
     else:  # P folded into W_Qᵀ once per forward (D rows), spread over the J tokens
-        precond, fold = 0, D * per_p // J
+        precond, fold = 0, p.folded_flops(D, D, cfg.attn_precond_rank, J)
     per_step = 2 * D * D + 2 * 2 * J * D + diag + value_diag + 2 * D * D + precond  # W_Q u, qk, pk, W_Qᵀ o, P
     return cfg.attn_reuse * (2 * D * D + fold + cfg.attn_steps * per_step)  # keys once
 
@@ -29,8 +30,8 @@ def mlp_flops(cfg: ModelConfig, seq_len: int | None = None) -> int:
     D, m = cfg.dim, cfg.mlp_hidden
     if cfg.mlp == "llama":
         return cfg.mlp_reuse * 3 * 2 * D * m
-    per_p = 0 if cfg.mlp_precond == "identity" else 2 * D * (1 + (4 * cfg.mlp_precond_rank if cfg.mlp_precond == "diag_lowrank" else 0))
-    fold = m * per_p // seq_len  # P folded into the down projection V once per forward (m rows), spread over the tokens
+    # P folded into the down projection V once per forward (m rows), spread over the tokens
+    fold = PRECONDITIONERS[cfg.mlp_precond].folded_flops(m, D, cfg.mlp_precond_rank, seq_len)
     # (a sequence of at least m tokens, as in LM training; CEMMLP applies P per token when it has fewer)
     return cfg.mlp_reuse * (2 * D * m + fold + cfg.mlp_steps * 2 * 2 * D * m)  # gate once
 

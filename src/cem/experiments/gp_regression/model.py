@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from ...layers import CEMMLP, Recursion
+from ...layers import CEMMLP, PRECONDITIONERS, Recursion
 from .config import GPConfig
 
 
@@ -92,7 +92,7 @@ def regressor_flops(
 
     This is what `torch.utils.flop_counter.FlopCounterMode` counts on the same forward pass.
     """
-    per_step = 4 * dim * hidden_dim + (8 * dim * precond_rank if precond == "diag_lowrank" else 0)
+    per_step = 4 * dim * hidden_dim + PRECONDITIONERS[precond].matmul_flops(dim, precond_rank)
     emb = 2 * input_dim * dim if embed == "linear" else 0
     return emb + 2 * dim * hidden_dim + steps * per_step + 2 * dim
 
