@@ -30,7 +30,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 from transformers import GenerationConfig, LlamaConfig
 
-from ..layers import LlamaAttention
+from ..layers import ATTENTION_KINDS, MLP_KINDS, GatedMLP, LlamaAttention
 from ..model import LanguageModel, ModelConfig
 
 DEFAULT_ROPE_THETA = 10000.0  # the only theta ModelConfig builds (LlamaAttention's default)
@@ -52,12 +52,13 @@ _LAYER_MAP = (
 def llama_blockers(cfg: ModelConfig) -> list[str]:
     """Why a model of `cfg` is not a plain Llama (empty list when it is)."""
     reasons = []
-    if cfg.attn != "llama":
-        reasons.append(f"attention is {cfg.attn!r} (CEM), not Llama")
+    attn, mlp = ATTENTION_KINDS[cfg.attn].module, MLP_KINDS[cfg.mlp].module
+    if attn is not LlamaAttention:
+        reasons.append(f"attention is {cfg.attn!r} ({attn.__name__}), not Llama")
     elif cfg.position != "rope":
         reasons.append(f"positions are {cfg.position!r}, not RoPE")
-    if cfg.mlp != "llama":
-        reasons.append(f"the MLP is {cfg.mlp!r} (CEM), not SwiGLU")
+    if mlp is not GatedMLP:
+        reasons.append(f"the MLP is {cfg.mlp!r} ({mlp.__name__}), not SwiGLU")
     if cfg.attn_reuse != 1 or cfg.mlp_reuse != 1:
         reasons.append(f"layer reuse (attn_reuse={cfg.attn_reuse}, mlp_reuse={cfg.mlp_reuse})")
     return reasons

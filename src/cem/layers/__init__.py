@@ -1,9 +1,10 @@
 """CEM layers and their Llama baselines. Each maps the residual stream h (B, J, D) to h' (B, J, D)."""
 
+from .kinds import ATTENTION_KINDS, MLP_KINDS, SublayerKind
+from .llama import POSITIONS, GatedMLP, LlamaAttention  # first: the Llama kinds are listed first
 from .cem_attention import KQ_DIAGONALS, CEMAttention
 from .position import ALIBI_SLOPES
 from .cem_mlp import MLP_ENERGIES, CEMMLP, silu_integral
-from .llama import POSITIONS, GatedMLP, LlamaAttention
 from .norm import RMSNorm
 from .precond import PRECONDITIONERS, Preconditioner, make_preconditioner
 from .reuse import Reuse
@@ -11,6 +12,8 @@ from .steps import STARTS, STEP_SCHEDULES, Recursion
 
 __all__ = [
     "ALIBI_SLOPES",
+    "ATTENTION_KINDS",
+    "MLP_KINDS",
     "STARTS",
     "STEP_SCHEDULES",
     "CEMAttention",
@@ -25,6 +28,7 @@ __all__ = [
     "RMSNorm",
     "Recursion",
     "Reuse",
+    "SublayerKind",
     "make_preconditioner",
     "silu_integral",
 ]

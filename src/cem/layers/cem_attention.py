@@ -19,8 +19,9 @@ from ..checks import check_choice, check_heads, check_residual, check_same_shape
 from .attention_core import cem_attention, cem_attention_energy, cem_logits, check_backend, resolve_backend
 from .position import ALIBI_SLOPES, alibi_slopes
 from .norm import RMSNorm
-from .precond import make_preconditioner
+from .precond import PRECONDITIONERS, make_preconditioner
 from .steps import DescentLayer, Recursion
+from .kinds import ATTENTION_KINDS, SublayerKind
 
 KQ_DIAGONALS = ("none", "shared", "per_head")
 # A decoding cache reads the diagonal term from the keys through W_K^{-1} (computed in float32 or better)
@@ -220,3 +221,39 @@ class CEMAttention(DescentLayer):
             f"dim={self.dim}, n_heads={self.n_heads}, steps={self.steps}, step_size={self.step_size}, "
             f"kq_diag={diag}, precond={precond}, exact_gradient={self.exact_gradient}, start={self.start}, alibi={self.alibi}"
         )
+
+
+def cem_attention_flops(cfg, seq_len: int) -> int:
+    """Per token at full context `seq_len` (J): the keys W_K ĥ once (2D²), then per step W_Q u and W_Qᵀ o
+    (2 · 2D²), scores and values (2 · 2JD), the key-query diagonal (2JD shared, 2JDK per head) and the exact
+    gradient's value-side term (2JDK). P is folded into W_Qᵀ once per forward (D rows, spread over the J
+    tokens), or, in the value-side term's per-head form, applied to the K head outputs in every step."""
+    D, J, K = cfg.dim, seq_len, cfg.n_heads
+    diag = {"none": 0, "shared": 2 * J * D, "per_head": 2 * J * D * K}[cfg.kq_diag]
+    value_diag = 2 * J * D * K if (cfg.exact_gradient and diag) else 0
+    p = PRECONDITIONERS[cfg.attn_precond]
+    if value_diag:
+        precond, fold = K * p.flops(D, cfg.attn_precond_rank), 0
+    else:
+        precond, fold = 0, p.folded_flops(D, D, cfg.attn_precond_rank, J)
+    per_step = 2 * D * D + 2 * 2 * J * D + diag + value_diag + 2 * D * D + precond  # W_Q u, qk, pk, W_Qᵀ o, P
+    return 2 * D * D + fold + cfg.attn_steps * per_step
+
+
+def build_cem_attention(cfg) -> CEMAttention:
+    """The CEM attention of a model config (eq. 12 with the config's attention recursion)."""
+    return CEMAttention(
+        cfg.dim,
+        cfg.n_heads,
+        recursion=cfg.recursion("attn"),
+        kq_diag=cfg.kq_diag,
+        precond=cfg.attn_precond,
+        precond_rank=cfg.attn_precond_rank,
+        exact_gradient=cfg.exact_gradient,
+        alibi=cfg.alibi,
+        backend=cfg.attn_backend,
+        eps=cfg.norm_eps,
+    )
+
+
+ATTENTION_KINDS["cem"] = SublayerKind(CEMAttention, build=build_cem_attention, flops=cem_attention_flops)

@@ -14,8 +14,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..checks import check_choice, check_positive_int, check_residual, check_same_shape
+from .kinds import MLP_KINDS, SublayerKind
 from .norm import RMSNorm
-from .precond import make_preconditioner
+from .precond import PRECONDITIONERS, make_preconditioner
 from .steps import DescentLayer, Recursion
 
 MLP_ENERGIES = ("gated", "convex")
@@ -118,3 +119,28 @@ class CEMMLP(DescentLayer):
             f"dim={self.dim}, hidden_dim={self.hidden_dim}, steps={self.steps}, step_size={self.step_size}, "
             f"precond={precond}, energy={'convex' if self.convex else 'gated'}, start={self.start}"
         )
+
+
+def cem_mlp_flops(cfg, seq_len: int) -> int:
+    """Per token: the gate W ĥ once (2Dm), then per step V u and Vᵀ g (2 · 2Dm); P folded into the down
+    projection V once per forward (m rows), spread over the `seq_len` tokens (a sequence of at least m
+    tokens, as in LM training; `CEMMLP` applies P per token when it has fewer)."""
+    D, m = cfg.dim, cfg.mlp_hidden
+    fold = PRECONDITIONERS[cfg.mlp_precond].folded_flops(m, D, cfg.mlp_precond_rank, seq_len)
+    return 2 * D * m + fold + cfg.mlp_steps * 2 * 2 * D * m
+
+
+def build_cem_mlp(cfg) -> CEMMLP:
+    """The CEM MLP of a model config (eq. 13 with the config's MLP recursion)."""
+    return CEMMLP(
+        cfg.dim,
+        cfg.mlp_hidden,
+        recursion=cfg.recursion("mlp"),
+        precond=cfg.mlp_precond,
+        precond_rank=cfg.mlp_precond_rank,
+        energy=cfg.mlp_energy,
+        eps=cfg.norm_eps,
+    )
+
+
+MLP_KINDS["cem"] = SublayerKind(CEMMLP, build=build_cem_mlp, flops=cem_mlp_flops)

@@ -8,6 +8,7 @@ from torch import Tensor, nn
 
 from ..checks import check_choice, check_heads, check_positive_int, check_residual
 from .position import ALIBI_SLOPES, alibi_bias, apply_rope, causal_mask, rope_cos_sin
+from .kinds import ATTENTION_KINDS, MLP_KINDS, SublayerKind
 from .norm import RMSNorm
 
 POSITIONS = ("rope", "alibi")
@@ -61,6 +62,18 @@ class LlamaAttention(nn.Module):
         return h + self.w_o(o.transpose(1, 2).flatten(2))
 
 
+def llama_attention_flops(cfg, seq_len: int) -> int:
+    """W_Q, W_K, W_V, W_O (4 · 2D²) and the scores and values over `seq_len` keys (2 · 2JD), per token."""
+    return 4 * 2 * cfg.dim * cfg.dim + 2 * 2 * seq_len * cfg.dim
+
+
+ATTENTION_KINDS["llama"] = SublayerKind(
+    LlamaAttention,
+    build=lambda cfg: LlamaAttention(cfg.dim, cfg.n_heads, cfg.position, alibi=cfg.alibi, eps=cfg.norm_eps),
+    flops=llama_attention_flops,
+)
+
+
 class GatedMLP(nn.Module):
     """h + W_d (W_g ĥ ∘ SiLU(W_u ĥ)), the SwiGLU MLP in the paper's notation (eq. 6; W_g linear, W_u in SiLU).
 
@@ -82,3 +95,15 @@ class GatedMLP(nn.Module):
         check_residual(h, self.dim, "GatedMLP", self.norm.weight.dtype)
         hn = self.norm(h)
         return h + self.w_down(self.w_gate(hn) * F.silu(self.w_up(hn)))
+
+
+def gated_mlp_flops(cfg, seq_len: int) -> int:
+    """W_g, W_u and W_d (3 · 2Dm) per token, whatever `seq_len`."""
+    return 3 * 2 * cfg.dim * cfg.mlp_hidden
+
+
+MLP_KINDS["llama"] = SublayerKind(
+    GatedMLP,
+    build=lambda cfg: GatedMLP(cfg.dim, cfg.mlp_hidden, eps=cfg.norm_eps),
+    flops=gated_mlp_flops,
+)

@@ -6,11 +6,10 @@ import dataclasses
 import math
 from dataclasses import dataclass, fields
 
-from ..layers import ALIBI_SLOPES, KQ_DIAGONALS, MLP_ENERGIES, POSITIONS, PRECONDITIONERS, Recursion
+from ..layers import ALIBI_SLOPES, ATTENTION_KINDS, KQ_DIAGONALS, MLP_ENERGIES, MLP_KINDS, POSITIONS, PRECONDITIONERS, Recursion
 from ..checks import check_choice, check_finite, check_heads, check_nonnegative_int, check_positive_int, check_tolerance
 from ..layers.attention_core import BACKENDS
 
-LAYER_KINDS = ("llama", "cem")
 TRAIN_DEPTHS = ("fixed", "model", "layer")
 
 
@@ -69,8 +68,8 @@ class ModelConfig:
         for name in ("exact_gradient", "tie_embeddings"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
-        check_choice("attn", self.attn, LAYER_KINDS)
-        check_choice("mlp", self.mlp, LAYER_KINDS)
+        check_choice("attn", self.attn, tuple(ATTENTION_KINDS))
+        check_choice("mlp", self.mlp, tuple(MLP_KINDS))
         check_choice("position", self.position, POSITIONS)
         check_choice("kq_diag", self.kq_diag, KQ_DIAGONALS)
         check_choice("attn_backend", self.attn_backend, BACKENDS)

@@ -7,7 +7,7 @@ from contextlib import ExitStack, contextmanager
 import torch
 from torch import Tensor, nn
 
-from ..layers import CEMMLP, CEMAttention, GatedMLP, LlamaAttention, Reuse, RMSNorm
+from ..layers import ATTENTION_KINDS, CEMMLP, MLP_KINDS, CEMAttention, Reuse, RMSNorm
 from ..checks import check_nonnegative_int, check_positive_int, check_tolerance
 from ..layers.steps import DescentLayer
 from .cache import Cache
@@ -16,39 +16,14 @@ from .loss import next_token_loss
 
 
 def build_attention(cfg: ModelConfig) -> nn.Module:
-    """The attention sublayer of `cfg`: CEM (eq. 12 with recursion) or Llama, optionally reused."""
-    if cfg.attn == "cem":
-        layer = CEMAttention(
-            cfg.dim,
-            cfg.n_heads,
-            recursion=cfg.recursion("attn"),
-            kq_diag=cfg.kq_diag,
-            precond=cfg.attn_precond,
-            precond_rank=cfg.attn_precond_rank,
-            exact_gradient=cfg.exact_gradient,
-            alibi=cfg.alibi,
-            backend=cfg.attn_backend,
-            eps=cfg.norm_eps,
-        )
-    else:
-        layer = LlamaAttention(cfg.dim, cfg.n_heads, cfg.position, alibi=cfg.alibi, eps=cfg.norm_eps)
+    """The attention sublayer of `cfg`: its kind's layer (CEM, eq. 12 with recursion, or Llama), optionally reused."""
+    layer = ATTENTION_KINDS[cfg.attn].build(cfg)
     return Reuse(layer, cfg.attn_reuse) if cfg.attn_reuse > 1 else layer
 
 
 def build_mlp(cfg: ModelConfig) -> nn.Module:
-    """The MLP sublayer of `cfg`: CEM (eq. 13 with recursion) or SwiGLU, optionally reused."""
-    if cfg.mlp == "cem":
-        layer = CEMMLP(
-            cfg.dim,
-            cfg.mlp_hidden,
-            recursion=cfg.recursion("mlp"),
-            precond=cfg.mlp_precond,
-            precond_rank=cfg.mlp_precond_rank,
-            energy=cfg.mlp_energy,
-            eps=cfg.norm_eps,
-        )
-    else:
-        layer = GatedMLP(cfg.dim, cfg.mlp_hidden, eps=cfg.norm_eps)
+    """The MLP sublayer of `cfg`: its kind's layer (CEM, eq. 13 with recursion, or SwiGLU), optionally reused."""
+    layer = MLP_KINDS[cfg.mlp].build(cfg)
     return Reuse(layer, cfg.mlp_reuse) if cfg.mlp_reuse > 1 else layer
 
 
