@@ -242,18 +242,9 @@ def cem_attention_flops(cfg, seq_len: int) -> int:
 
 def build_cem_attention(cfg) -> CEMAttention:
     """The CEM attention of a model config (eq. 12 with the config's attention recursion)."""
-    return CEMAttention(
-        cfg.dim,
-        cfg.n_heads,
-        recursion=cfg.recursion("attn"),
-        kq_diag=cfg.kq_diag,
-        precond=cfg.attn_precond,
-        precond_rank=cfg.attn_precond_rank,
-        exact_gradient=cfg.exact_gradient,
-        alibi=cfg.alibi,
-        backend=cfg.attn_backend,
-        eps=cfg.norm_eps,
-    )
+    return CEMAttention(cfg.dim, cfg.n_heads, recursion=cfg.recursion("attn"), kq_diag=cfg.kq_diag, precond=cfg.attn_precond,
+                        precond_rank=cfg.attn_precond_rank, exact_gradient=cfg.exact_gradient, alibi=cfg.alibi,
+                        backend=cfg.attn_backend, eps=cfg.norm_eps)
 
 
 ATTENTION_KINDS["cem"] = SublayerKind(CEMAttention, build=build_cem_attention, flops=cem_attention_flops)

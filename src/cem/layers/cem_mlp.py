@@ -132,15 +132,8 @@ def cem_mlp_flops(cfg, seq_len: int) -> int:
 
 def build_cem_mlp(cfg) -> CEMMLP:
     """The CEM MLP of a model config (eq. 13 with the config's MLP recursion)."""
-    return CEMMLP(
-        cfg.dim,
-        cfg.mlp_hidden,
-        recursion=cfg.recursion("mlp"),
-        precond=cfg.mlp_precond,
-        precond_rank=cfg.mlp_precond_rank,
-        energy=cfg.mlp_energy,
-        eps=cfg.norm_eps,
-    )
+    return CEMMLP(cfg.dim, cfg.mlp_hidden, recursion=cfg.recursion("mlp"), precond=cfg.mlp_precond,
+                  precond_rank=cfg.mlp_precond_rank, energy=cfg.mlp_energy, eps=cfg.norm_eps)
 
 
 MLP_KINDS["cem"] = SublayerKind(CEMMLP, build=build_cem_mlp, flops=cem_mlp_flops)
