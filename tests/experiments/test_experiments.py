@@ -1,12 +1,16 @@
 """The experiment suite: the protocol of every scale, shared runs, paired statistics and verdicts, one
 experiment end to end with resume, the report's budget check, test-time and energy analyses."""
 
+import math
 import random
+from dataclasses import replace
 
 import pytest
 
 from cem.experiments import ALL_IDS, EXPERIMENTS, SCALES, SUITE_ORDER, RunSpec, akima_optimum, get_scale, run_experiment, write_report
-from cem.experiments.findings import close, gains_more, lower
+from cem.experiments.findings import Finding, adjust, close, gains_more, lower, not_worse
+from cem.experiments.lr import extend
+from cem.experiments.scales import LearningRateNotChosen
 from cem.experiments.report import ShortOfBudget
 from cem.experiments.runner import _specs
 from cem.experiments.stats import Interval, ci_halfwidth
@@ -29,13 +33,18 @@ def smoke(corpus, **kw):
     return dict(data=str(corpus), **kw)
 
 
+def chosen(s, lr=4e-3):
+    """The scale as after its learning-rate sweeps (every size at `lr`)."""
+    return replace(s, chosen_lrs=tuple((z, lr) for z in s.sizes)) if s.lr_sweep else s
+
+
 def test_every_experiment_is_defined_at_every_scale():
     assert set(ALL_IDS) == set(SUITE_ORDER) == {
         "fig2a", "fig2b", "fig2c", "fig2d", "fig3a", "fig3b", "fig3c", "fig4", "table3",
-        "step-size", "positional", "readings", "test-time", "energy",
+        "step-size", "positional", "readings", "test-time", "energy", "lr", "size-trend",
     }
     for scale in SCALES:
-        s = get_scale(scale)
+        s = chosen(get_scale(scale))
         for exp in EXPERIMENTS.values():
             if exp.variants is not None:
                 variants = exp.variants(s)
@@ -44,7 +53,7 @@ def test_every_experiment_is_defined_at_every_scale():
 
 @pytest.mark.parametrize("scale", ["cpu", "gpu", "paper"])
 def test_reported_scales_train_every_run_to_the_chinchilla_budget_with_the_paper_warmup(scale):
-    s = get_scale(scale)
+    s = chosen(get_scale(scale))
     assert s.findings and s.max_steps is None and s.tokens == "chinchilla"
     assert len(s.seeds) >= (1 if scale == "paper" else 3) and len(s.recursion_seeds) >= (1 if scale == "paper" else 5)
     specs = list(dict.fromkeys(x for i in SUITE_ORDER for x in _specs(i, s)))
@@ -71,8 +80,9 @@ def test_shared_runs_are_one_run_and_slugs_are_stable():
     assert RunSpec.make("tiny", "cem-attn", attn_steps=1, kq_diag="shared") == RunSpec.make("tiny", "cem-attn")
     assert RunSpec.make("tiny", "llama", train={"lr": 2e-3}) == RunSpec.make("tiny", "llama")
     assert RunSpec.make("tiny", "llama", train={"lr": 1e-3}).slug != RunSpec.make("tiny", "llama").slug
-    s = get_scale("cpu")  # step-size shares its T=1 and T=2 constant-η runs with fig2c / fig2d
+    s = chosen(get_scale("cpu"))  # step-size shares its T=1 and T=2 constant-η runs with fig2c / fig2d
     assert len(set(_specs("step-size", s)) & set(_specs("fig2c", s))) == 2 * 5
+    assert all(dict(x.train)["lr"] == 4e-3 for x in _specs("fig2c", s))  # every variant at Llama's chosen rate
 
 
 def test_akima_optimum_finds_the_minimum():
@@ -93,30 +103,74 @@ def test_interval_is_the_t_interval():
     assert Interval.of([0.3]).verdict(+1) == "held"  # one seed: the sign alone
 
 
-def rows(**ppl):
-    return [{"label": k, "test_perplexity": sum(v) / len(v), "test_perplexity_per_seed": list(v)} for k, v in ppl.items()]
+def rows(**loss):
+    return [{"label": k, "test_perplexity": math.exp(sum(v) / len(v)), "test_loss_per_seed": list(v)} for k, v in loss.items()]
 
 
 def test_paired_verdicts():
     # a seed-shared offset is noise for unpaired means but cancels in paired differences
-    r = rows(a=(10.0, 12.0, 14.0), b=(10.2, 12.2, 14.3))
+    r = rows(a=(1.0, 1.2, 1.4), b=(1.02, 1.22, 1.43))
     assert lower(r, "a", "b", "a<b").verdict == "held"
     assert lower(r, "b", "a", "b<a").verdict == "not held"
-    assert lower(rows(a=(10, 11, 9), b=(10.5, 10, 10)), "a", "b", "a<b").verdict == "inconclusive"
-    assert close(rows(a=(10, 10.1, 10.2), b=(10.1, 10.1, 10.1)), "a", "b", "a~b", 0.05).verdict == "held"
-    assert close(rows(a=(12, 12.1, 12.2), b=(10, 10.1, 10.0)), "a", "b", "a~b", 0.05).verdict == "not held"
-    g = rows(r1=(10, 11, 12), r2=(10, 11, 12), c1=(10, 11, 12), c2=(9, 10.1, 11))
+    assert lower(rows(a=(1.0, 1.1, 0.9), b=(1.05, 1.0, 1.0)), "a", "b", "a<b").verdict == "inconclusive"
+    # equivalence in perplexity: ±5% is ±log(1.05) = ±0.0488 nats of loss
+    assert close(rows(a=(1.0, 1.01, 1.02), b=(1.01, 1.01, 1.01)), "a", "b", "a~b", 0.05).verdict == "held"
+    assert close(rows(a=(1.2, 1.21, 1.22), b=(1.0, 1.01, 1.0)), "a", "b", "a~b", 0.05).verdict == "not held"
+    assert not_worse(rows(a=(1.0, 1.01, 1.02), b=(1.01, 1.02, 1.03)), "a", "b", "a<=b", 0.01).verdict == "held"
+    assert not_worse(rows(a=(1.2, 1.21, 1.22), b=(1.0, 1.01, 1.0)), "a", "b", "a<=b", 0.01).verdict == "not held"
+    g = rows(r1=(1.0, 1.1, 1.2), r2=(1.0, 1.1, 1.2), c1=(1.0, 1.1, 1.2), c2=(0.9, 1.01, 1.1))
     assert gains_more(g, ("r1", "r2"), ("c1", "c2"), "x").verdict == "held"
     assert gains_more(g, ("c1", "c2"), ("r1", "r2"), "x").verdict == "not held"
+
+
+def test_holm_adjustment_by_family():
+    """Holm over each family: the smallest p times m, then (m-1), ..., made monotone, capped at 1."""
+    fs = [Finding(f"c{i}", "held", "", {"mean": m, "lo": 0, "hi": 0, "n": 3}, fam, p)
+          for i, (fam, p, m) in enumerate([("paper", 0.01, 1.0), ("paper", 0.04, 1.0), ("paper", 0.03, -1.0), ("ours", 0.04, 1.0), ("paper", None, 1.0)])]
+    adjust(fs)
+    assert [f.p_adjusted for f in fs[:3]] == pytest.approx([0.03, 0.06, 0.06])
+    assert [f.verdict_adjusted for f in fs[:3]] == ["held", "inconclusive", "inconclusive"]
+    assert fs[3].p_adjusted == pytest.approx(0.04) and fs[3].verdict_adjusted == "held"  # its own family of one
+    assert fs[4].p_adjusted is None  # no p-value (an equivalence claim): not in a family
+    fs = [Finding("x", "not held", "", {"mean": -1.0, "lo": 0, "hi": 0, "n": 3}, "paper", 0.001)]
+    adjust(fs)
+    assert fs[0].verdict_adjusted == "not held"
+
+
+def test_learning_rate_grid_grows_until_the_optimum_is_bracketed():
+    first = (1e-3, 2e-3, 4e-3)
+    assert extend(first, 2e-3, first, 3) is None
+    assert extend(first, 4e-3, first, 3) == (1e-3, 2e-3, 4e-3, 8e-3)
+    assert extend(first, 1e-3, first, 3) == (5e-4, 1e-3, 2e-3, 4e-3)
+    assert extend((1e-3, 2e-3, 4e-3, 8e-3), 8e-3, first, 1) is None  # the limit: reported as not bracketed
+    s = replace(get_scale("cpu"), chosen_lrs=(("cpu64", 4e-3),))
+    assert s.grid("cpu64", "llama") == s.lrs and s.grid("cpu96", "llama") == (2e-3, 4e-3, 8e-3)
+    with pytest.raises(LearningRateNotChosen, match="cpu96"):
+        s.train_for("cpu96")
+
+
+def test_learning_rate_protocol_end_to_end(corpus, tmp_path, monkeypatch):
+    """A sweeping scale: Llama's sweep (chosen on validation, grown until bracketed) runs first, then the
+    variants train at the chosen rate; the test split chooses nothing."""
+    monkeypatch.setenv("CEM_CACHE_DIR", str(tmp_path / "cache"))
+    kw = smoke(corpus, seeds=(0,), recursion_seeds=(0,), lr_sweep=True, lrs=(1e-3, 4e-3), lr_extend=1)
+    summary = run_experiment("fig2b", "smoke", tmp_path / "res", **kw)
+    lr_rows = run_experiment("lr", "smoke", tmp_path / "res", **kw)
+    chosen_lr = lr_rows["chosen"]["micro"]["lr"]
+    sweep = {r["lr"]: r["valid_loss"] for r in lr_rows["rows"]}
+    assert chosen_lr == min(sweep, key=sweep.get)
+    assert len(sweep) in (2, 3)  # grown by one factor of 2 where the best rate was at an end
+    assert {r["lr"] for r in summary["rows"]} == {chosen_lr}
 
 
 def test_fig2c_end_to_end_with_resume_and_the_budget_check(corpus, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("CEM_CACHE_DIR", str(tmp_path / "cache"))
     summary = run_experiment("fig2c", "smoke", tmp_path / "res", **smoke(corpus))
     labels = [r["label"] for r in summary["rows"]]
-    assert labels == ["Llama micro", "CEM attention T=1 diag", "CEM attention T=2 diag", "CEM attention T=1 diag_lowrank", "CEM attention T=2 diag_lowrank"]
+    assert labels == ["Llama micro", "Llama ALiBi micro", "CEM attention T=1", "CEM attention T=2", "CEM attention T=1 learned step"]
     assert all(r["seeds"] == [0, 1] and len(r["test_perplexity_per_seed"]) == 2 for r in summary["rows"])
     assert len(summary["findings"]) == 4 and all(f["difference"]["n"] == 2 for f in summary["findings"])
+    assert [f["family"] for f in summary["findings"]] == ["paper", "control", "paper", "control"]
     assert summary["short_runs"] == labels  # 3 steps: short of the budget
     assert (tmp_path / "res" / "fig2c" / "fig2c.png").stat().st_size > 1000
     assert len(list((tmp_path / "res" / "runs").iterdir())) == 10

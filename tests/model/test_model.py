@@ -157,3 +157,30 @@ def test_forward_with_targets_returns_the_loss():
     assert model.loss(x, y) == model(x, y)
     with pytest.raises(ValueError, match="unknown reduction"):
         model(x, y, reduction="max")
+
+
+def test_common_random_numbers_across_architectures():
+    """init_seed keys every weight by (seed, name): the embeddings, head, norms and every same-named,
+    same-shaped weight start identical across architectures; another seed draws other values."""
+    from cem.model import LanguageModel, model_config
+
+    def build(arch, seed, **kw):
+        return dict(LanguageModel(model_config("micro", arch, **kw), init_seed=seed).named_parameters())
+
+    llama, cem, reuse = build("llama", 3), build("cem-t2", 3), build("llama", 3, attn_reuse=2)
+    llama_other = build("llama", 4)
+    shared = [n for n in llama if n in cem and llama[n].shape == cem[n].shape]
+    for name in ("embed.weight", "head.weight", "blocks.0.attn.w_q.weight", "blocks.1.attn.w_k.weight",
+                 "blocks.0.mlp.w_gate.weight", "blocks.0.mlp.w_up.weight"):
+        assert name in shared
+    for name in shared:
+        assert torch.equal(llama[name], cem[name]), name
+        if llama[name].std() > 0:  # drawn, not a constant: another seed differs
+            assert not torch.equal(llama[name], llama_other[name]), name
+    assert torch.equal(reuse["blocks.0.attn.layer.w_q.weight"], llama["blocks.0.attn.w_q.weight"])
+    # building an extra module first (another architecture) does not shift later draws
+    torch.manual_seed(0)
+    a = build("cem-t2", 3)
+    torch.manual_seed(1)
+    b = build("cem-t2", 3)
+    assert all(torch.equal(a[n], b[n]) for n in a)

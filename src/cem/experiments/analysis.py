@@ -4,6 +4,7 @@ at other T, with its FLOPs per token), the energy at each recursion step, and th
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import torch
@@ -15,7 +16,7 @@ from ..layers.steps import DescentLayer
 from ..model.flops import forward_flops_per_token
 from ..training import RunDir
 from ..training.evaluate import evaluate
-from .findings import Context, Finding
+from .findings import Context, Finding, row
 from .stats import Interval, mean_std
 
 
@@ -152,7 +153,7 @@ def test_time_study(c: Context) -> tuple[list, dict]:
                 f"(ours) {v.label}: {what} T={more} instead of the trained T={trained} lowers perplexity",
                 d.verdict(+1),
                 f"perplexity at T={trained} minus at T={more}: {d.text()}; means " + ", ".join(f"T={t}: {p:.3f}" for t, p in means.items()) + f"; best T={best}",
-                d.to_dict(),
+                d.to_dict(), family="ours", p=d.p,
             ))
     return findings, {"curves": curves, "adaptive": adaptive}
 
@@ -202,6 +203,7 @@ def energy_study(c: Context) -> tuple[list, dict]:
             "held" if all(within) else ("not held" if not any(within) else "inconclusive"),
             f"{sum(within)}/{len(within)} (layer, step) pairs within the trained T={trained} lower the energy; "
             f"{sum(beyond)}/{len(beyond)} beyond it (one seed)",
+            family="ours",
         ))
     return findings, {"energy": trace}
 
@@ -210,7 +212,7 @@ def gp_study(c: Context) -> tuple[list, dict]:
     """Table 3: the GP regression study at the scale's GP setting; T=8 against T=1, paired by seed."""
     from .gp_regression import run_gp_study, summarize
 
-    gp_scale = {"smoke": "tiny"}.get(c.scale.name, c.scale.name)
+    gp_scale = {"smoke": "tiny", "micro": "cpu"}.get(c.scale.name, c.scale.name)
     rows = run_gp_study(seeds=c.scale.seeds, scale=gp_scale, out_dir=c.out, progress=True)
     summary = summarize(rows)
     findings = []
@@ -225,6 +227,45 @@ def gp_study(c: Context) -> tuple[list, dict]:
             f"{kernel}: more recursion steps lower the regression error (T={last} vs T={first})",
             d.verdict(+1),
             f"{means}; RMSE at T={first} minus at T={last}: {d.text('+.4f')}",
-            d.to_dict(),
+            d.to_dict(), p=d.p,
         ))
     return findings, {"gp_rows": summary}
+
+
+def size_trend(c: Context, gaps: list[tuple[str, str, str]]) -> tuple[list, dict]:
+    """Each gap (variant prefix, baseline prefix, name) at every size, paired by seed in test loss, and its
+    linear trend in log(non-embedding parameters of the Llama baseline) with a 95% interval of the slope
+    (least squares over every (size, seed) gap). Inside the tested range only: never extrapolated."""
+    from scipy import stats
+
+    findings, trend = [], {}
+    for variant, baseline, name in gaps:
+        xs, ys, points = [], [], []
+        for size in c.scale.sizes:
+            a, b = row(c.rows, f"{variant} {size}"), row(c.rows, f"{baseline} {size}")
+            d = Interval.of([x - y for x, y in zip(a["test_loss_per_seed"], b["test_loss_per_seed"])])
+            points.append({"size": size, "parameters": b["parameters"], "log_parameters": math.log(b["parameters"]), **d.to_dict()})
+            for g in d_values(a, b):
+                xs.append(math.log(b["parameters"]))
+                ys.append(g)
+        entry = {"points": points}
+        if len(set(xs)) > 1 and len(xs) > 2:
+            fit = stats.linregress(xs, ys)
+            half = float(stats.t.ppf(0.975, len(xs) - 2)) * fit.stderr
+            slope = Interval(fit.slope, fit.slope - half, fit.slope + half, len(xs), float(fit.pvalue))
+            entry["slope"] = slope.to_dict()
+            findings.append(Finding(
+                f"(ours) {name}: the gap narrows in CEM's favour as the models grow (slope of the loss gap in log(parameters) < 0)",
+                slope.verdict(-1),
+                "gap per size (nats): " + "; ".join(f"{p['size']} {p['mean']:+.4f} [{p['lo']:+.4f}, {p['hi']:+.4f}]" for p in points)
+                + f"; slope {slope.mean:+.4f} nats per e-fold of parameters [95% CI {slope.lo:+.4f}, {slope.hi:+.4f}], p = {slope.p:.2g}, "
+                "within the tested sizes only",
+                slope.to_dict(), family="ours", p=slope.p, sign=-1,
+            ))
+        trend[name] = entry
+    return findings, {"trend": trend}
+
+
+def d_values(a: dict, b: dict) -> list[float]:
+    """Per-seed test-loss differences a - b (paired by seed)."""
+    return [x - y for x, y in zip(a["test_loss_per_seed"], b["test_loss_per_seed"])]

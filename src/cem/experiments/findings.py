@@ -1,13 +1,19 @@
 """What an analysis produces and sees: a `Finding` (a claim, its verdict and the paired difference it rests
 on), the `Context` of an analysis, and the finding helpers on seed-paired differences (`cem.experiments.stats`).
 
-Findings are judged on seed-paired differences: *held* only when the 95% confidence interval of the mean
-paired difference excludes zero with the paper's sign; "A is close to B" findings are equivalence tests
-(the whole interval of the relative difference inside the tolerance).
+Every difference is of test loss in nats per token (log-perplexity), paired by seed, and also shown as a
+perplexity ratio in % (exp(Δ) - 1). A directional claim is *held* when the 95% interval excludes zero with
+the claim's sign; a "close" claim is an equivalence test (the whole interval within ±log(1 + tolerance));
+"matches or beats" is a non-inferiority test (the interval's upper end below log(1 + margin)).
+
+Families (for the Holm correction in the report): `paper` (the paper's own directional claims), `control`
+(the same claims against the controls this project adds: the position-matched Llama, the learned step
+gain), `ours` (beyond the paper). Equivalence and non-inferiority findings carry no p-value in a family.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -15,13 +21,20 @@ from .scales import Scale
 from .stats import Interval
 from .sweep import Variant
 
+FAMILIES = ("paper", "control", "ours")
+
 
 @dataclass
 class Finding:
     claim: str
-    verdict: str  # "held" | "not held" | "inconclusive"
+    verdict: str  # "held" | "not held" | "inconclusive" (raw: the 95% interval)
     evidence: str
-    difference: dict | None = None  # the paired difference (mean, lo, hi, n) the verdict rests on
+    difference: dict | None = None  # the paired difference (mean, lo, hi, n, p) the verdict rests on
+    family: str = "paper"
+    p: float | None = None  # two-sided p-value of a directional claim (None: equivalence / non-inferiority)
+    sign: int = 1  # the claim's sign of the difference
+    p_adjusted: float | None = None  # Holm over the finding's family (set by the report)
+    verdict_adjusted: str | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -41,9 +54,6 @@ class Context:
     device: str = "auto"
 
 
-# --- findings on seed-paired differences -------------------------------------------------------------
-
-
 def row(rows: list[dict], label: str) -> dict:
     for r in rows:
         if r["label"] == label:
@@ -51,36 +61,74 @@ def row(rows: list[dict], label: str) -> dict:
     raise KeyError(label)
 
 
-def per_seed(rows, label: str, key: str = "test_perplexity") -> list[float]:
+def per_seed(rows, label: str, key: str = "test_loss") -> list[float]:
     return row(rows, label)[key + "_per_seed"]
 
 
 def _means(rows, *labels) -> str:
-    return "; ".join(f"{lab}: {row(rows, lab)['test_perplexity']:.3f}" for lab in labels)
+    return "; ".join(f"{lab}: ppl {row(rows, lab)['test_perplexity']:.3f}" for lab in labels)
 
 
-def lower(rows, better: str, worse: str, claim: str) -> Finding:
-    """Claim: `better` has a lower test perplexity than `worse` (paired difference worse - better > 0)."""
-    d = Interval.of([w - b for b, w in zip(per_seed(rows, better), per_seed(rows, worse))])
-    rel = d.mean / row(rows, worse)["test_perplexity"]
-    evidence = f"{_means(rows, better, worse)}; paired difference {d.text()} ({rel:+.1%} of {worse})"
-    return Finding(claim, d.verdict(+1), evidence, d.to_dict())
+def _nats(d: Interval) -> str:
+    """A loss difference in nats with its interval, and as a perplexity ratio in %."""
+    pct = lambda x: f"{math.expm1(x):+.2%}"  # noqa: E731
+    if d.n < 2:
+        return f"Δ {d.mean:+.4f} nats ({pct(d.mean)} ppl), one seed, no interval"
+    return f"Δ {d.mean:+.4f} nats [95% CI {d.lo:+.4f}, {d.hi:+.4f}] ({pct(d.mean)} ppl [{pct(d.lo)}, {pct(d.hi)}]), {d.n} paired seeds, p = {d.p:.2g}"
 
 
-def close(rows, a: str, b: str, claim: str, tolerance: float) -> Finding:
-    """Claim: `a` is within `tolerance` (relative) of `b`: the interval of (a - b) / b lies inside ±tolerance."""
-    d = Interval.of([(x - y) / y for x, y in zip(per_seed(rows, a), per_seed(rows, b))])
-    evidence = f"{_means(rows, a, b)}; relative paired difference {d.text('+.2%')}, tolerance ±{tolerance:.0%}"
-    return Finding(claim, d.within(tolerance), evidence, d.to_dict())
+def paired(rows, a: str, b: str) -> Interval:
+    """The interval of loss(a) - loss(b), paired by seed."""
+    return Interval.of([x - y for x, y in zip(per_seed(rows, a), per_seed(rows, b))])
 
 
-def gains_more(rows, reuse: tuple[str, str], cem: tuple[str, str], claim: str) -> Finding:
-    """Claim: going from `cem[0]` to `cem[1]` lowers perplexity more than going from `reuse[0]` to `reuse[1]`."""
+def lower(rows, better: str, worse: str, claim: str, family: str = "paper") -> Finding:
+    """Claim: `better` has a lower test loss than `worse` (paired difference worse - better > 0)."""
+    d = paired(rows, worse, better)
+    return Finding(claim, d.verdict(+1), f"{_means(rows, better, worse)}; {worse} - {better}: {_nats(d)}", d.to_dict(), family, d.p)
+
+
+def close(rows, a: str, b: str, claim: str, tolerance: float, family: str = "paper") -> Finding:
+    """Claim: `a` is within ±`tolerance` of `b` in perplexity: the interval of loss(a) - loss(b) lies inside
+    ±log(1 + tolerance) (an equivalence test)."""
+    d = paired(rows, a, b)
+    evidence = f"{_means(rows, a, b)}; {a} - {b}: {_nats(d)}; equivalence margin ±{tolerance:.0%} ppl"
+    return Finding(claim, d.within(math.log1p(tolerance)), evidence, d.to_dict(), family)
+
+
+def not_worse(rows, a: str, b: str, claim: str, margin: float, note: str = "", family: str = "paper") -> Finding:
+    """Claim: `a` matches or beats `b` (non-inferiority): the interval's upper end of loss(a) - loss(b) is below
+    log(1 + margin); *not held* when its lower end is above it."""
+    d = paired(rows, a, b)
+    m = math.log1p(margin)
+    hi, lo = (d.hi, d.lo) if d.n > 1 else (d.mean, d.mean)
+    verdict = "held" if hi < m else ("not held" if lo > m else "inconclusive")
+    evidence = f"{note + '; ' if note else ''}{_means(rows, a, b)}; {a} - {b}: {_nats(d)}; non-inferiority margin +{margin:.0%} ppl"
+    return Finding(claim, verdict, evidence, d.to_dict(), family)
+
+
+def gains_more(rows, reuse: tuple[str, str], cem: tuple[str, str], claim: str, family: str = "paper") -> Finding:
+    """Claim: going from `cem[0]` to `cem[1]` lowers the loss more than going from `reuse[0]` to `reuse[1]`."""
     g_cem = [a - b for a, b in zip(per_seed(rows, cem[0]), per_seed(rows, cem[1]))]
     g_reuse = [a - b for a, b in zip(per_seed(rows, reuse[0]), per_seed(rows, reuse[1]))]
     d = Interval.of([c - r for c, r in zip(g_cem, g_reuse)])
     evidence = (
-        f"perplexity gain {cem[0]} → {cem[1]}: {Interval.of(g_cem).mean:+.3f}; plain reuse {reuse[0]} → {reuse[1]}: "
-        f"{Interval.of(g_reuse).mean:+.3f}; difference of gains {d.text()}"
+        f"loss gain {cem[0]} → {cem[1]}: {Interval.of(g_cem).mean:+.4f} nats; plain reuse {reuse[0]} → {reuse[1]}: "
+        f"{Interval.of(g_reuse).mean:+.4f} nats; difference of gains {_nats(d)}"
     )
-    return Finding(claim, d.verdict(+1), evidence, d.to_dict())
+    return Finding(claim, d.verdict(+1), evidence, d.to_dict(), family, d.p)
+
+
+def adjust(findings: list[Finding]) -> None:
+    """Holm-Bonferroni over each family's directional findings (those with a p-value): sets `p_adjusted`
+    and `verdict_adjusted` (held / not held when the adjusted p < 0.05, by the sign of the mean)."""
+    from .stats import holm
+
+    for family in FAMILIES:
+        group = [f for f in findings if f.family == family and f.p is not None and f.p == f.p]
+        for f, p in zip(group, holm([f.p for f in group])):
+            f.p_adjusted = p
+            if p >= 0.05:
+                f.verdict_adjusted = "inconclusive"
+            else:
+                f.verdict_adjusted = "held" if f.difference["mean"] * f.sign > 0 else "not held"

@@ -18,9 +18,9 @@ from .stats import ci_halfwidth  # noqa: E402
 COLORS = {"Llama": "#e377c2", "CEM attention": "#1f77b4", "CEM MLP": "#1f77b4", "CEM MLP, parameter-matched": "#ff7f0e"}
 
 
-def _err(r: dict) -> float:
-    """Half-width of the 95% CI of a row's seed-mean perplexity (0 with one seed)."""
-    h = ci_halfwidth(r["test_perplexity_per_seed"])
+def _err(r: dict, key: str = "test_perplexity") -> float:
+    """Half-width of the 95% CI of a row's seed mean of `key` (0 with one seed)."""
+    h = ci_halfwidth(r[key + "_per_seed"])
     return 0.0 if h != h else h
 
 
@@ -73,47 +73,95 @@ def plot_sizes(summary, title, path):
 
 
 def plot_steps(summary, title, path):
-    """Perplexity against recursion steps T, one line per preconditioner, Llama dashed (Fig. 2c, 2d)."""
+    """Perplexity against recursion steps T, one line per CEM setting, the Llama baselines dashed (Fig. 2c, 2d)."""
     rows = summary["rows"]
     fig, ax = plt.subplots(figsize=(5, 4.4))
-    for r in rows:
-        if r["group"] == "Llama":
-            ax.axhline(r["test_perplexity"], ls="--", color=COLORS["Llama"], label=f"{r['label']} (dashed)")
-    for group in ("diag", "diag_lowrank"):
+    for r, ls in zip((r for r in rows if r["group"].startswith("Llama")), ("--", ":", "-.")):
+        ax.axhline(r["test_perplexity"], ls=ls, color=COLORS["Llama"], label=f"{r['label']}")
+    for group in dict.fromkeys(r["group"] for r in rows if not r["group"].startswith("Llama")):
         rs = sorted((r for r in rows if r["group"] == group), key=lambda r: r["steps"])
-        ax.errorbar([r["steps"] for r in rs], [r["test_perplexity"] for r in rs], yerr=[_err(r) for r in rs], marker="o", capsize=3, label=f"preconditioner {group}")
-    ax.set_xticks([1, 2])
+        ax.errorbar([r["steps"] for r in rs], [r["test_perplexity"] for r in rs], yerr=[_err(r) for r in rs], marker="o", capsize=3, label=group)
+    ax.set_xticks(sorted({r["steps"] for r in rows if "steps" in r}))
     ax.set_xlabel("recursion steps T")
     ax.set_ylabel("test perplexity")
     ax.legend(fontsize=8)
-    _finish(fig, ax, title, path, _caption(summary))
+    _finish(fig, ax, title, path, _caption(summary) + " Horizontal lines: the Llama baselines (means).")
 
 
-def plot_lr(summary, title, path):
-    """Perplexity against learning rate with Akima interpolants and their optima (Fig. 3a)."""
+def _lr_panel(ax, rows: list[dict], groups, key: str, optima: dict) -> None:
+    """Mean `key` against the learning rate per group, with Akima interpolants over log2(lr) and their minima."""
     import numpy as np
     from scipy.interpolate import Akima1DInterpolator
 
-    rows, optima = summary["rows"], summary.get("optima", {})
-    fig, ax = plt.subplots(figsize=(5.5, 4.4))
-    for group, color in (("Llama", "#ff7f0e"), ("CEM (T=2, diag+low-rank)", "#1f77b4")):
+    for group, color in groups:
         rs = sorted((r for r in rows if r["group"] == group), key=lambda r: r["lr"])
+        if not rs:
+            continue
         x = np.log2([r["lr"] for r in rs])
-        y = [r["test_perplexity"] for r in rs]
-        ax.errorbar([r["lr"] for r in rs], y, yerr=[_err(r) for r in rs], fmt="o", color=color, capsize=3, label=group)
-        grid = np.linspace(x[0], x[-1], 200)
-        ax.plot(2**grid, Akima1DInterpolator(x, y)(grid), color=color, lw=1)
+        y = [r[key] for r in rs]
+        ax.errorbar([r["lr"] for r in rs], y, yerr=[_err(r, key) for r in rs], fmt="o", color=color, capsize=3, label=group)
+        if len(rs) > 2:
+            grid = np.linspace(x[0], x[-1], 200)
+            ax.plot(2**grid, Akima1DInterpolator(x, y)(grid), color=color, lw=1)
         if group in optima:
-            ax.plot(optima[group]["lr"], optima[group]["test_perplexity"], marker="*", ms=14, color=color, ls="none",
-                    label=f"{group}: Akima optimum")
+            ax.plot(optima[group]["lr"], optima[group][key], marker="*", ms=14, color=color, ls="none", label=f"{group}: Akima optimum")
     ax.set_xscale("log")
     lrs = sorted({r["lr"] for r in rows})
-    ax.set_xticks(lrs, [f"{lr:g}" for lr in lrs])
+    ax.set_xticks(lrs, [f"{lr:g}" for lr in lrs], fontsize=7)
     ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xlabel("learning rate")
-    ax.set_ylabel("test perplexity")
+    ax.set_ylabel(key.replace("_", " ") + " (nats per token)")
     ax.legend(fontsize=7)
-    _finish(fig, ax, title, path, _caption(summary) + " Lines: Akima interpolants of the means over log2(lr); stars: their minima.")
+
+
+def plot_lr(summary, title, path):
+    """Validation loss against learning rate with Akima interpolants and their optima (Fig. 3a; chosen on validation)."""
+    fig, ax = plt.subplots(figsize=(5.5, 4.4))
+    _lr_panel(ax, summary["rows"], (("Llama", "#ff7f0e"), ("CEM (T=2, diag+low-rank)", "#1f77b4")), "valid_loss", summary.get("optima", {}))
+    _finish(fig, ax, title, path, _caption(summary).replace("test perplexity", "validation loss")
+            + " Lines: Akima interpolants of the means over log2(lr); stars: their minima. Rates are chosen on validation; test is read once per run.")
+
+
+def plot_lr_sweep(summary, title, path):
+    """The Llama baseline's validation loss against the learning rate, one panel per size; the chosen rate marked."""
+    sizes = list(dict.fromkeys(r["group"] for r in summary["rows"]))
+    fig, axes = plt.subplots(1, len(sizes), figsize=(4.2 * len(sizes), 4), squeeze=False)
+    for ax, size in zip(axes[0], sizes):
+        rows = [r for r in summary["rows"] if r["group"] == size]
+        _lr_panel(ax, rows, ((size, "#ff7f0e"),), "valid_loss", {})
+        chosen = summary.get("chosen", {}).get(size)
+        if chosen:
+            ax.axvline(chosen["lr"], color="gray", ls="--", lw=0.8)
+        ax.set_title(f"Llama {size} (seeds {rows[0]['seeds']})", fontsize=8)
+    _finish_panels(fig, title, path, "Points: mean validation loss over the seeds shown; error bars: 95% CI of the mean (t) where there is "
+                   "more than one seed. Dashed line: the chosen rate (lowest mean validation loss), at which every variant of that size trains.")
+
+
+def plot_size_trend(summary, title, path):
+    """The paired loss gap of each headline comparison against parameters, with its fitted trend."""
+    import numpy as np
+
+    trend = summary.get("trend", {})
+    fig, ax = plt.subplots(figsize=(5.5, 4.4))
+    for name, entry in trend.items():
+        pts = entry["points"]
+        x = [p["parameters"] / 1e6 for p in pts]
+        y = [p["mean"] for p in pts]
+        err = [0.0 if p["n"] < 2 else p["hi"] - p["mean"] for p in pts]
+        line = ax.errorbar(x, y, yerr=err, fmt="o", capsize=3, label=name)
+        if "slope" in entry:
+            lx = np.log([p["parameters"] for p in pts])
+            b = entry["slope"]["mean"]
+            a = np.mean(y) - b * np.mean(lx)
+            ax.plot(x, a + b * lx, color=line[0].get_color(), lw=1)
+    ax.axhline(0, color="gray", lw=0.8)
+    ax.set_xscale("log")
+    ax.set_xlabel("parameters of the Llama baseline (M)")
+    ax.set_ylabel("test loss gap, variant - baseline (nats per token)")
+    ax.legend(fontsize=7)
+    n = len(summary.get("seeds", []))
+    _finish(fig, ax, title, path, f"Points: mean paired gap over {n} seeds; error bars: 95% CI of the mean paired gap (t). "
+            "Lines: least-squares fits in log(parameters) over every (size, seed) gap; the tested range only. Below 0: the variant is better.")
 
 
 def plot_points(summary, title, path):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from .findings import Finding, adjust
 from .registry import SUITE_ORDER
 
 MARK = {"held": "✅ held", "not held": "❌ not held", "inconclusive": "➖ inconclusive"}
@@ -60,10 +61,25 @@ def _short_runs(summaries: list[dict]) -> list[str]:
     return out
 
 
+def _adjust(summaries: list[dict]) -> None:
+    """Holm-Bonferroni over each family of directional findings across every experiment (in place)."""
+    found = [(f, Finding(**f)) for s in summaries for f in s["findings"]]
+    adjust([g for _, g in found])
+    for f, g in found:
+        f["p_adjusted"], f["verdict_adjusted"] = g.p_adjusted, g.verdict_adjusted
+
+
+def _verdicts(f: dict) -> str:
+    """The raw verdict, and the Holm-adjusted one where the finding is in a family."""
+    if f.get("verdict_adjusted") is None:
+        return MARK[f["verdict"]]
+    return f"{MARK[f['verdict']]} (Holm: {f['verdict_adjusted']}, p_adj = {f['p_adjusted']:.2g})"
+
+
 def _opening(summaries: list[dict]) -> list[str]:
     """The paper's findings at this scale, in plain words with numbers; ours separately."""
-    paper = [(s["experiment"], f) for s in summaries if s.get("paper", True) for f in s["findings"]]
-    ours = [(s["experiment"], f) for s in summaries if not s.get("paper", True) for f in s["findings"]]
+    paper = [(s["experiment"], f) for s in summaries if s.get("paper", True) for f in s["findings"] if f.get("family", "paper") == "paper"]
+    ours = [(s["experiment"], f) for s in summaries for f in s["findings"] if (f.get("family", "paper") != "paper" or not s.get("paper", True))]
 
     def counts(fs):
         return ", ".join(f"{sum(f['verdict'] == k for _, f in fs)} {k}" for k in MARK)
@@ -83,8 +99,12 @@ def _opening(summaries: list[dict]) -> list[str]:
     ]
     for verdict in MARK:
         lines.append(f"- **{verdict.capitalize()}:** {listing(paper, verdict)}.")
+    directional = [f for _, f in paper if f.get("verdict_adjusted") is not None]
+    if directional:
+        lines.append(f"- **After Holm-Bonferroni over the paper's {len(directional)} directional findings:** "
+                     + ", ".join(f"{sum(f['verdict_adjusted'] == k for f in directional)} {k}" for k in MARK) + ".")
     if ours:
-        lines += ["", f"**Ours, beyond the paper:** {counts(ours)}."]
+        lines += ["", f"**Controls and ours (beyond the paper):** {counts(ours)}."]
         for verdict in MARK:
             lines.append(f"- **{verdict.capitalize()}:** {listing(ours, verdict)}.")
     return lines
@@ -106,6 +126,7 @@ def write_report(results_dir: str | Path, allow_short: bool = False) -> Path:
     summaries = [json.loads((root / i / "summary.json").read_text()) for i in SUITE_ORDER if (root / i / "summary.json").exists()]
     if not summaries:
         raise ValueError(f"{root} holds no experiment results (expected {root}/ID/summary.json from `cem experiment`)")
+    _adjust(summaries)
     short = _short_runs(summaries)
     if short and not allow_short:
         raise ShortOfBudget(
@@ -131,23 +152,33 @@ def write_report(results_dir: str | Path, allow_short: bool = False) -> Path:
         f"Machine: {', '.join(machines)}. {len(runs)} training runs (shared between experiments, each trained once) took "
         f"{train_h:.2f} h of training time, summed over runs.",
         "",
-        "How findings are judged: runs are paired by seed (same seed, same data order); a finding is **held** only when the "
-        "95% confidence interval (Student t) of the mean paired difference excludes zero with the paper's sign, **not held** when it "
-        "excludes zero with the opposite sign, **inconclusive** otherwise; \"close\" findings are held when the whole interval of the "
-        "relative difference lies within the stated tolerance.",
+        "How findings are judged: runs are paired by seed (same seed: same data order and, where Llama and CEM share a parameter's "
+        "name and shape, the same initial value). Differences are of test loss (nats per token, log-perplexity), also given in % of "
+        "perplexity. A directional finding is **held** only when the 95% confidence interval (Student t) of the mean paired "
+        "difference excludes zero with the paper's sign, **not held** when it excludes zero with the opposite sign, **inconclusive** "
+        "otherwise; the Holm-adjusted verdict reads the Holm-Bonferroni adjusted p-value at 0.05 the same way, over each family "
+        "(the paper's directional findings; the controls; ours). \"Close\" findings are equivalence tests (the whole interval inside "
+        "±log(1 + tolerance)) and \"matches or beats\" a non-inferiority test; they carry no p-value in a family.",
         "",
     ]
     lines += _opening(summaries)
-    lines += ["", "| experiment | finding | verdict | evidence |", "|---|---|---|---|"]
-    lines += [f"| {s['experiment']} | {f['claim']} | {MARK[f['verdict']]} | {f['evidence']} |" for s in summaries for f in s["findings"]]
+    lines += ["", "| experiment | finding | family | verdict (raw; Holm) | evidence |", "|---|---|---|---|---|"]
+    lines += [f"| {s['experiment']} | {f['claim']} | {f.get('family', 'paper')} | {_verdicts(f)} | {f['evidence']} |" for s in summaries for f in s["findings"]]
     for s in summaries:
         lines += ["", f"## {s['experiment']}: {s['question']}", ""]
         lines += _table(s)
         if "optima" in s:
-            lines += [""] + [f"- Akima optimum of the seed means, {g}: lr {o['lr']:.2e}, perplexity {o['test_perplexity']:.3f}" for g, o in s["optima"].items()]
+            lines += [""] + [f"- {g}: best grid rate on validation {o.get('best_grid_lr', o['lr']):g}; Akima optimum of the mean validation loss: lr {o['lr']:.2e}, "
+                             f"loss {o.get('valid_loss', float('nan')):.4f}" for g, o in s["optima"].items()]
         if "curves" in s:
             lines += _curves(s)
-        lines += ["", *[f"- {MARK[f['verdict']]}: {f['claim']} ({f['evidence']})" for f in s["findings"]]]
+        if "chosen" in s:
+            lines += [""] + [f"- {size}: chosen rate {c['lr']:g} (mean validation loss {c['valid_loss']:.4f}, seeds {c['seeds']})"
+                             + ("" if c["bracketed"] else " **at an end of the grid: not bracketed**") for size, c in s["chosen"].items()]
+        if "trend" in s:
+            lines += [""] + [f"- {name}: slope {t['slope']['mean']:+.4f} nats per e-fold of parameters [95% CI {t['slope']['lo']:+.4f}, {t['slope']['hi']:+.4f}] "
+                             "(tested sizes only)" for name, t in s["trend"].items() if "slope" in t]
+        lines += ["", *[f"- {_verdicts(f)}: {f['claim']} ({f['evidence']})" for f in s["findings"]]]
         png = f"{s['experiment']}/{s['experiment']}.png"
         if (root / png).exists():
             lines += ["", f"![{s['experiment']}]({png})"]

@@ -7,12 +7,14 @@ from __future__ import annotations
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from ..device import cpu_model
 from ..io import atomic_write_json
+from . import lr
 from .findings import Context
 from .registry import ALL_IDS, EXPERIMENTS, SUITE_ORDER
 from .scales import Scale, get_scale
@@ -35,25 +37,36 @@ def _specs(exp_id: str, scale: Scale) -> list:
     exp = EXPERIMENTS[exp_id]
     if exp.variants is None:
         return []
-    return [v.spec.with_seed(s) for v in exp.variants(scale) for s in scale.seeds_for(exp.seeds)]
+    return [v.spec.with_seed(s) for v in exp.variants(scale) for s in (v.seeds or scale.seeds_for(exp.seeds))]
 
 
-def run_experiment(
-    exp_id: str,
-    scale: str = "cpu",
-    results_dir: str | Path | None = None,
-    data_dir: str | None = None,
-    jobs: int = 1,
-    device: str = "auto",
-    **scale_overrides,
-) -> dict:
+def run_experiment(exp_id: str, scale: str = "cpu", results_dir: str | Path | None = None, data_dir: str | None = None,
+                   jobs: int = 1, device: str = "auto", **scale_overrides) -> dict:
     """Run one experiment and write RESULTS/ID/summary.json and RESULTS/ID/ID.png; returns the summary."""
     _check_id(exp_id)
-    sc = get_scale(scale, **scale_overrides)
-    root = Path(results_dir or f"results/{scale}")
-    specs = _specs(exp_id, sc)
-    results = run_sweep(specs, sc, root, data_dir, jobs) if specs else {}
-    return _analyse(exp_id, sc, root, results, data_dir, device)
+    return run_suite(scale, results_dir, data_dir, jobs, (exp_id,), device, **scale_overrides)[0]
+
+
+def train_runs(ids, sc: Scale, root: Path, data_dir: str | None = None, jobs: int = 1) -> tuple[Scale, dict]:
+    """Train every run the experiments `ids` need; returns the scale (with its chosen learning rates) and
+    the results by spec. At a scale that sweeps learning rates (`cem.experiments.lr`) it goes size by size,
+    the base first: a size's Llama sweep, then that size's runs in the order of `ids` (fig3a's CEM sweep is
+    extended, where its optimum is not bracketed yet, after the base size's other runs)."""
+    if not sc.lr_sweep:
+        return sc, run_sweep([s for i in ids for s in _specs(i, sc)], sc, root, data_dir, jobs)
+    results: dict = {}
+    order = [sc.base] + [z for z in sc.sizes if z != sc.base]
+    for n, size in enumerate(order):
+        sc = lr.choose(sc, size, "llama", root, data_dir, jobs)
+        done = replace(sc, sizes=tuple(z for z in sc.sizes if z in order[: n + 1]))
+        specs = [s for i in ids for s in _specs(i, done)]
+        print(f"== training the runs of {', '.join(ids)} at size {size} ({sc.name} scale)", file=sys.stderr, flush=True)
+        results.update(run_sweep(specs, done, root, data_dir, jobs))
+        if size == sc.base and "fig3a" in ids:
+            sc = lr.choose(sc, size, "cem-t2", root, data_dir, jobs)
+    specs = [s for i in ids for s in _specs(i, sc)]
+    results.update(run_sweep(specs, sc, root, data_dir, jobs))  # everything finished: only reads results
+    return sc, results
 
 
 def _analyse(exp_id: str, sc: Scale, root: Path, results: dict, data_dir: str | None, device: str) -> dict:
@@ -88,19 +101,19 @@ def run_suite(
     results_dir: str | Path | None = None,
     data_dir: str | None = None,
     jobs: int = 1,
-    ids=SUITE_ORDER,
+    ids=None,
     device: str = "auto",
     **scale_overrides,
 ) -> list[dict]:
-    """Several experiments at a scale: every run they need is trained first in one pool (shared runs once,
-    the recursion experiments first), then each experiment is analysed."""
+    """Several experiments at a scale (default: the scale's suite): every run they need is trained first in
+    one pool (shared runs once, the recursion experiments first; `train_runs`), then each is analysed."""
+    sc = get_scale(scale, **scale_overrides)
+    ids = tuple(ids or sc.suite or SUITE_ORDER)
     for i in ids:
         _check_id(i)
-    sc = get_scale(scale, **scale_overrides)
     root = Path(results_dir or f"results/{scale}")
-    specs = [s for i in ids for s in _specs(i, sc)]
     print(f"== training the runs of {', '.join(ids)} ({sc.name} scale)", file=sys.stderr, flush=True)
-    results = run_sweep(specs, sc, root, data_dir, jobs)
+    sc, results = train_runs(ids, sc, root, data_dir, jobs)
     summaries = []
     for exp_id in ids:
         print(f"== {exp_id}", file=sys.stderr, flush=True)

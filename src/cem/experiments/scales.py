@@ -3,10 +3,18 @@ on the Chinchilla budget of the Llama baseline of its size (20 tokens per Llama 
 head included, as the paper counts them) with the 5% warm-up. A scale that cannot afford that uses
 smaller models, never a smaller budget.
 
+Learning rates follow the paper's rule where a scale has an `lr_grid`: per size, the Llama baseline is swept
+over the grid (extended by factors of 2 until its best rate is inside it) and the rate with the lowest mean
+*validation* loss is chosen; every variant of that size then trains at that rate (`cem.experiments.lr`).
+The test split is read once per run, at its end, and never chooses anything.
+
 - `smoke`: a few steps per run, to test the pipeline; its results are never findings (the report refuses
   them unless asked, and then says so on its first line).
-- `cpu`: Tiny Shakespeare bytes, presets `micro` (base) and `tiny`; the suite (`cem experiment all
-  --scale cpu --jobs 2`) takes about 2 hours on a 2-core CPU.
+- `micro`: the first CPU regime (Tiny Shakespeare bytes, 2-layer `micro`/`tiny` models at lr 2e-3): a
+  pipeline-level regime. Its models are at n-gram level, so it cannot speak to attention claims.
+- `cpu`: WikiText-2 bytes, 4-layer models with head width 32 and context 256 at three sizes (`cpu64`
+  base, `cpu96`, `cpu128`: 0.20M, 0.44M, 0.80M non-embedding parameters), the paper's learning-rate
+  protocol, position-matched controls; see docs/experiments.md for what it costs.
 - `gpu`: WikiText-2 with a BPE of 8,192 symbols, presets `small` and `medium` (base); see
   docs/experiments.md for the expected time per figure on one H100/H200.
 - `paper`: the paper's presets, SlimPajama and the Llama tokenizer, 2,048 context, batch 128.
@@ -19,12 +27,16 @@ from dataclasses import asdict, dataclass, replace
 from ..checks import check_choice
 
 
+class LearningRateNotChosen(ValueError):
+    """A variant asked for the learning rate of a size whose Llama sweep has not finished."""
+
+
 @dataclass(frozen=True)
 class Scale:
     name: str
     data: str
     tokenizer: str
-    sizes: tuple[str, ...]  # model sizes of the per-size figures (2a, 2b)
+    sizes: tuple[str, ...]  # model sizes of the per-size figures (2a, size trend); the base comes first where it is one
     base: str  # the size of every other figure
     seeds: tuple[int, ...]  # every experiment
     recursion_seeds: tuple[int, ...]  # the recursion findings (fig2c, fig2d, fig3c, fig4, step-size, test-time)
@@ -33,8 +45,13 @@ class Scale:
     grad_accum: int = 1
     tokens: str | None = "chinchilla"
     max_steps: int | None = None  # only the smoke scale: a few steps, never findings
-    lrs: tuple[float, ...] = (5e-4, 1e-3, 2e-3, 4e-3, 8e-3)  # fig3a
+    lrs: tuple[float, ...] = (5e-4, 1e-3, 2e-3, 4e-3, 8e-3)  # fig3a's grid, and the Llama sweep's first grid
+    lr_sweep: bool = False  # True: the paper's rule (module docstring); False: every run at the training default
+    lr_extend: int = 3  # at most this many factor-2 extensions of a grid on each side to bracket its optimum
+    chosen_lrs: tuple[tuple[str, float], ...] = ()  # (size, lr) chosen by the sweep (`cem.experiments.lr`)
+    lr_grids: tuple[tuple[str, tuple[float, ...]], ...] = ()  # (size-arch key, final grid) of every finished sweep
     eval_steps: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8)  # test-time: T at evaluation
+    suite: tuple[str, ...] | None = None  # the experiments `all` runs at this scale (None: every one)
     findings: bool = True  # False: results of this scale are never reported as findings
 
     def train_settings(self) -> dict:
@@ -58,6 +75,32 @@ class Scale:
             out["tokens"] = self.tokens
         return out
 
+    def train_for(self, size: str) -> dict:
+        """Training overrides of a variant of `size`: the Llama baseline's chosen learning rate, if this
+        scale sweeps (LearningRateNotChosen before the sweep of that size has finished)."""
+        if not self.lr_sweep:
+            return {}
+        chosen = dict(self.chosen_lrs)
+        if size not in chosen:
+            raise LearningRateNotChosen(f"the learning rate of size {size!r} is not chosen yet: its Llama sweep runs first")
+        return {"lr": chosen[size]}
+
+    def sweep_seeds(self, size: str) -> tuple[int, ...]:
+        """Seeds of a learning-rate sweep: every seed at the base size, the first one at the others (a
+        larger size costs several times more; its sweep only has to find the optimum's grid point)."""
+        return self.seeds if size == self.base else self.seeds[:1]
+
+    def grid(self, size: str, arch: str) -> tuple[float, ...]:
+        """The final (bracketing) grid of a finished sweep, else its first grid: the scale's `lrs` at the base
+        size; at another size (b/2, b, 2b) around the base size's chosen rate b, which a larger model's optimum
+        is near (the sweep still extends it until the optimum is bracketed)."""
+        if f"{size}-{arch}" in dict(self.lr_grids):
+            return dict(self.lr_grids)[f"{size}-{arch}"]
+        base = dict(self.chosen_lrs).get(self.base)
+        if size == self.base or base is None:
+            return self.lrs
+        return (base / 2, base, base * 2)
+
     def seeds_for(self, kind: str) -> tuple[int, ...]:
         return self.recursion_seeds if kind == "recursion" else self.seeds
 
@@ -65,10 +108,18 @@ class Scale:
         return asdict(self)
 
 
+# the experiments of the `cpu` scale; step-size and test-time wait for the test-time issue's recipes there
+CPU_SUITE = ("lr", "fig2c", "fig2d", "fig4", "fig3c", "fig2a", "fig2b", "fig3b", "readings", "positional", "fig3a", "size-trend", "energy", "table3")
+
 SCALES = {
     "smoke": Scale("smoke", "tinyshakespeare", "byte", ("micro",), "micro", (0, 1), (0, 1), 32, 4, tokens=None, max_steps=3, eval_steps=(1, 2, 3), findings=False),
-    # char-level Tiny Shakespeare, 16 × 128 tokens per step: micro 1.6M tokens (782 steps), tiny 2.7M (1,303)
-    "cpu": Scale("cpu", "tinyshakespeare", "byte", ("micro", "tiny"), "micro", (0, 1, 2), (0, 1, 2, 3, 4), 128, 16),
+    # char-level Tiny Shakespeare, 16 × 128 tokens per step: micro 1.6M tokens (784 steps), tiny 2.7M (1,305)
+    "micro": Scale("micro", "tinyshakespeare", "byte", ("micro", "tiny"), "micro", (0, 1, 2), (0, 1, 2, 3, 4), 128, 16),
+    # WikiText-2 bytes, 16 × 256 tokens per step: cpu64 4.7M tokens, cpu96 9.8M, cpu128 17.4M (1.6 passes)
+    "cpu": Scale(
+        "cpu", "wikitext-2", "byte", ("cpu64", "cpu96", "cpu128"), "cpu64", (0, 1, 2), (0, 1, 2, 3, 4), 256, 16,
+        lrs=(1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2), lr_sweep=True, suite=CPU_SUITE,
+    ),
     # WikiText-2 with a BPE of 8,192 symbols, 32 × 256 tokens per step: small 51M tokens, medium 178M
     "gpu": Scale("gpu", "wikitext-2", "bpe:8192", ("small", "medium"), "medium", (0, 1, 2), (0, 1, 2, 3, 4), 256, 32),
     # the paper: SlimPajama, the 32k Llama tokenizer, 2,048 context, batch 128

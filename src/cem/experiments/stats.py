@@ -1,9 +1,12 @@
-"""Statistics of the suite: seed means, and paired differences with a 95% confidence interval.
+"""Statistics of the suite: seed means, paired differences with a 95% confidence interval and a p-value,
+and the Holm-Bonferroni correction over a family of findings.
 
-Runs are paired by seed: the same seed gives the same data order (and the same initial draw where the
-architectures agree), so a finding compares variants seed by seed. Its verdict is *held* only when the
-95% t-interval of the mean paired difference excludes zero with the paper's sign, *not held* when it
-excludes zero with the opposite sign, and *inconclusive* otherwise.
+Runs are paired by seed: the same seed gives the same data order and the same initial value of every
+same-named, same-shaped parameter (`LanguageModel(cfg, init_seed)`: common random numbers), so a finding
+compares variants seed by seed, on differences of test loss (log-perplexity, nats per token). Its raw
+verdict is *held* only when the 95% t-interval of the mean paired difference excludes zero with the
+paper's sign, *not held* when it excludes zero with the opposite sign, and *inconclusive* otherwise; the
+adjusted verdict reads the Holm-adjusted p-value at 0.05 the same way.
 """
 
 from __future__ import annotations
@@ -38,11 +41,21 @@ class Interval:
     lo: float
     hi: float
     n: int
+    p: float = float("nan")  # two-sided p-value of a zero mean (one-sample t-test; nan for fewer than 2 values)
 
     @classmethod
     def of(cls, values: list[float]) -> "Interval":
         m, h = mean_std(values)[0], ci_halfwidth(values)
-        return cls(m, m - h, m + h, len(values))
+        return cls(m, m - h, m + h, len(values), t_test_p(values))
+
+    def exceeds(self, margin: float) -> float:
+        """One-sided p-value that the mean exceeds `margin` is false (H0: mean >= margin), for non-inferiority."""
+        from scipy import stats
+
+        if self.n < 2 or self.hi == self.lo:
+            return float("nan")
+        se = (self.hi - self.mean) / float(stats.t.ppf(0.975, self.n - 1))
+        return float(stats.t.cdf((self.mean - margin) / se, self.n - 1))
 
     def verdict(self, sign: int = 1) -> str:
         """`held` when the interval excludes 0 on the side of `sign`, `not held` on the other side. With one
@@ -70,4 +83,26 @@ class Interval:
         return f"{self.mean:{fmt}} [95% CI {self.lo:{fmt}}, {self.hi:{fmt}}], {self.n} paired seeds"
 
     def to_dict(self) -> dict:
-        return {"mean": self.mean, "lo": self.lo, "hi": self.hi, "n": self.n}
+        return {"mean": self.mean, "lo": self.lo, "hi": self.hi, "n": self.n, "p": self.p}
+
+
+def t_test_p(values: list[float]) -> float:
+    """Two-sided p-value of the one-sample t-test of a zero mean (nan for fewer than two values, or no spread)."""
+    from scipy import stats
+
+    if len(values) < 2 or len(set(values)) < 2:
+        return float("nan")
+    return float(stats.ttest_1samp(values, 0.0).pvalue)
+
+
+def holm(pvalues: list[float]) -> list[float]:
+    """Holm-Bonferroni adjusted p-values (statsmodels), in the order given; nan stays nan (not counted)."""
+    from statsmodels.stats.multitest import multipletests
+
+    idx = [i for i, p in enumerate(pvalues) if p == p]
+    out = [float("nan")] * len(pvalues)
+    if idx:
+        adjusted = multipletests([pvalues[i] for i in idx], alpha=0.05, method="holm")[1]
+        for i, a in zip(idx, adjusted):
+            out[i] = float(a)
+    return out

@@ -60,6 +60,7 @@ class Variant:
     label: str
     spec: RunSpec
     tags: dict = field(default_factory=dict)
+    seeds: tuple[int, ...] | None = None  # its own seeds (a learning-rate sweep), else the experiment's
 
 
 def run_config(spec: RunSpec, scale: Scale, data_dir: str | None):
@@ -143,14 +144,21 @@ def budget_tokens(res: dict) -> int:
     return chinchilla_tokens(res["config"]["train"]["preset"], res["model"]["vocab_size"], res["model"]["context"])
 
 
+def _default_lr() -> float:
+    from ..training.config import TrainConfig
+
+    return TrainConfig().lr
+
+
 def summarize(variants: list[Variant], results: dict[RunSpec, dict], seeds: tuple[int, ...]) -> list[dict]:
     """One row per variant: the per-seed test metrics (for paired statistics), their mean ± std, the
     parameters, the tokens seen and the Chinchilla budget of the variant's Llama baseline."""
     rows = []
     for v in variants:
-        runs = [results[v.spec.with_seed(s)] for s in seeds]
-        row = {"label": v.label, "size": v.spec.size, "arch": v.spec.arch, **v.tags, "seeds": list(seeds)}
-        for key in ("test_perplexity", "test_bits_per_byte", "test_loss"):
+        own = v.seeds or seeds
+        runs = [results[v.spec.with_seed(s)] for s in own]
+        row = {"label": v.label, "size": v.spec.size, "arch": v.spec.arch, **v.tags, "seeds": list(own), "lr": dict(v.spec.train).get("lr", _default_lr())}
+        for key in ("test_perplexity", "test_bits_per_byte", "test_loss", "valid_loss", "valid_perplexity"):
             row[key + "_per_seed"] = [r[key] for r in runs]
             row[key], row[key + "_std"] = mean_std(row[key + "_per_seed"])
         row["parameters"] = runs[0]["parameters"]["total"]

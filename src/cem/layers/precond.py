@@ -18,13 +18,15 @@ class Preconditioner(nn.Module):
     `u` (n, D, R) ~ N(0, 0.02²) and `v` (n, D, R) = 0, so P starts diagonal and symmetric by construction.
     """
 
+    U_INIT_STD = 0.02
+
     def __init__(self, n: int, dim: int, rank: int | None = None) -> None:
         super().__init__()
         self.dim = dim
         self.p = nn.Parameter(torch.full((n, dim), 1.0 / math.sqrt(dim)))
         if rank is not None:
             check_positive_int("precond_rank", rank)
-            self.u = nn.Parameter(torch.randn(n, dim, rank) * 0.02)
+            self.u = nn.Parameter(torch.randn(n, dim, rank) * self.U_INIT_STD)
             self.v = nn.Parameter(torch.zeros(n, dim, rank))
         else:
             self.u = self.v = None

@@ -129,10 +129,14 @@ SIZES: dict[str, dict] = {
     "134M": dict(dim=768, n_layers=12, n_heads=12, hidden_dim=2048),
     "162M": dict(dim=864, n_layers=12, n_heads=12, hidden_dim=2304),
     "256M": dict(dim=1024, n_layers=15, n_heads=16, hidden_dim=2752),
-    # CPU presets (vocab set by the tokenizer at training time); `micro` is the cpu experiment scale's base
+    # CPU presets (vocab set by the tokenizer at training time); `micro` and `tiny` are the micro scale's
     "micro": dict(dim=48, n_layers=2, n_heads=4, hidden_dim=128, context=128, vocab_size=512),
     "tiny": dict(dim=64, n_layers=2, n_heads=4, hidden_dim=176, context=128, vocab_size=512),
     "small": dict(dim=128, n_layers=4, n_heads=4, hidden_dim=352, context=256, vocab_size=512),
+    # the cpu experiment scale: 4 layers, heads of width 32, context 256, MLP ≈ 8/3·D; named by their width
+    "cpu64": dict(dim=64, n_layers=4, n_heads=2, hidden_dim=176, context=256, vocab_size=512),
+    "cpu96": dict(dim=96, n_layers=4, n_heads=3, hidden_dim=256, context=256, vocab_size=512),
+    "cpu128": dict(dim=128, n_layers=4, n_heads=4, hidden_dim=352, context=256, vocab_size=512),
     "medium": dict(dim=256, n_layers=6, n_heads=8, hidden_dim=688, context=256, vocab_size=8192),
 }
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 from contextlib import ExitStack, contextmanager
 
 import torch
 from torch import Tensor, nn
 
 from ..layers import ATTENTION_KINDS, CEMMLP, MLP_KINDS, CEMAttention, Reuse, RMSNorm
+from ..layers.precond import Preconditioner
 from ..checks import check_nonnegative_int, check_positive_int, check_tolerance
 from ..layers.steps import DescentLayer
 from .cache import Cache
@@ -39,24 +41,50 @@ class Block(nn.Module):
         return self.mlp(self.attn(h, cache=cache))
 
 
-class LanguageModel(nn.Module):
-    """Token embedding, `n_layers` blocks, final RMSNorm, output head; `forward(ids) -> logits`."""
+def parameter_generator(seed: int, name: str) -> torch.Generator:
+    """A CPU generator keyed by (seed, parameter name): common random numbers across architectures. A
+    wrapper's segment (`Reuse`'s `.layer`) is dropped, so a reused sublayer starts as the plain one."""
+    key = f"{seed}/{name.replace('.layer.', '.')}".encode()
+    return torch.Generator().manual_seed(int.from_bytes(hashlib.sha256(key).digest()[:8], "little") >> 1)
 
-    def __init__(self, cfg: ModelConfig) -> None:
+
+class LanguageModel(nn.Module):
+    """Token embedding, `n_layers` blocks, final RMSNorm, output head; `forward(ids) -> logits`.
+
+    With `init_seed`, every randomly initialised parameter is drawn from its own generator keyed by
+    (init_seed, its name) (`parameter_generator`): two architectures built with one seed start with
+    identical embeddings, head and every same-named, same-shaped weight (common random numbers for
+    paired comparisons), whatever else each builds. Without it, torch's global generator draws them.
+    """
+
+    def __init__(self, cfg: ModelConfig, init_seed: int | None = None) -> None:
         super().__init__()
         self.config = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.dim)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
-        self.apply(self._init_weights)
+        self.init_weights(init_seed)
         if cfg.tie_embeddings:
             self.head.weight = self.embed.weight
         self.set_inference(cfg.adaptive_tol, cfg.guard)
 
-    def _init_weights(self, module: nn.Module) -> None:
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, mean=0.0, std=self.config.init_std)
+    @torch.no_grad()
+    def init_weights(self, seed: int | None = None) -> None:
+        """Linear and embedding weights ~ N(0, init_std²); a low-rank preconditioner's U ~ N(0, 0.02²)
+        (App. C.4); the other parameters keep their constant initial values. With `seed`, each weight is
+        drawn from `parameter_generator(seed, name)`; without, the Linear and embedding weights are drawn
+        from torch's global generator (U keeps its draw from construction)."""
+        for module_name, module in self.named_modules():
+            draws = {}
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                draws["weight"] = self.config.init_std
+            elif isinstance(module, Preconditioner) and module.u is not None and seed is not None:
+                draws["u"] = Preconditioner.U_INIT_STD
+            for attr, std in draws.items():
+                name = f"{module_name}.{attr}" if module_name else attr
+                gen = None if seed is None else parameter_generator(seed, name)
+                nn.init.normal_(getattr(module, attr), mean=0.0, std=std, generator=gen)
 
     def check_ids(self, ids: Tensor, start: int = 0) -> None:
         """Raise ValueError unless `ids` is a (batch, seq) integer tensor of in-vocabulary ids that fits the context."""

@@ -246,8 +246,8 @@ def _train(run: RunConfig, rundir: RunDir, resume: bool, progress: bool, stop_at
         return rundir.results()
     resume = resume or status == "extend"
 
-    torch.manual_seed(t.seed)  # every process builds the same initial weights
-    model = LanguageModel(cfg).to(device)
+    torch.manual_seed(t.seed)  # the global generator: random depths and anything else drawn in training
+    model = LanguageModel(cfg, init_seed=t.seed).to(device)  # weights keyed by (seed, name): common random numbers
     _announce_backend(model, device, progress)
     sampler = SequenceSampler(splits["train"], seq_len, seed=t.seed, rank=info.rank, world_size=info.world_size)
     if t.batch_size > sampler.n_windows:
