@@ -204,7 +204,7 @@ def test_decode_matches_full_forward():
 def test_auto_backend_choice(monkeypatch):
     monkeypatch.setattr(core, "_RESOLVED", {})
     assert auto_backend("cpu") == "fast"  # the CPU path, for every diagonal kind
-    assert auto_backend("cpu", shared_diag=True) == "fast"
+    assert auto_backend("cpu", values=True) == "fast"
     monkeypatch.setitem(core._TRITON_OK, "cuda", True)  # as if the CUDA self-check had passed
     assert auto_backend("cuda") == ("triton" if HAS_TRITON else "sdpa")
     monkeypatch.setitem(core._TRITON_OK, "cuda", False)  # ... or failed

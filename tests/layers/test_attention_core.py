@@ -1,5 +1,5 @@
-"""The attention core's backend choice: validated at build time, resolved once per device, and the same
-maths on every backend."""
+"""The attention core's backend registry and choice: validated at build time, resolved once per device, and
+the same maths on every backend."""
 
 import pytest
 import torch
@@ -25,10 +25,10 @@ def test_resolution_on_cpu_and_its_cache(monkeypatch):
     assert CEMAttention(16, 2, kq_diag="shared").resolved_backend("cpu") == "fast"
     assert CEMAttention(16, 2, kq_diag="per_head").resolved_backend("cpu") == "fast"
     assert CEMAttention(16, 2, kq_diag="none", backend="flex").resolved_backend("cpu") == "flex"
-    assert core._RESOLVED[("auto", "cpu", False, True)] == "fast"
+    assert core._RESOLVED[("auto", "cpu", False)] == "fast"
     calls = []
     monkeypatch.setattr(core, "_decide", lambda *a: calls.append(a) or "sdpa")
-    core.resolve_backend("auto", "cpu", shared_diag=True)
+    core.resolve_backend("auto", "cpu")
     assert calls == []  # decided once, then read from the cache
 
 
@@ -45,6 +45,30 @@ def test_backends_agree(backend, diag):
     ref = torch.softmax(core.cem_logits(q, k, diag, positions), dim=-1) @ k
     out = core.cem_attention(q, k, diag, positions, backend=backend)
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_the_registry_holds_every_backend_and_what_it_supports(monkeypatch):
+    """The names, "auto"'s choices and the fallbacks are what they were before the registry held triton."""
+    assert core.BACKENDS == ("auto", "eager", "sdpa", "flex", "triton", "fast")
+    assert [n for n, b in core.IMPLEMENTATIONS.items() if not b.values] == ["triton"]
+    assert [n for n, b in core.IMPLEMENTATIONS.items() if not b.has_backward("cpu")] == ["flex"]
+    assert all(b.has_backward("cuda") for b in core.IMPLEMENTATIONS.values())
+    monkeypatch.setattr(core, "HAS_TRITON", True)
+    monkeypatch.setitem(core._TRITON_OK, "cuda", True)  # as if the CUDA self-check had passed
+    assert [n for n, b in core.IMPLEMENTATIONS.items() if b.why_not("cpu") is None] == ["eager", "sdpa", "flex", "fast"]
+    assert [n for n, b in core.IMPLEMENTATIONS.items() if b.why_not("cuda") is None] == ["eager", "sdpa", "flex", "triton"]
+    assert core.IMPLEMENTATIONS["triton"].why_not("cpu") == "needs CUDA"
+    choices = {(dev, values): core.auto_backend(dev, values) for dev in ("cpu", "cuda", "mps") for values in (False, True)}
+    assert choices == {("cpu", False): "fast", ("cpu", True): "fast", ("cuda", False): "triton",
+                       ("cuda", True): "sdpa", ("mps", False): "sdpa", ("mps", True): "sdpa"}  # fmt: skip
+    monkeypatch.setitem(core._TRITON_OK, "cuda", False)  # the self-check failed
+    assert core.auto_backend("cuda") == "sdpa"
+    monkeypatch.setattr(core, "HAS_TRITON", False)
+    monkeypatch.setitem(core._TRITON_OK, "cuda", True)
+    assert core.auto_backend("cuda") == "sdpa"
+    assert core.IMPLEMENTATIONS["triton"].why_not("cuda") == "triton is not installed (pip install triton)"
+    with pytest.raises(RuntimeError, match="backend='triton' requested but triton is not installed"):
+        core._decide("triton", "cuda", False)
 
 
 def _fresh(g, *shape):

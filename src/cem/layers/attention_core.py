@@ -6,8 +6,9 @@ For every head k and query position i (query i sits at absolute position q_start
     logit_kij = ( k_j^k · q_i^k + ĥ_j · (d_k ∘ u_i) ) / τ + b_kij,   b_kij = -m_k (i - j) + s_k [i = j]
     o_i^k     = Σ_{j <= i} softmax_j(logit_kij) v_j^k                 (v = k: values are the keys)
 
-Backends, one signature `(q, k, diag, positions, q_start=0, v=None)`: `diag` the diagonal term's factors
-(`Diagonal`: d ∘ u and ĥ, or None), `positions` the layer's `Positions` (ALiBi slopes m_k and self bias s_k):
+Every implementation takes `(q, k, diag, positions, q_start=0, v=None)`: `diag` the diagonal term's factors
+(`Diagonal`: d ∘ u and ĥ, or None), `positions` the layer's `Positions` (ALiBi slopes m_k and self bias s_k).
+They are the entries of `IMPLEMENTATIONS`, each a `Backend` saying what it supports:
 
 - "eager": `cem_attention_eager`, reads like the equations; its logits are `cem_logits`, which
   `CEMAttention.energy` and `cem_attention_energy` use too;
@@ -20,10 +21,10 @@ Backends, one signature `(q, k, diag, positions, q_start=0, v=None)`: `diag` the
 - "fast": the CPU path (`cem_attention_fast`): 1/τ applied to q and d∘u before the matmuls, the ALiBi
   bias a cached constant the scores are accumulated onto, the self bias added on the diagonal only,
   causal query blocks (keys past a block's last query are never touched); without a diagonal, PyTorch's
-  fused CPU flash kernel with a custom backward (`FusedKeyAttention`);
-- "auto": "triton" on CUDA once the kernel has passed its self-check there (`triton_self_check`),
-  "fast" on CPU, else "sdpa".
+  fused CPU flash kernel with a custom backward (`FusedKeyAttention`).
 
+"auto" runs the first of `AUTO` meant for the device that takes the values asked for and passes its
+self-check there: "triton" on CUDA once the kernel has passed `triton_self_check`, "fast" on CPU, else "sdpa".
 `check_backend` rejects an unknown name (ModelConfig and CEMAttention call it at build time);
 `resolve_backend` turns a requested name into the one that runs, decided once per device and cached.
 """
@@ -43,10 +44,11 @@ from ..kernels import HAS_TRITON, triton_cem_attention
 from ..checks import check_choice
 from .position import Positions
 
-BACKENDS = ("auto", "eager", "sdpa", "flex", "triton", "fast")
-
 __all__ = [
+    "AUTO",
     "BACKENDS",
+    "IMPLEMENTATIONS",
+    "Backend",
     "Diagonal",
     "auto_backend",
     "cem_attention",
@@ -288,20 +290,17 @@ def cem_attention_triton(
 # ----------------------------------------------------------------------------------------------- the choice
 
 
-def check_backend(backend: str) -> str:
-    """`backend` if it is one of `BACKENDS`, else a ValueError naming them (called at build time)."""
-    check_choice("attention backend", backend, BACKENDS)
-    return backend
-
-
 _TRITON_OK: dict[str, bool] = {}  # device -> the self-check's verdict
-_RESOLVED: dict[tuple, str] = {}  # (requested, device, separate values, shared diagonal) -> backend run
+_RESOLVED: dict[tuple, str] = {}  # (requested, device, separate values) -> backend run
 
 
 def triton_self_check(device: torch.device | str) -> bool:
     """Whether the Triton kernel matches the eager path on `device` (output and every gradient, fresh random
-    inputs, float32); run once per device before "auto" trusts the kernel, cached."""
+    inputs, float32); run once per device before "auto" trusts the kernel, cached. Inside torch.compile it
+    cannot run: the verdict of an earlier eager call, else trusted (the trainer resolves eagerly first)."""
     key = str(torch.device(device))
+    if torch.compiler.is_compiling():
+        return _TRITON_OK.get(key, True)
     if key not in _TRITON_OK:
         g = torch.Generator(device=device).manual_seed(0)
         B, K, J, d = 2, 3, 37, 16
@@ -322,45 +321,86 @@ def triton_self_check(device: torch.device | str) -> bool:
     return _TRITON_OK[key]
 
 
-def auto_backend(device: torch.device | str, values: bool = False, shared_diag: bool = False) -> str:
-    """The backend that "auto" runs on `device` (see the module doc), given whether separate values are
-    passed and whether the diagonal is shared. Inside torch.compile the self-check cannot run: resolve
-    once eagerly first, as the trainer does."""
-    device = torch.device(device)
-    if device.type == "cuda" and HAS_TRITON and not values:
-        if torch.compiler.is_compiling():
-            return "triton" if _TRITON_OK.get(str(device), True) else "sdpa"
-        return "triton" if triton_self_check(device) else "sdpa"
-    if device.type == "cpu":
-        return "fast"
-    return "sdpa"
+def _triton_missing() -> str | None:
+    return None if HAS_TRITON else "triton is not installed (pip install triton)"
 
 
-def _decide(backend: str, device: torch.device | str, values: bool, shared_diag: bool) -> str:
-    if backend == "auto":
-        return auto_backend(device, values, shared_diag)
-    if backend == "triton" and values:
-        warnings.warn("the triton CEM kernel ties values to keys; v given, falling back to sdpa", stacklevel=4)
-        return "sdpa"
-    if backend == "triton" and not HAS_TRITON:
-        raise RuntimeError("backend='triton' requested but triton is not installed (pip install triton)")
+@dataclass(frozen=True)
+class Backend:
+    """One implementation of the core and what it supports (every one takes all three diagonal kinds)."""
+
+    run: Callable[..., Tensor]  # (q, k, diag, positions, q_start=0, v=None) -> o (B, K, Jq, dv)
+    values: bool = True  # takes values other than the keys (the exact gradient's value-side diagonal)
+    devices: tuple[str, ...] | None = None  # device types it is meant for (None: any); elsewhere only when asked by name
+    backward_on: tuple[str, ...] | None = None  # device types where it has a backward (None: any)
+    missing: Callable[[], str | None] = lambda: None  # what it lacks to run at all (None: nothing)
+    self_check: Callable[[torch.device], bool] | None = None  # must pass on a device before "auto" picks it
+
+    def why_not(self, device: torch.device | str) -> str | None:
+        """Why this backend is not meant for `device` (None: it is)."""
+        if self.devices is not None and torch.device(device).type not in self.devices:
+            return f"needs {' or '.join(t.upper() for t in self.devices)}"
+        return self.missing()
+
+    def has_backward(self, device: torch.device | str) -> bool:
+        return self.backward_on is None or torch.device(device).type in self.backward_on
+
+
+IMPLEMENTATIONS: dict[str, Backend] = {
+    "eager": Backend(cem_attention_eager),
+    "sdpa": Backend(cem_attention_sdpa),
+    "flex": Backend(cem_attention_flex, backward_on=("cuda",)),
+    "triton": Backend(cem_attention_triton, values=False, devices=("cuda",), missing=_triton_missing, self_check=triton_self_check),
+    "fast": Backend(cem_attention_fast, devices=("cpu",)),
+}
+BACKENDS = ("auto", *IMPLEMENTATIONS)
+AUTO = ("triton", "fast", "sdpa")  # "auto" runs the first of these that suits the device (sdpa suits all)
+FALLBACK = "sdpa"  # what runs when the backend asked for cannot take separate values
+
+
+def check_backend(backend: str) -> str:
+    """`backend` if it is one of `BACKENDS`, else a ValueError naming them (called at build time)."""
+    check_choice("attention backend", backend, BACKENDS)
     return backend
 
 
-def resolve_backend(backend: str, device: torch.device | str, values: bool = False, shared_diag: bool = False) -> str:
+def _suits(impl: Backend, device: torch.device, values: bool) -> bool:
+    """Whether "auto" may run `impl` on `device`: meant for it, taking the values asked for, self-checked."""
+    return (
+        impl.why_not(device) is None and (impl.values or not values)
+        and (impl.self_check is None or impl.self_check(device))
+    )  # fmt: skip
+
+
+def auto_backend(device: torch.device | str, values: bool = False) -> str:
+    """The backend that "auto" runs on `device` (see the module doc), given whether separate values are passed."""
+    device = torch.device(device)
+    return next(name for name in AUTO if _suits(IMPLEMENTATIONS[name], device, values))
+
+
+def _decide(backend: str, device: torch.device | str, values: bool) -> str:
+    if backend == "auto":
+        return auto_backend(device, values)
+    impl = IMPLEMENTATIONS[backend]
+    if values and not impl.values:
+        warnings.warn(f"the {backend} CEM kernel ties values to keys; v given, falling back to {FALLBACK}", stacklevel=4)
+        return FALLBACK
+    if impl.missing() is not None:
+        raise RuntimeError(f"backend={backend!r} requested but {impl.missing()}")
+    return backend
+
+
+def resolve_backend(backend: str, device: torch.device | str, values: bool = False) -> str:
     """The backend actually run for a requested one on `device` ("auto" decided, triton with separate
     `values` falling back to sdpa), decided once per device and kind of input, then cached."""
     check_backend(backend)
-    key = (backend, str(torch.device(device)), bool(values), bool(shared_diag))
+    key = (backend, str(torch.device(device)), bool(values))
     chosen = _RESOLVED.get(key)
     if chosen is None:
-        chosen = _decide(backend, device, bool(values), bool(shared_diag))
+        chosen = _decide(backend, device, bool(values))
         if not torch.compiler.is_compiling():  # decided without the self-check: do not keep it
             _RESOLVED[key] = chosen
     return chosen
-
-
-_IMPLEMENTATIONS = {"eager": cem_attention_eager, "sdpa": cem_attention_sdpa, "flex": cem_attention_flex, "fast": cem_attention_fast}
 
 
 def cem_attention(
@@ -373,7 +413,5 @@ def cem_attention(
     backend: str = "auto",
 ) -> Tensor:
     """The CEM attention core through `backend` (see the module doc); the same maths for all of them."""
-    chosen = resolve_backend(backend, q.device, values=v is not None, shared_diag=diag is not None and diag.qd.dim() == 3)
-    if chosen == "triton":
-        return cem_attention_triton(q, k, diag, positions, q_start)
-    return _IMPLEMENTATIONS[chosen](q, k, diag, positions, q_start, v)
+    chosen = resolve_backend(backend, q.device, values=v is not None)
+    return IMPLEMENTATIONS[chosen].run(q, k, diag, positions, q_start, v)

@@ -106,8 +106,7 @@ class CEMAttention(DescentLayer):
 
     def resolved_backend(self, device: torch.device | str) -> str:
         """The backend this layer's attention core runs on `device` ("auto" decided; see `attention_core`)."""
-        shared_diag = self.kq_diag is not None and self.kq_diag.dim() == 1
-        return resolve_backend(self.backend, device, values=self._value_diag, shared_diag=shared_diag)
+        return resolve_backend(self.backend, device, values=self._value_diag)
 
     @property
     def _value_diag(self) -> bool:
