@@ -40,10 +40,10 @@ from benchmarks.common import (
     ratio,
     setup,
 )
-from cem.kernels import HAS_TRITON
 from cem.layers import CEMAttention, LlamaAttention, Recursion
+from cem.layers.attention_core import IMPLEMENTATIONS
 
-ALL_BACKENDS = ("eager", "sdpa", "flex", "triton", "fast")
+ALL_BACKENDS = tuple(IMPLEMENTATIONS)
 GPU_SEQS = (512, 1024, 2048, 4096, 8192)
 CPU_SEQS = (256, 512, 1024)
 GPU_TOKENS = 16384  # default GPU batch: batch × seq = 16k tokens
@@ -67,7 +67,8 @@ class Spec:
 
 
 def available_backends(device: torch.device) -> list[str]:
-    return [b for b in ALL_BACKENDS if (b != "triton" or (device.type == "cuda" and HAS_TRITON)) and (b != "fast" or device.type == "cpu")]
+    """The backends meant for `device` (the registry's `Backend.why_not`)."""
+    return [name for name, impl in IMPLEMENTATIONS.items() if impl.why_not(device) is None]
 
 
 def flash_context():
@@ -95,16 +96,15 @@ def llama_spec(args, device: torch.device, dtype: torch.dtype) -> Spec:
 def specs(args, device: torch.device, dtype: torch.dtype) -> list[Spec]:
     """Llama first, then CEM for every (steps, kq_diag, backend) asked."""
     out = [llama_spec(args, device, dtype)]
-    usable = available_backends(device)
     for steps in args.cem_steps:
         for diag in args.kq_diag:
             for backend in args.backends:
                 build = lambda s=steps, d=diag, b=backend: CEMAttention(args.dim, args.heads, recursion=Recursion(steps=s), kq_diag=d, backend=b)  # noqa: E731
                 spec = Spec(f"CEM T={steps} kq={diag}", backend, build)
-                if backend not in usable:
-                    spec.skip = "needs CUDA and triton" if backend == "triton" else "unavailable"
-                elif backend == "flex" and device.type != "cuda":
-                    spec.no_backward = "CPU flex is forward-only"
+                impl = IMPLEMENTATIONS[backend]
+                spec.skip = impl.why_not(device)
+                if spec.skip is None and not impl.has_backward(device):
+                    spec.no_backward = f"{device.type.upper()} {backend} is forward-only"
                 out.append(spec)
     return out
 

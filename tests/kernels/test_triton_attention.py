@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from cem.layers import attention_core as core
-from cem.layers.attention_core import auto_backend, cem_attention, cem_attention_eager, resolve_backend
-from cem.layers.position import alibi_slopes
+from cem.layers.attention_core import Diagonal, auto_backend, cem_attention, cem_attention_eager, resolve_backend
+from cem.layers.position import Positions
 
 triton = pytest.importorskip("triton", reason="triton is not installed (pip install triton); kernel tests need it")
 
@@ -27,7 +27,7 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
 def make_inputs(B, K, Jq, Jk, d, D, diag, dtype=torch.float32, device="cpu", seed=0, self_bias=True):
-    """Random inputs of the attention core; diag in {"shared", "head", None}."""
+    """Random inputs of the attention core (q, k, Diagonal or None, Positions); diag in {"shared", "head", None}."""
     g = torch.Generator().manual_seed(seed)
 
     def rnd(*shape, scale=1.0):
@@ -35,39 +35,41 @@ def make_inputs(B, K, Jq, Jk, d, D, diag, dtype=torch.float32, device="cpu", see
 
     q = rnd(B, K, Jq, d)
     k = rnd(B, K, Jk, d)
-    if diag is None:
-        qd, hn = None, None
-    else:
-        qd = rnd(*((B, Jq, D) if diag == "shared" else (B, K, Jq, D)), scale=0.5)
-        hn = rnd(B, Jk, D, scale=0.5)
-    slopes = alibi_slopes(K).to(device)
+    diagonal = None
+    if diag is not None:
+        diagonal = Diagonal(rnd(*((B, Jq, D) if diag == "shared" else (B, K, Jq, D)), scale=0.5), rnd(B, Jk, D, scale=0.5))
     sb = (torch.randn(K, generator=g) + 0.5).to(device).requires_grad_(True) if self_bias else None
-    return q, k, qd, hn, slopes, sb
+    return q, k, diagonal, Positions("standard", K, sb)
 
 
-def grad_inputs(q, k, qd, hn, sb):
-    return [t for t in (q, k, qd, hn, sb) if t is not None]
+def kernel(q, k, diag, positions, q_start=0, **kw):
+    """`triton_cem_attention` with the core's arguments unpacked into its tensors."""
+    qd, hn = (None, None) if diag is None else diag
+    return triton_cem_attention(q, k, qd, hn, positions.slopes(q.device), positions.self_bias, q_start, **kw)
+
+
+def tensors(inputs):
+    """q, k, qd, hn, self_bias (None where absent)."""
+    q, k, diag, positions = inputs
+    return (q, k, *(diag or (None, None)), positions.self_bias)
 
 
 def run(fn, inputs, q_start, upstream_seed=123, **kw):
-    q, k, qd, hn, slopes, sb = inputs
-    out = fn(q, k, qd, hn, slopes, sb, q_start, **kw)
+    out = fn(*inputs, q_start, **kw)
     g = torch.Generator().manual_seed(upstream_seed)
     dout = torch.randn(out.shape, generator=g).to(device=out.device, dtype=out.dtype)
-    grads = torch.autograd.grad(out, grad_inputs(q, k, qd, hn, sb), dout)
+    grads = torch.autograd.grad(out, [t for t in tensors(inputs) if t is not None], dout)
     return out, grads
 
 
 def names_of(inputs):
-    q, k, qd, hn, _, sb = inputs
-    return [n for n, t in zip(NAMES, (q, k, qd, hn, sb)) if t is not None]
+    return [n for n, t in zip(NAMES, tensors(inputs)) if t is not None]
 
 
 def as_fp32_leaves(inputs):
     """The same values in float32, as fresh leaves (reference for the bfloat16 runs)."""
-    return tuple(
-        t.detach().float().requires_grad_(t.requires_grad) if t is not None else None for t in inputs
-    )
+    q, k, qd, hn, sb = (t.detach().float().requires_grad_(t.requires_grad) if t is not None else None for t in tensors(inputs))
+    return q, k, None if qd is None else Diagonal(qd, hn), Positions(inputs[3].kind, inputs[3].n_heads, sb)
 
 
 def rel_err(a, b):
@@ -96,7 +98,7 @@ SHAPES = [
 @pytest.mark.parametrize("B,K,Jq,Jk,d,D,diag,q_start", SHAPES)
 def test_float32_matches_eager(device, B, K, Jq, Jk, d, D, diag, q_start):
     inputs = make_inputs(B, K, Jq, Jk, d, D, diag, device=device, seed=Jq * 7 + Jk)
-    out, grads = run(triton_cem_attention, inputs, q_start)
+    out, grads = run(kernel, inputs, q_start)
     ref, ref_grads = run(cem_attention_eager, inputs, q_start)
     assert out.shape == ref.shape and out.dtype == ref.dtype
     torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
@@ -118,7 +120,7 @@ def test_float32_matches_eager(device, B, K, Jq, Jk, d, D, diag, q_start):
 )
 def test_bfloat16_close_to_reference(device, B, K, Jq, Jk, d, D, diag, q_start):
     inputs = make_inputs(B, K, Jq, Jk, d, D, diag, dtype=torch.bfloat16, device=device, seed=5)
-    out, grads = run(triton_cem_attention, inputs, q_start)
+    out, grads = run(kernel, inputs, q_start)
     assert out.dtype == torch.bfloat16
     # against the exact maths on the same bf16 values (fp32 reference) ...
     ref32, ref32_grads = run(cem_attention_eager, as_fp32_leaves(inputs), q_start)
@@ -148,7 +150,7 @@ def test_tilings_and_head_groups(config, diag):
     """Head groups (diagonal tile recomputed per group, qd/ĥ gradients from several programs) and tile
     sizes other than the default all give the same result."""
     inputs = make_inputs(2, 3, 29, 29, 24, 72, diag, seed=11)
-    out, grads = run(triton_cem_attention, inputs, 0, config=config)
+    out, grads = run(kernel, inputs, 0, config=config)
     ref, ref_grads = run(cem_attention_eager, inputs, 0)
     torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
     for name, g, rg in zip(names_of(inputs), grads, ref_grads):
@@ -156,10 +158,10 @@ def test_tilings_and_head_groups(config, diag):
 
 
 def test_no_self_bias_and_partial_requires_grad():
-    q, k, qd, hn, slopes, _ = make_inputs(1, 3, 23, 23, 24, 72, "shared", seed=3, self_bias=False)
-    hn = hn.detach()  # no gradient wanted for ĥ
-    out = triton_cem_attention(q, k, qd, hn, slopes, None)
-    ref = cem_attention_eager(q, k, qd, hn, slopes, None)
+    q, k, (qd, hn), positions = make_inputs(1, 3, 23, 23, 24, 72, "shared", seed=3, self_bias=False)
+    diag = Diagonal(qd, hn.detach())  # no gradient wanted for ĥ
+    out = kernel(q, k, diag, positions)
+    ref = cem_attention_eager(q, k, diag, positions)
     torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
     dout = torch.randn_like(out)
     g = torch.autograd.grad(out, (q, k, qd), dout)
@@ -179,8 +181,8 @@ def test_non_contiguous_inputs():
     hn = torch.randn(B, J, D, generator=g).requires_grad_(True)
     sb = torch.randn(K, generator=g).requires_grad_(True)
     assert not q.is_contiguous() and not qd.is_contiguous()
-    inputs = (q, k, qd, hn, alibi_slopes(K), sb)
-    out, grads = run(triton_cem_attention, inputs, 0)
+    inputs = (q, k, Diagonal(qd, hn), Positions("standard", K, sb))
+    out, grads = run(kernel, inputs, 0)
     ref, ref_grads = run(cem_attention_eager, inputs, 0)
     torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
     for a, b in zip(grads, ref_grads):
@@ -189,10 +191,10 @@ def test_non_contiguous_inputs():
 
 def test_decode_matches_full_forward():
     """Cached decoding: the last rows of the full pass equal a q_start > 0 call on the same keys."""
-    inputs = make_inputs(1, 3, 30, 30, 24, 72, "head", seed=21)
-    q, k, qd, hn, slopes, sb = (t.detach() if t is not None else None for t in inputs)
-    full = triton_cem_attention(q, k, qd, hn, slopes, sb, 0)
-    step = triton_cem_attention(q[:, :, 26:], k, qd[:, :, 26:], hn, slopes, sb, 26)
+    q, k, qd, hn, sb = (t.detach() for t in tensors(make_inputs(1, 3, 30, 30, 24, 72, "head", seed=21)))
+    positions = Positions("standard", 3, sb)
+    full = kernel(q, k, Diagonal(qd, hn), positions, 0)
+    step = kernel(q[:, :, 26:], k, Diagonal(qd[:, :, 26:], hn), positions, 26)
     torch.testing.assert_close(step, full[:, :, 26:], atol=1e-5, rtol=1e-5)
 
 
@@ -202,7 +204,7 @@ def test_decode_matches_full_forward():
 def test_auto_backend_choice(monkeypatch):
     monkeypatch.setattr(core, "_RESOLVED", {})
     assert auto_backend("cpu") == "fast"  # the CPU path, for every diagonal kind
-    assert auto_backend("cpu", shared_diag=True) == "fast"
+    assert auto_backend("cpu", values=True) == "fast"
     monkeypatch.setitem(core._TRITON_OK, "cuda", True)  # as if the CUDA self-check had passed
     assert auto_backend("cuda") == ("triton" if HAS_TRITON else "sdpa")
     monkeypatch.setitem(core._TRITON_OK, "cuda", False)  # ... or failed
@@ -257,14 +259,14 @@ def test_imports_without_triton():
         "import torch\n"
         "import cem.kernels as ck\n"
         "from cem.layers import attention_core as core\n"
-        "from cem.layers.position import alibi_slopes\n"
+        "from cem.layers.position import Positions\n"
         "assert not ck.HAS_TRITON\n"
         "assert core.auto_backend('cuda') == 'sdpa'\n"
         "q = torch.randn(1, 2, 5, 8); k = torch.randn(1, 2, 5, 8)\n"
-        "o = core.cem_attention(q, k, None, None, alibi_slopes(2), torch.ones(2))\n"
+        "o = core.cem_attention(q, k, None, Positions('standard', 2, torch.ones(2)))\n"
         "assert o.shape == q.shape\n"
         "try:\n"
-        "    core.cem_attention(q, k, None, None, alibi_slopes(2), None, backend='triton')\n"
+        "    core.cem_attention(q, k, None, Positions('standard', 2), backend='triton')\n"
         "except RuntimeError as e:\n"
         "    assert 'triton' in str(e)\n"
         "else:\n"

@@ -1,12 +1,13 @@
-"""The attention core's backend choice: validated at build time, resolved once per device, and the same
-maths on every backend."""
+"""The attention core's backend registry and choice: validated at build time, resolved once per device, and
+the same maths on every backend."""
 
 import pytest
 import torch
 
 from cem.layers import CEMAttention
 from cem.layers import attention_core as core
-from cem.layers.position import alibi_slopes
+from cem.layers.attention_core import Diagonal
+from cem.layers.position import Positions
 from cem.model import model_config
 
 
@@ -24,10 +25,10 @@ def test_resolution_on_cpu_and_its_cache(monkeypatch):
     assert CEMAttention(16, 2, kq_diag="shared").resolved_backend("cpu") == "fast"
     assert CEMAttention(16, 2, kq_diag="per_head").resolved_backend("cpu") == "fast"
     assert CEMAttention(16, 2, kq_diag="none", backend="flex").resolved_backend("cpu") == "flex"
-    assert core._RESOLVED[("auto", "cpu", False, True)] == "fast"
+    assert core._RESOLVED[("auto", "cpu", False)] == "fast"
     calls = []
     monkeypatch.setattr(core, "_decide", lambda *a: calls.append(a) or "sdpa")
-    core.resolve_backend("auto", "cpu", shared_diag=True)
+    core.resolve_backend("auto", "cpu")
     assert calls == []  # decided once, then read from the cache
 
 
@@ -39,10 +40,35 @@ def test_backends_agree(backend, diag):
     q, k = torch.randn(B, K, J, d, generator=g), torch.randn(B, K, J, d, generator=g)
     qd = {"shared": torch.randn(B, J, D, generator=g), "head": torch.randn(B, K, J, D, generator=g), None: None}[diag]
     hn = torch.randn(B, J, D, generator=g)
-    slopes, sb = alibi_slopes(K), torch.randn(K, generator=g)
-    ref = torch.softmax(core.cem_logits(q, k, qd, hn, slopes, sb), dim=-1) @ k
-    out = core.cem_attention(q, k, qd, hn, slopes, sb, backend=backend)
+    diag = None if qd is None else Diagonal(qd, hn)
+    positions = Positions("standard", K, torch.randn(K, generator=g))
+    ref = torch.softmax(core.cem_logits(q, k, diag, positions), dim=-1) @ k
+    out = core.cem_attention(q, k, diag, positions, backend=backend)
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_the_registry_holds_every_backend_and_what_it_supports(monkeypatch):
+    """The names, "auto"'s choices and the fallbacks are what they were before the registry held triton."""
+    assert core.BACKENDS == ("auto", "eager", "sdpa", "flex", "triton", "fast")
+    assert [n for n, b in core.IMPLEMENTATIONS.items() if not b.values] == ["triton"]
+    assert [n for n, b in core.IMPLEMENTATIONS.items() if not b.has_backward("cpu")] == ["flex"]
+    assert all(b.has_backward("cuda") for b in core.IMPLEMENTATIONS.values())
+    monkeypatch.setattr(core, "HAS_TRITON", True)
+    monkeypatch.setitem(core._TRITON_OK, "cuda", True)  # as if the CUDA self-check had passed
+    assert [n for n, b in core.IMPLEMENTATIONS.items() if b.why_not("cpu") is None] == ["eager", "sdpa", "flex", "fast"]
+    assert [n for n, b in core.IMPLEMENTATIONS.items() if b.why_not("cuda") is None] == ["eager", "sdpa", "flex", "triton"]
+    assert core.IMPLEMENTATIONS["triton"].why_not("cpu") == "needs CUDA"
+    choices = {(dev, values): core.auto_backend(dev, values) for dev in ("cpu", "cuda", "mps") for values in (False, True)}
+    assert choices == {("cpu", False): "fast", ("cpu", True): "fast", ("cuda", False): "triton",
+                       ("cuda", True): "sdpa", ("mps", False): "sdpa", ("mps", True): "sdpa"}  # fmt: skip
+    monkeypatch.setitem(core._TRITON_OK, "cuda", False)  # the self-check failed
+    assert core.auto_backend("cuda") == "sdpa"
+    monkeypatch.setattr(core, "HAS_TRITON", False)
+    monkeypatch.setitem(core._TRITON_OK, "cuda", True)
+    assert core.auto_backend("cuda") == "sdpa"
+    assert core.IMPLEMENTATIONS["triton"].why_not("cuda") == "triton is not installed (pip install triton)"
+    with pytest.raises(RuntimeError, match="backend='triton' requested but triton is not installed"):
+        core._decide("triton", "cuda", False)
 
 
 def _fresh(g, *shape):
@@ -52,7 +78,7 @@ def _fresh(g, *shape):
 @pytest.mark.parametrize("diag", ["shared", "head", None, "values"])
 @pytest.mark.parametrize("q_start,n_q", [(0, 13), (0, 7), (6, 5), (11, 1)])
 @pytest.mark.parametrize("block", [4, 64])
-@pytest.mark.parametrize("alibi", ["standard", "app-a", "learned"])
+@pytest.mark.parametrize("alibi", ["standard", "app-a"])
 def test_fast_path_equals_eager_in_float64(diag, q_start, n_q, block, alibi):
     """The fast CPU path (causal query blocks, cached bias, diagonal-only self bias, and without a diagonal the
     fused kernel with its custom backward) gives the eager output and every gradient, fresh random inputs."""
@@ -62,12 +88,13 @@ def test_fast_path_equals_eager_in_float64(diag, q_start, n_q, block, alibi):
     q, k, hn, sb = _fresh(g, B, K, n_q, d), _fresh(g, B, K, n_k, d), _fresh(g, B, n_k, D), _fresh(g, K)
     qd = {"shared": _fresh(g, B, n_q, D), "head": _fresh(g, B, K, n_q, D), None: None, "values": _fresh(g, B, n_q, D)}[diag]
     v = _fresh(g, B, K, n_k, d + D) if diag == "values" else None
-    slopes = _fresh(g, K).detach().abs() if alibi == "learned" else alibi_slopes(K, kind=alibi)
+    diagonal = None if qd is None else Diagonal(qd, hn)
+    positions = Positions(alibi, K, sb)
     inputs = [t for t in (q, k, qd, hn, v, sb) if t is not None]
     weights = torch.randn(B, K, n_q, v.shape[-1] if v is not None else d, generator=g, dtype=torch.float64)
     results = []
     for fn in (core.cem_attention_eager, lambda *a, **kw: core.cem_attention_fast(*a, block=block, **kw)):
-        out = fn(q, k, qd, hn, slopes, sb, q_start=q_start, v=v)
+        out = fn(q, k, diagonal, positions, q_start=q_start, v=v)
         grads = torch.autograd.grad((out * weights).sum(), inputs, allow_unused=True)
         results.append([out, *grads])
     for a, b in zip(*results):
@@ -82,7 +109,7 @@ def test_fast_path_without_diagonal_uses_the_fused_kernel(monkeypatch):
     original = core.FusedKeyAttention.apply
     monkeypatch.setattr(core.FusedKeyAttention, "apply", lambda *a: calls.append(1) or original(*a))
     q = k = torch.randn(1, 2, 5, 4)
-    core.cem_attention_fast(q, k, None, None, alibi_slopes(2), torch.randn(2))
+    core.cem_attention_fast(q, k, None, Positions("standard", 2, torch.randn(2)))
     assert calls == [1]
 
 

@@ -1,7 +1,8 @@
 """Fused Triton kernels of the CEM attention core (docs/kernels.md); nothing here depends on `cem.layers`.
 
-`triton_cem_attention` has the signature of `cem.layers.attention_core.cem_attention_eager` without `v`;
-which backend runs where is decided in `cem.layers.attention_core`. Imports cleanly without triton:
+`triton_cem_attention` takes the attention core's arguments as tensors (the diagonal's qd and ĥ, the ALiBi slopes
+and the self bias); `cem.layers.attention_core` registers it as the backend "triton" and decides which backend
+runs where. Imports cleanly without triton:
 `HAS_TRITON` is then False and the kernel raises when called.
 """
 

@@ -1,7 +1,8 @@
 """Fused Triton CEM attention: `triton_cem_attention`, an autograd Function over the kernels of
 `_triton_kernels.py` (forward with online softmax; backward as a query-side and a key-side kernel).
 
-Same semantics as `cem.layers.attention_core.cem_attention_eager` without `v` (values are the keys):
+Same semantics as `cem.layers.attention_core.cem_attention_eager` without `v` (values are the keys), with its
+`Diagonal` and `Positions` passed as tensors (qd, hn, slopes m, self bias s):
 
     logit_kij = (k_j^k · q_i^k + ĥ_j · qd_i^k) / sqrt(d) - m_k (q_start + i - j) + s_k [q_start + i = j]
     o_i^k     = Σ_{j <= q_start + i} softmax_j(logit_kij) k_j^k
@@ -264,7 +265,7 @@ def triton_cem_attention(
     *,
     config: KernelConfig | None = None,
 ) -> Tensor:
-    """Fused CEM attention (values are the keys). Same arguments as `cem_attention_eager` minus `v`.
+    """Fused CEM attention (values are the keys); `cem.layers.attention_core.cem_attention_triton` calls it.
 
     q (B, K, Jq, d), k (B, K, Jk, d), qd (B, Jq, D) shared, (B, K, Jq, D) per head, or None; hn (B, Jk, D);
     slopes (K,) (no gradient), self_bias (K,) or None. Gradients flow to q, k, qd, hn and self_bias.

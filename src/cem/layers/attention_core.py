@@ -1,4 +1,4 @@
-"""The CEM attention core, in one place: the logits, four implementations of the same maths, and the
+"""The CEM attention core, in one place: the logits, five implementations of the same maths, and the
 choice between them (docs/design.md, attention, "What the layer computes").
 
 For every head k and query position i (query i sits at absolute position q_start + i):
@@ -6,10 +6,12 @@ For every head k and query position i (query i sits at absolute position q_start
     logit_kij = ( k_j^k · q_i^k + ĥ_j · (d_k ∘ u_i) ) / τ + b_kij,   b_kij = -m_k (i - j) + s_k [i = j]
     o_i^k     = Σ_{j <= i} softmax_j(logit_kij) v_j^k                 (v = k: values are the keys)
 
-Backends, one signature `(q, k, qd, hn, slopes, self_bias, q_start=0, v=None)`:
+Every implementation takes `(q, k, diag, positions, q_start=0, v=None)`: `diag` the diagonal term's factors
+(`Diagonal`: d ∘ u and ĥ, or None), `positions` the layer's `Positions` (ALiBi slopes m_k and self bias s_k).
+They are the entries of `IMPLEMENTATIONS`, each a `Backend` saying what it supports:
 
 - "eager": `cem_attention_eager`, reads like the equations; its logits are `cem_logits`, which
-  `CEMAttention.energy` uses too;
+  `CEMAttention.energy` and `cem_attention_energy` use too;
 - "sdpa": PyTorch's fused `scaled_dot_product_attention`, the diagonal term folded into the dot
   product by concatenating [q, d∘u] and [k, ĥ] (`fold_diagonal`);
 - "flex": the FlexAttention baseline: ALiBi, the self bias and the causal mask as a `score_mod`, the
@@ -19,10 +21,10 @@ Backends, one signature `(q, k, qd, hn, slopes, self_bias, q_start=0, v=None)`:
 - "fast": the CPU path (`cem_attention_fast`): 1/τ applied to q and d∘u before the matmuls, the ALiBi
   bias a cached constant the scores are accumulated onto, the self bias added on the diagonal only,
   causal query blocks (keys past a block's last query are never touched); without a diagonal, PyTorch's
-  fused CPU flash kernel with a custom backward (`FusedKeyAttention`);
-- "auto": "triton" on CUDA once the kernel has passed its self-check there (`triton_self_check`),
-  "fast" on CPU, else "sdpa".
+  fused CPU flash kernel with a custom backward (`FusedKeyAttention`).
 
+"auto" runs the first of `AUTO` meant for the device that takes the values asked for and passes its
+self-check there: "triton" on CUDA once the kernel has passed `triton_self_check`, "fast" on CPU, else "sdpa".
 `check_backend` rejects an unknown name (ModelConfig and CEMAttention call it at build time);
 `resolve_backend` turns a requested name into the one that runs, decided once per device and cached.
 """
@@ -31,7 +33,8 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Callable
+from dataclasses import dataclass
+from typing import Callable, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -39,18 +42,22 @@ from torch import Tensor
 
 from ..kernels import HAS_TRITON, triton_cem_attention
 from ..checks import check_choice
-from .position import alibi_bias, position_bias
-
-BACKENDS = ("auto", "eager", "sdpa", "flex", "triton", "fast")
+from .position import Positions
 
 __all__ = [
+    "AUTO",
     "BACKENDS",
+    "IMPLEMENTATIONS",
+    "Backend",
+    "Diagonal",
     "auto_backend",
     "cem_attention",
     "cem_attention_eager",
+    "cem_attention_energy",
     "cem_attention_fast",
     "cem_attention_flex",
     "cem_attention_sdpa",
+    "cem_attention_triton",
     "cem_logits",
     "check_backend",
     "diag_scores",
@@ -63,79 +70,63 @@ __all__ = [
 # ----------------------------------------------------------------------------------------------- the maths
 
 
-def diag_scores(qd: Tensor, hn: Tensor) -> Tensor:
-    """ĥ_j · (d_k ∘ u_i) for every head: qd (B, Jq, D) shared or (B, K, Jq, D) per head; hn (B, Jk, D)."""
+class Diagonal(NamedTuple):
+    """The factors of the diagonal term ĥ_j · (d_k ∘ u_i): qd = d ∘ u, (B, Jq, D) shared by the heads or
+    (B, K, Jq, D) per head, and hn = ĥ (B, Jk, D)."""
+
+    qd: Tensor
+    hn: Tensor
+
+
+def diag_scores(diag: Diagonal) -> Tensor:
+    """ĥ_j · (d_k ∘ u_i) for every head: (B, 1, Jq, Jk) once for all heads when shared, else (B, K, Jq, Jk)."""
+    qd, hn = diag
     if qd.dim() == 3:
-        return (qd @ hn.transpose(-1, -2)).unsqueeze(1)  # (B, 1, Jq, Jk): once for all heads
-    return qd @ hn.unsqueeze(1).transpose(-1, -2)  # (B, K, Jq, Jk)
+        return (qd @ hn.transpose(-1, -2)).unsqueeze(1)
+    return qd @ hn.unsqueeze(1).transpose(-1, -2)
 
 
-def fold_diagonal(q: Tensor, k: Tensor, qd: Tensor | None, hn: Tensor | None) -> tuple[Tensor, Tensor]:
+def fold_diagonal(q: Tensor, k: Tensor, diag: Diagonal | None) -> tuple[Tensor, Tensor]:
     """[q^k, d_k ∘ u] and [k^k, ĥ] per head, so that one dot product gives k·q + ĥ·(d∘u) (fused paths)."""
-    if qd is None:
+    if diag is None:
         return q, k
+    qd, hn = diag
     n_heads = q.shape[1]
     qd_h = qd.unsqueeze(1).expand(-1, n_heads, -1, -1) if qd.dim() == 3 else qd
     hn_h = hn.unsqueeze(1).expand(-1, n_heads, -1, -1)
     return torch.cat([q, qd_h.to(q.dtype)], dim=-1), torch.cat([k, hn_h.to(k.dtype)], dim=-1)
 
 
-def cem_logits(
-    q: Tensor, k: Tensor, qd: Tensor | None, hn: Tensor | None, slopes: Tensor, self_bias: Tensor | None, q_start: int = 0
-) -> Tensor:
-    """logit_kij (B, K, Jq, Jk), -inf where j > q_start + i.
-
-    q (B, K, Jq, d), k (B, K, Jk, d), qd = d ∘ u (B, Jq, D) or (B, K, Jq, D) or None, hn = ĥ (B, Jk, D).
-    """
+def cem_logits(q: Tensor, k: Tensor, diag: Diagonal | None, positions: Positions, q_start: int = 0) -> Tensor:
+    """logit_kij (B, K, Jq, Jk), -inf where j > q_start + i; q (B, K, Jq, d), k (B, K, Jk, d)."""
     tau = math.sqrt(q.shape[-1])
     scores = q @ k.transpose(-1, -2)
-    if qd is not None:
-        scores = scores + diag_scores(qd, hn)
-    return scores / tau + position_bias(slopes, self_bias, q_start, q.shape[-2], k.shape[-2], q.dtype)
+    if diag is not None:
+        scores = scores + diag_scores(diag)
+    return scores / tau + positions.bias(q_start, q.shape[-2], k.shape[-2], q.dtype, q.device)
 
 
 def cem_attention_eager(
-    q: Tensor,
-    k: Tensor,
-    qd: Tensor | None,
-    hn: Tensor | None,
-    slopes: Tensor,
-    self_bias: Tensor | None,
-    q_start: int = 0,
-    v: Tensor | None = None,
+    q: Tensor, k: Tensor, diag: Diagonal | None, positions: Positions, q_start: int = 0, v: Tensor | None = None
 ) -> Tensor:
     """o_i^k = Σ_j softmax_j(logit_kij) v_j^k with v = k unless given; v (B, K, Jk, dv). Returns (B, K, Jq, dv)."""
-    p = torch.softmax(cem_logits(q, k, qd, hn, slopes, self_bias, q_start), dim=-1)
+    p = torch.softmax(cem_logits(q, k, diag, positions, q_start), dim=-1)
     return p @ (k if v is None else v)
 
 
 def cem_attention_energy(
-    q: Tensor,
-    k: Tensor,
-    qd: Tensor | None,
-    hn: Tensor | None,
-    slopes: Tensor,
-    self_bias: Tensor | None,
-    q_start: int = 0,
-    v: Tensor | None = None,
+    q: Tensor, k: Tensor, diag: Diagonal | None, positions: Positions, q_start: int = 0, v: Tensor | None = None
 ) -> tuple[Tensor, Tensor]:
     """`cem_attention_eager`'s output and, from the same logits, the interaction energy of every query,
     ε_i = -τ Σ_k logsumexp_j(logit_kij) (eq. 1), shape (B, Jq): the energy costs one logsumexp."""
-    logits = cem_logits(q, k, qd, hn, slopes, self_bias, q_start)
+    logits = cem_logits(q, k, diag, positions, q_start)
     lse = torch.logsumexp(logits, dim=-1, keepdim=True)
     o = torch.exp(logits - lse) @ (k if v is None else v)
     return o, -math.sqrt(q.shape[-1]) * lse.squeeze(-1).sum(dim=1)
 
 
 def cem_attention_sdpa(
-    q: Tensor,
-    k: Tensor,
-    qd: Tensor | None,
-    hn: Tensor | None,
-    slopes: Tensor,
-    self_bias: Tensor | None,
-    q_start: int = 0,
-    v: Tensor | None = None,
+    q: Tensor, k: Tensor, diag: Diagonal | None, positions: Positions, q_start: int = 0, v: Tensor | None = None
 ) -> Tensor:
     """Same as `cem_attention_eager` through `F.scaled_dot_product_attention`.
 
@@ -144,33 +135,12 @@ def cem_attention_sdpa(
     """
     tau = math.sqrt(q.shape[-1])
     values = k if v is None else v
-    q, k = fold_diagonal(q, k, qd, hn)
-    bias = position_bias(slopes, self_bias, q_start, q.shape[-2], k.shape[-2], q.dtype).unsqueeze(0)  # 4-D: fused kernels
+    q, k = fold_diagonal(q, k, diag)
+    bias = positions.bias(q_start, q.shape[-2], k.shape[-2], q.dtype, q.device).unsqueeze(0)  # 4-D: fused kernels
     return F.scaled_dot_product_attention(q, k, values, attn_mask=bias, scale=1.0 / tau)
 
 
 QUERY_BLOCK = 64  # rows per causal query block of the fast path
-
-
-def _alibi_kind(slopes: Tensor) -> str | None:
-    """Which `alibi_slopes` kind `slopes` are (their cached bias can then be reused), None if neither."""
-    from .position import ALIBI_SLOPES, alibi_slopes
-
-    if slopes.requires_grad or torch.compiler.is_compiling():
-        return None
-    for kind in ALIBI_SLOPES:
-        ref = alibi_slopes(slopes.numel(), slopes.device, kind)
-        if torch.equal(slopes.to(ref.dtype), ref):
-            return kind
-    return None
-
-
-def _base_bias(slopes: Tensor, q_start: int, n_q: int, n_k: int, dtype: torch.dtype) -> Tensor:
-    """-m_k (i - j) and -inf where j > i, (1, K, n_q, n_k), without autograd graph (slopes are constants)."""
-    kind = _alibi_kind(slopes) if q_start == 0 else None  # decoding: nothing cached to reuse
-    if kind is not None:
-        return alibi_bias(slopes.numel(), kind, q_start, n_q, n_k, dtype, slopes.device)
-    return position_bias(slopes.detach(), None, q_start, n_q, n_k, dtype).unsqueeze(0)
 
 
 class FusedKeyAttention(torch.autograd.Function):
@@ -204,9 +174,9 @@ class FusedKeyAttention(torch.autograd.Function):
         return dq, dk + dv, d_self, None, None, None
 
 
-def _fused_ok(q: Tensor, k: Tensor, qd: Tensor | None, v: Tensor | None) -> bool:
+def _fused_ok(q: Tensor, diag: Diagonal | None, v: Tensor | None) -> bool:
     return (
-        qd is None and v is None and q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64)
+        diag is None and v is None and q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64)
         and not torch.compiler.is_compiling()
     )  # fmt: skip
 
@@ -214,10 +184,8 @@ def _fused_ok(q: Tensor, k: Tensor, qd: Tensor | None, v: Tensor | None) -> bool
 def cem_attention_fast(
     q: Tensor,
     k: Tensor,
-    qd: Tensor | None,
-    hn: Tensor | None,
-    slopes: Tensor,
-    self_bias: Tensor | None,
+    diag: Diagonal | None,
+    positions: Positions,
     q_start: int = 0,
     v: Tensor | None = None,
     block: int = QUERY_BLOCK,
@@ -225,20 +193,22 @@ def cem_attention_fast(
     """Same as `cem_attention_eager`, with less work (the CPU path, exact in float64):
 
     - q/τ and (d∘u)/τ are formed before the matmuls (O(J·D) instead of a J×J division);
-    - the ALiBi bias (causal mask included) is a cached constant, the scores are accumulated onto it, and
-      the learned self bias is added on the diagonal only (its gradient is the diagonal's sum);
+    - the ALiBi bias (causal mask included) is a cached constant (`Positions.alibi`), the scores are
+      accumulated onto it, and the learned self bias is added on the diagonal only (its gradient is the
+      diagonal's sum);
     - queries go in causal blocks of `block` rows: a block reads keys up to its last query only;
     - without a diagonal (and without separate values), the fused CPU flash kernel (`FusedKeyAttention`).
     """
     scale = 1.0 / math.sqrt(q.shape[-1])
     n_q, n_k = q.shape[-2], k.shape[-2]
-    base = _base_bias(slopes, q_start, n_q, n_k, q.dtype)
-    if _fused_ok(q, k, qd, v):
+    base = positions.alibi(q_start, n_q, n_k, q.dtype, q.device)
+    self_bias = positions.self_bias
+    if _fused_ok(q, diag, v):
         sb = self_bias if self_bias is not None else torch.zeros(q.shape[1], dtype=q.dtype, device=q.device)
         return FusedKeyAttention.apply(q, k, sb, base, q_start, scale)
     values = k if v is None else v
     qs = q * scale
-    qds = None if qd is None else qd * scale
+    qds, hn = (None, None) if diag is None else (diag.qd * scale, diag.hn)
     outs = []
     for a in range(0, n_q, block):
         b = min(n_q, a + block)
@@ -248,8 +218,8 @@ def cem_attention_fast(
         scores += base[:, :, a:b, :last]
         if qds is not None:
             hnt = hn[:, :last].transpose(-1, -2).to(qds.dtype)
-            diag = qds[:, a:b] @ hnt if qds.dim() == 3 else qds[:, :, a:b] @ hnt.unsqueeze(1)
-            scores += diag.unsqueeze(1) if qds.dim() == 3 else diag
+            term = qds[:, a:b] @ hnt if qds.dim() == 3 else qds[:, :, a:b] @ hnt.unsqueeze(1)
+            scores += term.unsqueeze(1) if qds.dim() == 3 else term
         if self_bias is not None:
             scores.diagonal(offset=q_start + a, dim1=-2, dim2=-1).add_(self_bias.to(scores.dtype)[:, None])
         outs.append(torch.softmax(scores, dim=-1) @ values[:, :, :last])
@@ -271,25 +241,19 @@ def _flex_fn(device: torch.device) -> Callable:
 
 
 def cem_attention_flex(
-    q: Tensor,
-    k: Tensor,
-    qd: Tensor | None,
-    hn: Tensor | None,
-    slopes: Tensor,
-    self_bias: Tensor | None,
-    q_start: int = 0,
-    v: Tensor | None = None,
+    q: Tensor, k: Tensor, diag: Diagonal | None, positions: Positions, q_start: int = 0, v: Tensor | None = None
 ) -> Tensor:
     """Same as `cem_attention_eager` through FlexAttention (the baseline the Triton kernel must beat)."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     d = q.shape[-1]
     values = k if v is None else v
-    q, k = fold_diagonal(q, k, qd, hn)
+    q, k = fold_diagonal(q, k, diag)
     device = q.device
     # tensors, not Python ints, so a compiled graph is not specialised on q_start
     offset = torch.tensor(int(q_start), device=device)
-    m = slopes.detach().to(device=device, dtype=torch.float32)
+    m = positions.slopes(device).to(torch.float32)
+    self_bias = positions.self_bias
     s = self_bias.to(device=device, dtype=torch.float32) if self_bias is not None else torch.zeros_like(m)
 
     def score_mod(score, b, h, q_idx, kv_idx):
@@ -313,7 +277,85 @@ def cem_attention_flex(
         return _flex_fn(device)(q, k, values, score_mod=score_mod, block_mask=block_mask, scale=1.0 / math.sqrt(d))
 
 
+def cem_attention_triton(
+    q: Tensor, k: Tensor, diag: Diagonal | None, positions: Positions, q_start: int = 0, v: Tensor | None = None
+) -> Tensor:
+    """Same as `cem_attention_eager` through the fused kernel of `cem.kernels`, which ties the values to the keys."""
+    if v is not None:
+        raise ValueError("the triton CEM kernel ties values to keys; use another backend for separate values")
+    qd, hn = (None, None) if diag is None else diag
+    return triton_cem_attention(q, k, qd, hn, positions.slopes(q.device), positions.self_bias, q_start)
+
+
 # ----------------------------------------------------------------------------------------------- the choice
+
+
+_TRITON_OK: dict[str, bool] = {}  # device -> the self-check's verdict
+_RESOLVED: dict[tuple, str] = {}  # (requested, device, separate values) -> backend run
+
+
+def triton_self_check(device: torch.device | str) -> bool:
+    """Whether the Triton kernel matches the eager path on `device` (output and every gradient, fresh random
+    inputs, float32); run once per device before "auto" trusts the kernel, cached. Inside torch.compile it
+    cannot run: the verdict of an earlier eager call, else trusted (the trainer resolves eagerly first)."""
+    key = str(torch.device(device))
+    if torch.compiler.is_compiling():
+        return _TRITON_OK.get(key, True)
+    if key not in _TRITON_OK:
+        g = torch.Generator(device=device).manual_seed(0)
+        B, K, J, d = 2, 3, 37, 16
+
+        def rand(*shape):
+            return torch.randn(*shape, generator=g, device=device).requires_grad_(True)
+
+        q, k, qd, hn = rand(B, K, J, d), rand(B, K, J, d), rand(B, J, K * d), rand(B, J, K * d)
+        positions = Positions("standard", K, rand(K))
+        with torch.enable_grad():
+            outs = []
+            for fn in (cem_attention_triton, cem_attention_eager):
+                o = fn(q, k, Diagonal(qd, hn), positions)
+                outs.append([o, *torch.autograd.grad(o.square().sum(), [q, k, qd, hn, positions.self_bias])])
+        _TRITON_OK[key] = all(torch.allclose(a, b, rtol=1e-3, atol=1e-3) for a, b in zip(*outs))
+        if not _TRITON_OK[key]:
+            warnings.warn(f"the Triton CEM kernel disagrees with the eager path on {key}; 'auto' uses sdpa there", stacklevel=2)
+    return _TRITON_OK[key]
+
+
+def _triton_missing() -> str | None:
+    return None if HAS_TRITON else "triton is not installed (pip install triton)"
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One implementation of the core and what it supports (every one takes all three diagonal kinds)."""
+
+    run: Callable[..., Tensor]  # (q, k, diag, positions, q_start=0, v=None) -> o (B, K, Jq, dv)
+    values: bool = True  # takes values other than the keys (the exact gradient's value-side diagonal)
+    devices: tuple[str, ...] | None = None  # device types it is meant for (None: any); elsewhere only when asked by name
+    backward_on: tuple[str, ...] | None = None  # device types where it has a backward (None: any)
+    missing: Callable[[], str | None] = lambda: None  # what it lacks to run at all (None: nothing)
+    self_check: Callable[[torch.device], bool] | None = None  # must pass on a device before "auto" picks it
+
+    def why_not(self, device: torch.device | str) -> str | None:
+        """Why this backend is not meant for `device` (None: it is)."""
+        if self.devices is not None and torch.device(device).type not in self.devices:
+            return f"needs {' or '.join(t.upper() for t in self.devices)}"
+        return self.missing()
+
+    def has_backward(self, device: torch.device | str) -> bool:
+        return self.backward_on is None or torch.device(device).type in self.backward_on
+
+
+IMPLEMENTATIONS: dict[str, Backend] = {
+    "eager": Backend(cem_attention_eager),
+    "sdpa": Backend(cem_attention_sdpa),
+    "flex": Backend(cem_attention_flex, backward_on=("cuda",)),
+    "triton": Backend(cem_attention_triton, values=False, devices=("cuda",), missing=_triton_missing, self_check=triton_self_check),
+    "fast": Backend(cem_attention_fast, devices=("cpu",)),
+}
+BACKENDS = ("auto", *IMPLEMENTATIONS)
+AUTO = ("triton", "fast", "sdpa")  # "auto" runs the first of these that suits the device (sdpa suits all)
+FALLBACK = "sdpa"  # what runs when the backend asked for cannot take separate values
 
 
 def check_backend(backend: str) -> str:
@@ -322,89 +364,54 @@ def check_backend(backend: str) -> str:
     return backend
 
 
-_TRITON_OK: dict[str, bool] = {}  # device -> the self-check's verdict
-_RESOLVED: dict[tuple, str] = {}  # (requested, device, separate values, shared diagonal) -> backend run
+def _suits(impl: Backend, device: torch.device, values: bool) -> bool:
+    """Whether "auto" may run `impl` on `device`: meant for it, taking the values asked for, self-checked."""
+    return (
+        impl.why_not(device) is None and (impl.values or not values)
+        and (impl.self_check is None or impl.self_check(device))
+    )  # fmt: skip
 
 
-def triton_self_check(device: torch.device | str) -> bool:
-    """Whether the Triton kernel matches the eager path on `device` (output and every gradient, fresh random
-    inputs, float32); run once per device before "auto" trusts the kernel, cached."""
-    key = str(torch.device(device))
-    if key not in _TRITON_OK:
-        g = torch.Generator(device=device).manual_seed(0)
-        B, K, J, d = 2, 3, 37, 16
-
-        def rand(*shape):
-            return torch.randn(*shape, generator=g, device=device).requires_grad_(True)
-
-        args = [rand(B, K, J, d), rand(B, K, J, d), rand(B, J, K * d), rand(B, J, K * d)]
-        slopes, self_bias = torch.linspace(0.5, 0.05, K, device=device), rand(K)
-        with torch.enable_grad():
-            outs = []
-            for fn in (triton_cem_attention, cem_attention_eager):
-                o = fn(*args, slopes, self_bias)
-                grads = torch.autograd.grad(o.square().sum(), [*args, self_bias])
-                outs.append([o, *grads])
-        _TRITON_OK[key] = all(torch.allclose(a, b, rtol=1e-3, atol=1e-3) for a, b in zip(*outs))
-        if not _TRITON_OK[key]:
-            warnings.warn(f"the Triton CEM kernel disagrees with the eager path on {key}; 'auto' uses sdpa there", stacklevel=2)
-    return _TRITON_OK[key]
-
-
-def auto_backend(device: torch.device | str, values: bool = False, shared_diag: bool = False) -> str:
-    """The backend that "auto" runs on `device` (see the module doc), given whether separate values are
-    passed and whether the diagonal is shared. Inside torch.compile the self-check cannot run: resolve
-    once eagerly first, as the trainer does."""
+def auto_backend(device: torch.device | str, values: bool = False) -> str:
+    """The backend that "auto" runs on `device` (see the module doc), given whether separate values are passed."""
     device = torch.device(device)
-    if device.type == "cuda" and HAS_TRITON and not values:
-        if torch.compiler.is_compiling():
-            return "triton" if _TRITON_OK.get(str(device), True) else "sdpa"
-        return "triton" if triton_self_check(device) else "sdpa"
-    if device.type == "cpu":
-        return "fast"
-    return "sdpa"
+    return next(name for name in AUTO if _suits(IMPLEMENTATIONS[name], device, values))
 
 
-def _decide(backend: str, device: torch.device | str, values: bool, shared_diag: bool) -> str:
+def _decide(backend: str, device: torch.device | str, values: bool) -> str:
     if backend == "auto":
-        return auto_backend(device, values, shared_diag)
-    if backend == "triton" and values:
-        warnings.warn("the triton CEM kernel ties values to keys; v given, falling back to sdpa", stacklevel=4)
-        return "sdpa"
-    if backend == "triton" and not HAS_TRITON:
-        raise RuntimeError("backend='triton' requested but triton is not installed (pip install triton)")
+        return auto_backend(device, values)
+    impl = IMPLEMENTATIONS[backend]
+    if values and not impl.values:
+        warnings.warn(f"the {backend} CEM kernel ties values to keys; v given, falling back to {FALLBACK}", stacklevel=4)
+        return FALLBACK
+    if impl.missing() is not None:
+        raise RuntimeError(f"backend={backend!r} requested but {impl.missing()}")
     return backend
 
 
-def resolve_backend(backend: str, device: torch.device | str, values: bool = False, shared_diag: bool = False) -> str:
+def resolve_backend(backend: str, device: torch.device | str, values: bool = False) -> str:
     """The backend actually run for a requested one on `device` ("auto" decided, triton with separate
     `values` falling back to sdpa), decided once per device and kind of input, then cached."""
     check_backend(backend)
-    key = (backend, str(torch.device(device)), bool(values), bool(shared_diag))
+    key = (backend, str(torch.device(device)), bool(values))
     chosen = _RESOLVED.get(key)
     if chosen is None:
-        chosen = _decide(backend, device, bool(values), bool(shared_diag))
+        chosen = _decide(backend, device, bool(values))
         if not torch.compiler.is_compiling():  # decided without the self-check: do not keep it
             _RESOLVED[key] = chosen
     return chosen
 
 
-_IMPLEMENTATIONS = {"eager": cem_attention_eager, "sdpa": cem_attention_sdpa, "flex": cem_attention_flex, "fast": cem_attention_fast}
-
-
 def cem_attention(
     q: Tensor,
     k: Tensor,
-    qd: Tensor | None,
-    hn: Tensor | None,
-    slopes: Tensor,
-    self_bias: Tensor | None,
+    diag: Diagonal | None,
+    positions: Positions,
     q_start: int = 0,
     v: Tensor | None = None,
     backend: str = "auto",
 ) -> Tensor:
     """The CEM attention core through `backend` (see the module doc); the same maths for all of them."""
-    chosen = resolve_backend(backend, q.device, values=v is not None, shared_diag=qd is not None and qd.dim() == 3)
-    if chosen == "triton":
-        return triton_cem_attention(q, k, qd, hn, slopes, self_bias, q_start)
-    return _IMPLEMENTATIONS[chosen](q, k, qd, hn, slopes, self_bias, q_start, v)
+    chosen = resolve_backend(backend, q.device, values=v is not None)
+    return IMPLEMENTATIONS[chosen].run(q, k, diag, positions, q_start, v)

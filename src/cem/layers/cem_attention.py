@@ -16,8 +16,8 @@ import torch
 from torch import Tensor, nn
 
 from ..checks import check_choice, check_heads, check_residual, check_same_shape
-from .attention_core import cem_attention, cem_attention_energy, cem_logits, check_backend, resolve_backend
-from .position import ALIBI_SLOPES, alibi_slopes
+from .attention_core import Diagonal, cem_attention, cem_attention_energy, cem_logits, check_backend, resolve_backend
+from .position import ALIBI_SLOPES, Positions
 from .norm import RMSNorm
 from .precond import PRECONDITIONERS, make_preconditioner
 from .steps import DescentLayer, Recursion
@@ -79,22 +79,30 @@ class CEMAttention(DescentLayer):
         b, j, _ = x.shape
         return x.view(b, j, self.n_heads, self.head_dim).transpose(1, 2)
 
-    def _diag_query(self, u: Tensor) -> Tensor | None:
-        """d ∘ u: (B, J, D) for a shared diagonal, (B, K, J, D) per head, None without one."""
+    @property
+    def positions(self) -> Positions:
+        """b_kij = -m_k (i - j) + s_k [i = j] of this layer: its ALiBi slopes and its self bias s_k. Read at
+        each use, not kept: loading into a meta-built model (transformers) or sharding (FSDP2) replaces the
+        parameter object, which a kept reference would miss."""
+        return Positions(self.alibi, self.n_heads, self.self_bias)
+
+    def _diagonal(self, u: Tensor, hn: Tensor | None, key_solve: Tensor | None = None) -> Diagonal | None:
+        """The diagonal term's factors d ∘ u ((B, J, D) shared, (B, K, J, D) per head) and ĥ, None without a
+        diagonal. With `key_solve` = W_K^{-1}, `hn` holds the keys and d ∘ u becomes W_K^{-T}(d ∘ u), since
+        ĥ_j·a = k_j·(W_K^{-T} a)."""
         if self.kq_diag is None:
             return None
-        if self.kq_diag.dim() == 1:
-            return u * self.kq_diag
-        return u.unsqueeze(1) * self.kq_diag[None, :, None, :]
+        qd = u * self.kq_diag if self.kq_diag.dim() == 1 else u.unsqueeze(1) * self.kq_diag[None, :, None, :]
+        if key_solve is not None:
+            qd = (qd.to(key_solve.dtype) @ key_solve).to(u.dtype)
+        return Diagonal(qd, hn)
 
-    def _attend(self, q: Tensor, k: Tensor, qd: Tensor | None, hn: Tensor | None, q_start: int, v: Tensor | None):
-        slopes = alibi_slopes(self.n_heads, q.device, self.alibi)
-        return cem_attention(q, k, qd, hn, slopes, self.self_bias, q_start=q_start, v=v, backend=self.backend)
+    def _attend(self, q: Tensor, k: Tensor, diag: Diagonal | None, q_start: int, v: Tensor | None) -> Tensor:
+        return cem_attention(q, k, diag, self.positions, q_start, v, backend=self.backend)
 
     def resolved_backend(self, device: torch.device | str) -> str:
         """The backend this layer's attention core runs on `device` ("auto" decided; see `attention_core`)."""
-        shared_diag = self.kq_diag is not None and self.kq_diag.dim() == 1
-        return resolve_backend(self.backend, device, values=self._value_diag, shared_diag=shared_diag)
+        return resolve_backend(self.backend, device, values=self._value_diag)
 
     @property
     def _value_diag(self) -> bool:
@@ -128,16 +136,13 @@ class CEMAttention(DescentLayer):
         `key_solve` = W_K^{-1}, `hn` holds the keys (B, Jk, D) instead of ĥ (the keys-only cache)."""
         q = self._heads(self.w_q(u))
         value_diag = self._value_diag
-        qd = self._diag_query(u)
-        if key_solve is not None and qd is not None:  # ĥ_j·a = k_j·(W_K^{-T} a)
-            qd = (qd.to(key_solve.dtype) @ key_solve).to(u.dtype)
+        diag = self._diagonal(u, hn, key_solve)
         v = torch.cat([k, hn.unsqueeze(1).expand(-1, self.n_heads, -1, -1)], dim=-1) if value_diag else None
         energy = None
         if with_energy:
-            slopes = alibi_slopes(self.n_heads, q.device, self.alibi)
-            o, energy = cem_attention_energy(q, k, qd, hn, slopes, self.self_bias, q_start, v)
+            o, energy = cem_attention_energy(q, k, diag, self.positions, q_start, v)
         else:
-            o = self._attend(q, k, qd, hn, q_start, v)
+            o = self._attend(q, k, diag, q_start, v)
         y = self._project(o, value_diag, w_out, key_solve)
         return (y, energy) if with_energy else y
 
@@ -210,8 +215,7 @@ class CEMAttention(DescentLayer):
         check_residual(h, self.dim, "CEMAttention.energy")
         check_same_shape(u, h, "CEMAttention.energy")
         hn = self.norm(h)
-        slopes = alibi_slopes(self.n_heads, u.device, self.alibi)
-        logits = cem_logits(self._heads(self.w_q(u)), self._heads(self.w_k(hn)), self._diag_query(u), hn, slopes, self.self_bias)
+        logits = cem_logits(self._heads(self.w_q(u)), self._heads(self.w_k(hn)), self._diagonal(u, hn), self.positions)
         return -math.sqrt(self.head_dim) * torch.logsumexp(logits, dim=-1).sum(dim=1)
 
     def extra_repr(self) -> str:

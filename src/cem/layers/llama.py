@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..checks import check_choice, check_heads, check_positive_int, check_residual
-from .position import ALIBI_SLOPES, alibi_bias, apply_rope, causal_mask, rope_cos_sin
+from .position import ALIBI_SLOPES, Positions, apply_rope, causal_mask, rope_cos_sin
 from .kinds import ATTENTION_KINDS, MLP_KINDS, SublayerKind
 from .norm import RMSNorm
 
@@ -53,7 +53,7 @@ class LlamaAttention(nn.Module):
             k, v = stored["k"], stored["v"]
         n_q, n_k = q.shape[-2], k.shape[-2]
         if self.position == "alibi":
-            mask = alibi_bias(self.n_heads, self.alibi, start, n_q, n_k, q.dtype, h.device)
+            mask = Positions(self.alibi, self.n_heads).alibi(start, n_q, n_k, q.dtype, h.device)
         elif start == 0:
             mask = None  # full causal forward: the fused is_causal path
         else:

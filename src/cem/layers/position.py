@@ -1,13 +1,19 @@
-"""Position information of the attention layers: ALiBi slopes and biases (CEM attention and the Llama
-baseline's ALiBi option), the causal mask, and rotary embeddings (the Llama baseline's default; CEM
+"""Position information of the attention layers: ALiBi slopes and `Positions`, the bias of CEM attention and
+of the Llama baseline's ALiBi option; the causal mask, and rotary embeddings (the Llama baseline's default; CEM
 attention never uses RoPE, docs/design.md, settled point 5)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
-ALIBI_SLOPES = ("standard", "app-a")
+_SLOPES = {  # kind -> m_k from k = 1..K (float64) and K
+    "standard": lambda k, n_heads: torch.pow(2.0, -8.0 * k / n_heads),  # Press et al.; docs/design.md, attention
+    "app-a": lambda k, n_heads: torch.pow(2.0, -k),  # the example of the paper's App. A
+}
+ALIBI_SLOPES = tuple(_SLOPES)
 
 
 def alibi_slopes(n_heads: int, device: torch.device | str | None = None, kind: str = "standard") -> Tensor:
@@ -16,31 +22,9 @@ def alibi_slopes(n_heads: int, device: torch.device | str | None = None, kind: s
 
     Layers build them on the fly rather than keep a buffer, so casting a model to bf16 never rounds them.
     """
-    k = torch.arange(1, n_heads + 1, dtype=torch.float64, device=device)
-    if kind == "standard":
-        return torch.pow(2.0, -8.0 * k / n_heads)
-    if kind == "app-a":
-        return torch.pow(2.0, -k)
-    raise ValueError(f"unknown alibi {kind!r}; expected one of {', '.join(map(repr, ALIBI_SLOPES))}")
-
-
-def position_bias(
-    slopes: Tensor, self_bias: Tensor | None, q_start: int, n_q: int, n_k: int, dtype: torch.dtype
-) -> Tensor:
-    """b_kij = -m_k (i - j) + s_k [i = j], and -inf where j > i (causal). Shape (K, n_q, n_k).
-
-    Query i sits at absolute position q_start + i, key j at position j: built over the true positions,
-    so cached decoding sees exactly the bias of the full forward pass.
-    """
-    device = slopes.device
-    work = torch.float64 if dtype == torch.float64 else torch.float32  # built in fp32 at least, then cast
-    i = torch.arange(q_start, q_start + n_q, device=device)
-    j = torch.arange(n_k, device=device)
-    rel = (i[:, None] - j[None, :]).to(work)  # i - j
-    bias = -slopes.to(work)[:, None, None] * rel
-    if self_bias is not None:
-        bias = bias + self_bias.to(work)[:, None, None] * (rel == 0).to(work)
-    return bias.masked_fill(rel < 0, float("-inf")).to(dtype)
+    if kind not in _SLOPES:
+        raise ValueError(f"unknown alibi {kind!r}; expected one of {', '.join(map(repr, ALIBI_SLOPES))}")
+    return _SLOPES[kind](torch.arange(1, n_heads + 1, dtype=torch.float64, device=device), n_heads)
 
 
 _ALIBI_CACHE: dict[tuple, Tensor] = {}
@@ -55,23 +39,51 @@ def _remember(store: dict, key: tuple, value):
     return value
 
 
-def alibi_bias(n_heads: int, kind: str, q_start: int, n_q: int, n_k: int, dtype: torch.dtype, device: torch.device | str) -> Tensor:
-    """`position_bias` of the `kind` slopes without the self bias, a constant (no autograd graph) of shape
-    (1, K, n_q, n_k): 4-D, so that CPU SDPA takes its fused kernel (a 3-D mask sends it to the math path).
+@dataclass(frozen=True)
+class Positions:
+    """The position term b_kij = -m_k (i - j) + s_k [i = j] of an attention layer's logits (docs/design.md,
+    attention): ALiBi slopes m_k of `kind` (one of `ALIBI_SLOPES`, see `alibi_slopes`) for `n_heads` heads and
+    the learned self bias s_k (the CEM layer's parameter; None for the Llama baseline's ALiBi).
 
-    The full forward (q_start = 0) reuses one tensor per (heads, slopes, length, dtype, device) instead of
-    building it in every layer; under torch.compile it is built in the graph (the compiler fuses it).
+    Query i sits at absolute position q_start + i, key j at position j: biases are built over the true
+    positions, so cached decoding sees exactly the bias of the full forward pass.
     """
-    slopes = alibi_slopes(n_heads, device, kind)
-    if torch.compiler.is_compiling() or q_start != 0:  # compiled, or cached decoding (a new offset every step)
-        return position_bias(slopes, None, q_start, n_q, n_k, dtype).unsqueeze(0)
-    key = (n_heads, kind, n_q, n_k, dtype, str(torch.device(device)))
-    bias = _ALIBI_CACHE.get(key)
-    if bias is None:
-        with torch.inference_mode(False):  # a tensor kept across calls must never be an inference tensor
-            slopes = alibi_slopes(n_heads, device, kind)
-            bias = _remember(_ALIBI_CACHE, key, position_bias(slopes, None, 0, n_q, n_k, dtype).unsqueeze(0))
-    return bias
+
+    kind: str
+    n_heads: int
+    self_bias: Tensor | None = None
+
+    def slopes(self, device: torch.device | str | None = None) -> Tensor:
+        """m_k (K,) in float64, built on the fly (see `alibi_slopes`)."""
+        return alibi_slopes(self.n_heads, device, self.kind)
+
+    def bias(self, q_start: int, n_q: int, n_k: int, dtype: torch.dtype, device: torch.device | str) -> Tensor:
+        """b_kij, and -inf where j > q_start + i (causal). Shape (K, n_q, n_k); s_k keeps its autograd graph."""
+        work = torch.float64 if dtype == torch.float64 else torch.float32  # built in fp32 at least, then cast
+        i = torch.arange(q_start, q_start + n_q, device=device)
+        j = torch.arange(n_k, device=device)
+        rel = (i[:, None] - j[None, :]).to(work)  # i - j
+        bias = -self.slopes(device).to(work)[:, None, None] * rel
+        if self.self_bias is not None:
+            bias = bias + self.self_bias.to(work)[:, None, None] * (rel == 0).to(work)
+        return bias.masked_fill(rel < 0, float("-inf")).to(dtype)
+
+    def alibi(self, q_start: int, n_q: int, n_k: int, dtype: torch.dtype, device: torch.device | str) -> Tensor:
+        """`bias` without the self bias, a constant (no autograd graph) of shape (1, K, n_q, n_k): 4-D, so that
+        CPU SDPA takes its fused kernel (a 3-D mask sends it to the math path).
+
+        The full forward (q_start = 0) reuses one tensor per (heads, kind, length, dtype, device) instead of
+        building it in every layer; under torch.compile it is built in the graph (the compiler fuses it).
+        """
+        slopes_only = Positions(self.kind, self.n_heads)
+        if torch.compiler.is_compiling() or q_start != 0:  # compiled, or cached decoding (a new offset every step)
+            return slopes_only.bias(q_start, n_q, n_k, dtype, device).unsqueeze(0)
+        key = (self.n_heads, self.kind, n_q, n_k, dtype, str(torch.device(device)))
+        bias = _ALIBI_CACHE.get(key)
+        if bias is None:
+            with torch.inference_mode(False):  # a tensor kept across calls must never be an inference tensor
+                bias = _remember(_ALIBI_CACHE, key, slopes_only.bias(0, n_q, n_k, dtype, device).unsqueeze(0))
+        return bias
 
 
 def causal_mask(q_start: int, n_q: int, n_k: int, device: torch.device) -> Tensor:
