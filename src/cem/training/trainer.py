@@ -5,10 +5,8 @@ from __future__ import annotations
 import contextlib
 import math
 import signal
-import statistics
 import sys
 import time
-from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,86 +29,17 @@ from .checkpoint import checkpoint_step, load_checkpoint, rng_state, save_checkp
 from .config import RunConfig, TrainConfig
 from .distributed import DistInfo, all_reduce_mean, barrier, init_distributed, shutdown, wrap_model
 from .evaluate import evaluate
+from .guard import DivergenceGuard
 from .metrics import MetricsLogger
 from .rundir import RunDir, run_identity
 from .schedule import cosine_schedule
+from .throughput import Throughput
 
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
 class TrainingError(RuntimeError):
     """Training stopped on purpose (diverged loss); the message says what happened and what was kept."""
-
-
-class DivergenceGuard:
-    """Stops a run whose loss or gradient norm blows up, finite or not.
-
-    A value is out of bounds when it is not finite, or beyond `factor` times the median of the last
-    `window` values; before `warmup` values are known, the loss is compared with `factor` times the loss
-    of a uniform prediction, ln(vocab), and the weight norm with `factor` times its value at the start
-    (the gradient norm is not judged then). The weight norm after each update is judged too: a step that
-    blows the weights up is caught before any checkpoint holds them, even when the loss saturates.
-    `factor` 0 turns the finite checks off (non-finite values still stop the run)."""
-
-    def __init__(self, factor: float, warmup: int, vocab_size: int, window: int = 100) -> None:
-        self.factor, self.warmup = factor, warmup
-        self.uniform = math.log(vocab_size)
-        self.losses: deque[float] = deque(maxlen=window)
-        self.grad_norms: deque[float] = deque(maxlen=window)
-        self.weight_norms: deque[float] = deque(maxlen=window)
-        self.start_weight_norm: float | None = None
-
-    def loss_bound(self) -> tuple[float, str]:
-        """The largest acceptable loss and what it is derived from."""
-        if len(self.losses) >= max(self.warmup, 1):
-            med = statistics.median(self.losses)
-            return self.factor * med, f"diverge_factor={self.factor:g} x its running median {med:.4g}"
-        return self.factor * self.uniform, f"diverge_factor={self.factor:g} x the loss of a uniform guess ln({math.exp(self.uniform):.0f})={self.uniform:.3g}"
-
-    def problem(self, loss: float, grad_norm: float) -> str | None:
-        """Why (loss, grad_norm) means divergence, or None."""
-        if not math.isfinite(loss) or not math.isfinite(grad_norm):
-            return f"loss {loss} / gradient norm {grad_norm} is not finite"
-        if not self.factor:
-            return None
-        bound, why = self.loss_bound()
-        if loss > bound:
-            return f"loss {loss:.4g} exceeds {why}"
-        if len(self.grad_norms) >= max(self.warmup, 1):
-            med = statistics.median(self.grad_norms)
-            if grad_norm > self.factor * med:
-                return f"gradient norm {grad_norm:.4g} exceeds diverge_factor={self.factor:g} x its running median {med:.4g}"
-        return None
-
-    def add(self, loss: float, grad_norm: float) -> None:
-        self.losses.append(loss)
-        self.grad_norms.append(grad_norm)
-
-    def weight_problem(self, norm: float) -> str | None:
-        """Why the weight norm after an update means divergence, or None (then it is recorded)."""
-        if self.start_weight_norm is None:
-            self.start_weight_norm = norm
-        if not math.isfinite(norm):
-            return "the weights are no longer finite"
-        if self.factor:
-            if len(self.weight_norms) >= max(self.warmup, 1):
-                ref, what = statistics.median(self.weight_norms), "its running median"
-            else:
-                ref, what = self.start_weight_norm, "its value at the start"
-            if norm > self.factor * ref:
-                return f"the weight norm {norm:.4g} exceeds diverge_factor={self.factor:g} x {what} {ref:.4g}"
-        self.weight_norms.append(norm)
-        return None
-
-    def state_dict(self) -> dict:
-        return {"losses": list(self.losses), "grad_norms": list(self.grad_norms), "weight_norms": list(self.weight_norms),
-                "start_weight_norm": self.start_weight_norm}  # fmt: skip
-
-    def load_state_dict(self, state: dict) -> None:
-        self.losses.extend(state.get("losses", []))
-        self.grad_norms.extend(state.get("grad_norms", []))
-        self.weight_norms.extend(state.get("weight_norms", []))
-        self.start_weight_norm = state.get("start_weight_norm")
 
 
 @dataclass
@@ -396,7 +325,7 @@ def _loop(s: _Session, stop_at: int | None) -> Interrupted | None:
     t = s.run.train
     autocast = autocast_for(t.precision, s.device)
     s.logger = MetricsLogger(s.rundir.path, t.tensorboard, t.wandb_project if t.wandb else None, s.run.to_dict()) if s.info.is_main else None
-    meter = _Throughput(train_flops_per_token(s.cfg, s.seq_len), peak_flops(s.device) if s.device.type == "cuda" else None)
+    meter = Throughput(train_flops_per_token(s.cfg, s.seq_len), peak_flops(s.device) if s.device.type == "cuda" else None)
     stop_signal: list[int] = []
     handlers = _install_signal_handlers(stop_signal)
     s.state.resumed_at = time.perf_counter()
@@ -484,27 +413,7 @@ def _diverged(s: _Session, what: str) -> TrainingError:
     )
 
 
-class _Throughput:
-    """Tokens per second since the last report, and the model FLOP utilisation when the peak is known."""
-
-    def __init__(self, flops_per_token: int, peak: float | None) -> None:
-        self.flops_per_token, self.peak = flops_per_token, peak
-        self.start, self.tokens = time.perf_counter(), 0
-
-    def add(self, tokens: int) -> None:
-        self.tokens += tokens
-
-    def report(self, world_size: int) -> dict:
-        now = time.perf_counter()
-        tok_s = self.tokens / max(now - self.start, 1e-9)
-        self.start, self.tokens = now, 0
-        out = {"tokens_per_s": tok_s}
-        if self.peak:
-            out["mfu"] = tok_s * self.flops_per_token / (self.peak * world_size)
-        return out
-
-
-def _log_step(s: _Session, bar: tqdm, meter: _Throughput, loss: float, lr: float, grad_norm: float) -> None:
+def _log_step(s: _Session, bar: tqdm, meter: Throughput, loss: float, lr: float, grad_norm: float) -> None:
     """One metrics record (main process) and the progress bar's summary."""
     speed = meter.report(s.info.world_size)
     record = {"loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens_per_s": speed["tokens_per_s"], "tokens": s.state.tokens_seen}
