@@ -209,6 +209,7 @@ def cmd_info(args) -> int:
 
     from .model import LanguageModel, format_breakdown, model_config, parameter_breakdown
     from .model.flops import train_flops_per_token
+    from .training.budget import vocab_hint
 
     if args.keys:
         from dataclasses import fields
@@ -222,7 +223,7 @@ def cmd_info(args) -> int:
                 print(f"{f.name} = {f.default!r}")
         return 0
     run = _run_config(args)
-    vocab = run.model_overrides.get("vocab_size") or (32000 if run.train.preset[0].isdigit() else 257)
+    vocab = vocab_hint(run)
     cfg = run.model(vocab)
     print(json.dumps({"train": run.to_dict()["train"], "model": cfg.to_dict()}, indent=2))
     rows = {}

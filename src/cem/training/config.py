@@ -14,6 +14,7 @@ import yaml
 from ..device import PRECISIONS
 from ..checks import check_choice, check_finite, check_positive_int
 from ..model import ModelConfig, model_config
+from .budget import vocab_hint
 
 PARALLEL = ("ddp", "fsdp")
 
@@ -220,5 +221,5 @@ def load_run_config(yaml_path: str | Path | None = None, overrides: list[str] | 
         k, v = item.split("=", 1)
         pairs[k.strip()] = v.strip()
     run = apply_overrides(run, pairs)
-    run.model(run.model_overrides.get("vocab_size", 257))  # the model settings are checked now, not after the data loads
+    run.model(vocab_hint(run))  # the model settings are checked now, not after the data loads
     return run
