@@ -9,8 +9,9 @@ import random
 
 import pytest
 
-from cem.cli import _default_out, _run_config, build_parser, main
+from cem.cli import _run_config, build_parser, main
 from cem.data import load_tokenizer
+from cem.training.rundir import default_run_dir
 
 pytest.importorskip("transformers")
 
@@ -88,8 +89,8 @@ def test_readme_walkthrough(stranger, capsys):
 
 def test_default_run_names_hold_the_overrides():
     parse = build_parser().parse_args
-    a = _default_out(_run_config(parse(["train", "attn_steps=2"])))
-    b = _default_out(_run_config(parse(["train", "attn_steps=3", "--lr", "1e-3"])))
+    a = default_run_dir(_run_config(parse(["train", "attn_steps=2"])))
+    b = default_run_dir(_run_config(parse(["train", "attn_steps=3", "--lr", "1e-3"])))
     assert a.name == "cem-small-python-stdlib-s0-attn_steps=2"
     assert b.name == "cem-small-python-stdlib-s0-lr=0.001-attn_steps=3"
-    assert _default_out(_run_config(parse(["train", "--device", "cpu"]))).name == "cem-small-python-stdlib-s0"
+    assert default_run_dir(_run_config(parse(["train", "--device", "cpu"]))).name == "cem-small-python-stdlib-s0"

@@ -82,23 +82,6 @@ def _run_config(args, base=None):
     )
 
 
-def _default_out(run) -> Path:
-    """runs/ARCH-PRESET-DATA-sSEED, then every other setting that differs from its default (key=value), so
-    that runs with different settings never share a folder."""
-    import dataclasses
-
-    from .training import TrainConfig
-    from .training.rundir import RUNTIME_KEYS
-
-    t = run.train
-    named = {"arch", "preset", "data", "seed"}
-    defaults = dataclasses.asdict(TrainConfig())
-    extra = [f"{k}={v}" for k, v in dataclasses.asdict(t).items() if k not in named | RUNTIME_KEYS and v != defaults[k]]
-    extra += [f"{k}={v}" for k, v in sorted(run.model_overrides.items())]
-    name = "-".join([t.arch, t.preset, Path(t.data).name, f"s{t.seed}", *extra])
-    return Path("runs") / "".join(c if c.isalnum() or c in "-_.=" else "_" for c in name)
-
-
 def _recorded_config(out: Path):
     """The config a run directory recorded (run.json), None if it has none."""
     from .training import RunConfig, RunDir
@@ -109,6 +92,8 @@ def _recorded_config(out: Path):
 
 def cmd_train(args) -> int:
     from .training import Interrupted, train
+    from .training.budget import with_default_steps
+    from .training.rundir import default_run_dir
 
     out = Path(args.out) if args.out else None
     base = _recorded_config(out) if out is not None and args.resume and not args.overwrite else None
@@ -116,11 +101,10 @@ def cmd_train(args) -> int:
     t = run.train
     if args.stop_at is not None and args.stop_at < 1:
         raise ValueError(f"--stop-at must be a step >= 1, got {args.stop_at}")
-    if t.max_steps is None and t.tokens is None:
-        run.train.max_steps = 600  # the embedded default: a few minutes on a 2-core CPU
+    with_default_steps(t)
     if Path(t.data).expanduser().exists():  # a local corpus: recorded by its absolute path, usable from anywhere
         t.data = str(Path(t.data).expanduser().resolve())
-    out = out or _default_out(run)
+    out = out or default_run_dir(run)
     result = train(run, out, resume=args.resume, progress=not args.quiet, stop_at=args.stop_at, overwrite=args.overwrite)
     if isinstance(result, Interrupted):
         return 128 + result.signum if result.signum else 0

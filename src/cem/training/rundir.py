@@ -10,7 +10,8 @@ what a run left behind.
     results.json    the final results; its presence means the run is finished
 
 One rule decides whether two runs are the same: `run_identity` (the model, the tokenizer, the corpus, and
-every training setting except the `RUNTIME_KEYS`, which may change between a run and its resumption).
+every training setting except the `RUNTIME_KEYS`, which may change between a run and its resumption); one
+rule names run folders: `run_name` (the command line's `default_run_dir`, the sweep's `RunSpec.slug`).
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ import contextlib
 import dataclasses
 import errno
 import fcntl
+import hashlib
 import json
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -51,6 +53,26 @@ def run_identity(run: RunConfig, model: ModelConfig | None = None, tokenizer: st
         if value is not None:
             identity[key] = value
     return identity
+
+
+def run_name(head: Sequence[str], settings: tuple = (), tail: Sequence[str] = (), cut: int | None = None) -> str:
+    """A run folder's name: `head`, then `key=value` for every setting (`settings`: a tuple of groups of
+    (key, value) pairs), joined by "-"; with `cut`, that text cut to `cut` characters and followed by a
+    digest of the settings, so that cut names stay apart; then `tail`. Characters other than letters,
+    digits and -_.= become _."""
+    text = "-".join([*head, *(f"{k}={v}" for group in settings for k, v in group)])
+    if cut is not None:
+        text = f"{text[:cut]}-{hashlib.sha1(repr(settings).encode()).hexdigest()[:6]}"
+    return "".join(c if c.isalnum() or c in "-_.=" else "_" for c in "-".join([text, *tail]))
+
+
+def default_run_dir(run: RunConfig) -> Path:
+    """runs/ARCH-PRESET-DATA-sSEED, then every other setting that differs from its default (key=value), so
+    that runs with different settings never share a folder."""
+    t = run.train
+    named = {"arch", "preset", "data", "seed"} | RUNTIME_KEYS
+    changed = tuple((k, v) for k, v in dataclasses.asdict(t).items() if k not in named and v != _TRAIN_DEFAULTS[k])
+    return Path("runs") / run_name([t.arch, t.preset, Path(t.data).name, f"s{t.seed}"], (changed, tuple(sorted(run.model_overrides.items()))))
 
 
 class RunLockedError(ValueError):
