@@ -57,9 +57,13 @@ DATA_DIR_HELP = "where named corpora live (default: $CEM_DATA_DIR, else ./data w
 
 
 def _add_run_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--preset", help="model size: 86M, 108M, 134M, 162M, 256M, micro, tiny, small, medium (default: small)")
-    p.add_argument("--arch", help="llama, llama-alibi, llama-reuse, cem-attn, cem-mlp, cem-mlp-matched, cem, cem-t2 (default: cem)")
-    p.add_argument("--data", help="corpus: python-stdlib, wikitext-2, tinyshakespeare, tinystories, enwik8, a path, or hf:NAME (default: python-stdlib)")
+    from .data.corpora import KNOWN_CORPORA
+    from .model.config import ARCHS, SIZES
+    from .training import TrainConfig
+
+    p.add_argument("--preset", help=f"model size: {', '.join(SIZES)} (default: {TrainConfig.preset})")
+    p.add_argument("--arch", help=f"{', '.join(ARCHS)} (default: {TrainConfig.arch})")
+    p.add_argument("--data", help=f"corpus: {', '.join(KNOWN_CORPORA)}, a path, or hf:NAME (default: {TrainConfig.data})")
     p.add_argument("--data-dir", help=DATA_DIR_HELP)
     p.add_argument("--tokenizer", help="byte, bpe:N, or a Hugging Face tokenizer name / path (default: byte)")
     p.add_argument("--config", help="a YAML file of settings (flat keys or train:/model: sections)")
@@ -137,24 +141,19 @@ def cmd_eval(args) -> int:
     device = pick_device(args.device)
     model, tokenizer, run = _load_run(args.ckpt)
     _check_tokenizer(model, tokenizer, run, "evaluate")
-    saved = run.train_settings() if run.checkpoint() is not None or run.run_json.exists() else {}
-    data = args.data or saved.get("data", "python-stdlib")  # the run's corpus, data directory and lengths
-    data_dir = args.data_dir or (saved.get("data_dir") if args.data is None else None)
-    split = build_split(load_corpus(data, data_dir, encoding=saved.get("data_encoding", "utf-8")), tokenizer, args.split)
     if args.seq_len is not None and args.seq_len < 1:
         raise ValueError(f"--seq-len must be >= 1, got {args.seq_len}")
-    seq_len = args.seq_len or saved.get("seq_len") or model.config.context
     if args.batch_size is not None and args.batch_size < 1:
         raise ValueError(f"batch_size (--batch-size) must be >= 1, got {args.batch_size}")
-    batch_size = args.batch_size or saved.get("batch_size", 8)
-    autocast = autocast_for(saved.get("precision", "auto"), device)
-    metrics = evaluate(model.to(device), split, seq_len, batch_size, device, args.max_batches, autocast,
-                       progress=not args.json, desc=f"{data} {args.split}")
-    metrics = {"data": data, "split": args.split, **metrics, "parameters": parameter_breakdown(model)}
+    e = run.eval_settings(model.config.context, args.data, args.data_dir, args.seq_len, args.batch_size)
+    split = build_split(load_corpus(e.data, e.data_dir, encoding=e.encoding), tokenizer, args.split)
+    metrics = evaluate(model.to(device), split, e.seq_len, e.batch_size, device, args.max_batches, autocast_for(e.precision, device),
+                       progress=not args.json, desc=f"{e.data} {args.split}")
+    metrics = {"data": e.data, "split": args.split, **metrics, "parameters": parameter_breakdown(model)}
     if args.json:
         print(json.dumps(metrics))
     else:
-        print(f"{data} {args.split}: loss {metrics['loss']:.4f}, perplexity {metrics['perplexity']:.2f}, bits per byte {metrics['bits_per_byte']:.4f} ({metrics['tokens']} tokens)")
+        print(f"{e.data} {args.split}: loss {metrics['loss']:.4f}, perplexity {metrics['perplexity']:.2f}, bits per byte {metrics['bits_per_byte']:.4f} ({metrics['tokens']} tokens)")
     return 0
 
 
@@ -272,6 +271,8 @@ DEVICE_HELP = "auto (CUDA when available, else the CPU), cpu, cuda, cuda:N, mps"
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .training.budget import DEFAULT_STEPS
+
     parser = _Parser(prog="cem", description="Causal Energy Minimization language models")
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True)  # subcommands are _Parser too
@@ -283,7 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_args(p)
     p.add_argument("--out", help="run directory (default: runs/ARCH-PRESET-DATA-sSEED plus every non-default setting as key=value)")
     p.add_argument("--seed", type=int, help="seed of the weights, the data order and sampling (default: 0)")
-    p.add_argument("--max-steps", type=int, dest="max_steps", help="optimiser steps (default: 600 when neither this nor --tokens is given)")
+    p.add_argument("--max-steps", type=int, dest="max_steps", help=f"optimiser steps (default: {DEFAULT_STEPS} when neither this nor --tokens is given)")
     p.add_argument("--tokens", help="training tokens (e.g. 5e6) or 'chinchilla' (20 per parameter of the Llama baseline)")
     p.add_argument("--batch-size", type=int, dest="batch_size", help="sequences per micro-batch and process (default: 16)")
     p.add_argument("--grad-accum", type=int, dest="grad_accum", help="micro-batches per optimiser step (default: 1)")

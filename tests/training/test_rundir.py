@@ -6,7 +6,7 @@ import json
 import pytest
 
 from cem.training import RunDir, load_run_config, run_identity, train
-from cem.training.rundir import RUNTIME_KEYS
+from cem.training.rundir import RUNTIME_KEYS, EvalSettings
 
 
 def test_layout():
@@ -80,6 +80,10 @@ def test_loads_what_a_run_left(tiny_args, tmp_path):
     assert run.load_tokenizer().vocab_size == run.load_model().config.vocab_size
     model, state = run.load_checkpoint()
     assert state["step"] == 2 and run.train_settings()["max_steps"] == 2
+    own = run.eval_settings(model.config.context)  # the run set no seq_len: the model's context
+    assert own == EvalSettings(tiny_args["data"], None, "utf-8", 32, 4, "auto")
+    assert run.eval_settings(99, data="other", data_dir="d", seq_len=8, batch_size=2) == EvalSettings("other", "d", "utf-8", 8, 2, "auto")
+    assert RunDir(tmp_path).eval_settings(99) == EvalSettings("python-stdlib", None, "utf-8", 99, 8, "auto")  # nothing recorded
     assert RunDir(tmp_path / "missing").results() is None
     with pytest.raises(FileNotFoundError, match="no run or model directory"):
         RunDir(tmp_path / "missing").load_model()

@@ -75,6 +75,21 @@ def default_run_dir(run: RunConfig) -> Path:
     return Path("runs") / run_name([t.arch, t.preset, Path(t.data).name, f"s{t.seed}"], (changed, tuple(sorted(run.model_overrides.items()))))
 
 
+EVAL_BATCH_SIZE = 8  # sequences per batch when evaluating a directory that records no training settings
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSettings:
+    """What a run is evaluated on (`RunDir.eval_settings`)."""
+
+    data: str
+    data_dir: str | None
+    encoding: str
+    seq_len: int
+    batch_size: int
+    precision: str
+
+
 class RunLockedError(ValueError):
     """Another live process holds the run directory."""
 
@@ -224,6 +239,20 @@ class RunDir:
         """Record the run (run.json) and save its tokenizer."""
         atomic_write_json(self.run_json, {**identity, "config": run.to_dict(), "total_steps": total_steps})
         tokenizer.save(self.tokenizer_dir)
+
+    def eval_settings(self, context: int, data: str | None = None, data_dir: str | None = None, seq_len: int | None = None,
+                      batch_size: int | None = None) -> EvalSettings:
+        """How to evaluate the run: its own corpus, data directory (unless another corpus is given), text
+        encoding, sequence length (else `context`), batch size and precision, except what is given."""
+        saved = self.train_settings() if self.checkpoint() is not None or self.run_json.exists() else {}
+        return EvalSettings(
+            data=data or saved.get("data", _TRAIN_DEFAULTS["data"]),
+            data_dir=data_dir or (saved.get("data_dir") if data is None else None),
+            encoding=saved.get("data_encoding", _TRAIN_DEFAULTS["data_encoding"]),
+            seq_len=seq_len or saved.get("seq_len") or context,
+            batch_size=batch_size or saved.get("batch_size", EVAL_BATCH_SIZE),
+            precision=saved.get("precision", _TRAIN_DEFAULTS["precision"]),
+        )
 
     def train_settings(self) -> dict:
         """The run's training settings (`TrainConfig` as a dict), from run.json or else the checkpoint."""
