@@ -192,7 +192,6 @@ def cmd_info(args) -> int:
 
     from .model import LanguageModel, format_breakdown, model_config, parameter_breakdown
     from .model.flops import train_flops_per_token
-    from .training.budget import vocab_hint
 
     if args.keys:
         from dataclasses import fields
@@ -206,7 +205,7 @@ def cmd_info(args) -> int:
                 print(f"{f.name} = {f.default!r}")
         return 0
     run = _run_config(args)
-    vocab = vocab_hint(run)
+    vocab = run.vocab_hint()
     cfg = run.model(vocab)
     print(json.dumps({"train": run.to_dict()["train"], "model": cfg.to_dict()}, indent=2))
     rows = {}

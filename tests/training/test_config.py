@@ -111,12 +111,13 @@ def test_token_budgets():
 
 
 def test_vocab_hint_and_default_steps():
-    from cem.training.budget import DEFAULT_STEPS, LLAMA_VOCAB, vocab_hint, with_default_steps
+    from cem.training.budget import DEFAULT_STEPS, with_default_steps
+    from cem.training.config import LLAMA_VOCAB
 
-    assert vocab_hint(load_run_config(None, [])) == 257
-    assert vocab_hint(load_run_config(None, ["tokenizer=bpe:8192"])) == 8192
-    assert vocab_hint(load_run_config(None, ["tokenizer=gpt2"])) == LLAMA_VOCAB
-    assert vocab_hint(load_run_config(None, ["tokenizer=gpt2", "vocab_size=1000"])) == 1000
+    assert load_run_config(None, []).vocab_hint() == 257
+    assert load_run_config(None, ["tokenizer=bpe:8192"]).vocab_hint() == 8192
+    assert load_run_config(None, ["tokenizer=gpt2"]).vocab_hint() == LLAMA_VOCAB
+    assert load_run_config(None, ["tokenizer=gpt2", "vocab_size=1000"]).vocab_hint() == 1000
     run = load_run_config(None, [])
     with_default_steps(run.train)
     assert run.train.max_steps == DEFAULT_STEPS

@@ -1,24 +1,18 @@
 """A run's training budget (paper §4): tokens per optimiser step, the tokens asked for and the optimiser
 steps they take, worked out once per run (`Budget`); the text an hf: corpus streams for it; the default of
-`cem train`; and the vocabulary a run's tokenizer implies before it is loaded (`vocab_hint`)."""
+`cem train`."""
 
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from ..data.tokenizers import ByteTokenizer
 from ..model import ModelConfig
 from ..model.params import chinchilla_tokens
-
-if TYPE_CHECKING:
-    from .config import RunConfig, TrainConfig
+from .config import RunConfig, TrainConfig
 
 DEFAULT_STEPS = 600  # `cem train`'s budget when neither max_steps nor tokens is given: minutes on a 2-core CPU
 HF_BYTES_PER_TOKEN = 4  # text bytes streamed per training token of an hf: corpus (BPE: about 4 bytes a token)
-LLAMA_VOCAB = 32_000  # the paper's Llama tokenizer: the guess for a pretrained tokenizer not loaded yet
 
 
 @dataclass(frozen=True)
@@ -59,25 +53,14 @@ def with_default_steps(t: TrainConfig) -> None:
         t.max_steps = DEFAULT_STEPS
 
 
-def vocab_hint(run: RunConfig) -> int:
-    """The vocabulary size of a run before its tokenizer is loaded: the `vocab_size` setting, else N for
-    `bpe:N` (its most), 257 for `byte`, LLAMA_VOCAB for a pretrained tokenizer."""
-    if "vocab_size" in run.model_overrides:
-        return run.model_overrides["vocab_size"]
-    if run.train.tokenizer == "byte":
-        return ByteTokenizer.vocab_size
-    bpe = re.fullmatch(r"bpe:(\d+)", run.train.tokenizer)
-    return int(bpe.group(1)) if bpe else LLAMA_VOCAB
-
-
 def hf_bytes_for_budget(run: RunConfig, world_size: int = 1) -> int | None:
     """`hf_max_bytes`, else enough text for the training budget (HF_BYTES_PER_TOKEN per token, one epoch);
     None (no limit) for corpora other than hf: and without a budget. Worked out before the tokenizer is
-    loaded, with `vocab_hint`."""
+    loaded, with `RunConfig.vocab_hint`."""
     t = run.train
     if not str(t.data).startswith("hf:") or t.hf_max_bytes is not None:
         return t.hf_max_bytes
     if t.max_steps is None and t.tokens is None:
         return None
-    cfg = run.model(vocab_hint(run))
+    cfg = run.model(run.vocab_hint())
     return HF_BYTES_PER_TOKEN * Budget.of(t, cfg, t.seq_len or cfg.context, world_size).tokens
