@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from cem.cli import _default_out, _run_config, build_parser, main
+from cem.cli import main
 from cem.data import load_tokenizer
 
 pytest.importorskip("transformers")
@@ -84,12 +84,3 @@ def test_readme_walkthrough(stranger, capsys):
     pipe = transformers.pipeline("text-generation", model="export/llama", tokenizer="export/llama")
     assert pipe("OPHELIA:", max_new_tokens=5, do_sample=False)[0]["generated_text"].startswith("OPHELIA:")
     assert main(["export", "runs/cem-micro", "--format", "llama", "export/x"]) == 2  # not a plain Llama
-
-
-def test_default_run_names_hold_the_overrides():
-    parse = build_parser().parse_args
-    a = _default_out(_run_config(parse(["train", "attn_steps=2"])))
-    b = _default_out(_run_config(parse(["train", "attn_steps=3", "--lr", "1e-3"])))
-    assert a.name == "cem-small-python-stdlib-s0-attn_steps=2"
-    assert b.name == "cem-small-python-stdlib-s0-lr=0.001-attn_steps=3"
-    assert _default_out(_run_config(parse(["train", "--device", "cpu"]))).name == "cem-small-python-stdlib-s0"

@@ -57,9 +57,13 @@ DATA_DIR_HELP = "where named corpora live (default: $CEM_DATA_DIR, else ./data w
 
 
 def _add_run_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--preset", help="model size: 86M, 108M, 134M, 162M, 256M, micro, tiny, small, medium (default: small)")
-    p.add_argument("--arch", help="llama, llama-alibi, llama-reuse, cem-attn, cem-mlp, cem-mlp-matched, cem, cem-t2 (default: cem)")
-    p.add_argument("--data", help="corpus: python-stdlib, wikitext-2, tinyshakespeare, tinystories, enwik8, a path, or hf:NAME (default: python-stdlib)")
+    from .data.corpora import KNOWN_CORPORA
+    from .model.config import ARCHS, SIZES
+    from .training import TrainConfig
+
+    p.add_argument("--preset", help=f"model size: {', '.join(SIZES)} (default: {TrainConfig.preset})")
+    p.add_argument("--arch", help=f"{', '.join(ARCHS)} (default: {TrainConfig.arch})")
+    p.add_argument("--data", help=f"corpus: {', '.join(KNOWN_CORPORA)}, a path, or hf:NAME (default: {TrainConfig.data})")
     p.add_argument("--data-dir", help=DATA_DIR_HELP)
     p.add_argument("--tokenizer", help="byte, bpe:N, or a Hugging Face tokenizer name / path (default: byte)")
     p.add_argument("--config", help="a YAML file of settings (flat keys or train:/model: sections)")
@@ -82,23 +86,6 @@ def _run_config(args, base=None):
     )
 
 
-def _default_out(run) -> Path:
-    """runs/ARCH-PRESET-DATA-sSEED, then every other setting that differs from its default (key=value), so
-    that runs with different settings never share a folder."""
-    import dataclasses
-
-    from .training import TrainConfig
-    from .training.rundir import RUNTIME_KEYS
-
-    t = run.train
-    named = {"arch", "preset", "data", "seed"}
-    defaults = dataclasses.asdict(TrainConfig())
-    extra = [f"{k}={v}" for k, v in dataclasses.asdict(t).items() if k not in named | RUNTIME_KEYS and v != defaults[k]]
-    extra += [f"{k}={v}" for k, v in sorted(run.model_overrides.items())]
-    name = "-".join([t.arch, t.preset, Path(t.data).name, f"s{t.seed}", *extra])
-    return Path("runs") / "".join(c if c.isalnum() or c in "-_.=" else "_" for c in name)
-
-
 def _recorded_config(out: Path):
     """The config a run directory recorded (run.json), None if it has none."""
     from .training import RunConfig, RunDir
@@ -109,6 +96,8 @@ def _recorded_config(out: Path):
 
 def cmd_train(args) -> int:
     from .training import Interrupted, train
+    from .training.budget import with_default_steps
+    from .training.rundir import default_run_dir
 
     out = Path(args.out) if args.out else None
     base = _recorded_config(out) if out is not None and args.resume and not args.overwrite else None
@@ -116,11 +105,10 @@ def cmd_train(args) -> int:
     t = run.train
     if args.stop_at is not None and args.stop_at < 1:
         raise ValueError(f"--stop-at must be a step >= 1, got {args.stop_at}")
-    if t.max_steps is None and t.tokens is None:
-        run.train.max_steps = 600  # the embedded default: a few minutes on a 2-core CPU
+    with_default_steps(t)
     if Path(t.data).expanduser().exists():  # a local corpus: recorded by its absolute path, usable from anywhere
         t.data = str(Path(t.data).expanduser().resolve())
-    out = out or _default_out(run)
+    out = out or default_run_dir(run)
     result = train(run, out, resume=args.resume, progress=not args.quiet, stop_at=args.stop_at, overwrite=args.overwrite)
     if isinstance(result, Interrupted):
         return 128 + result.signum if result.signum else 0
@@ -153,24 +141,19 @@ def cmd_eval(args) -> int:
     device = pick_device(args.device)
     model, tokenizer, run = _load_run(args.ckpt)
     _check_tokenizer(model, tokenizer, run, "evaluate")
-    saved = run.train_settings() if run.checkpoint() is not None or run.run_json.exists() else {}
-    data = args.data or saved.get("data", "python-stdlib")  # the run's corpus, data directory and lengths
-    data_dir = args.data_dir or (saved.get("data_dir") if args.data is None else None)
-    split = build_split(load_corpus(data, data_dir, encoding=saved.get("data_encoding", "utf-8")), tokenizer, args.split)
     if args.seq_len is not None and args.seq_len < 1:
         raise ValueError(f"--seq-len must be >= 1, got {args.seq_len}")
-    seq_len = args.seq_len or saved.get("seq_len") or model.config.context
     if args.batch_size is not None and args.batch_size < 1:
         raise ValueError(f"batch_size (--batch-size) must be >= 1, got {args.batch_size}")
-    batch_size = args.batch_size or saved.get("batch_size", 8)
-    autocast = autocast_for(saved.get("precision", "auto"), device)
-    metrics = evaluate(model.to(device), split, seq_len, batch_size, device, args.max_batches, autocast,
-                       progress=not args.json, desc=f"{data} {args.split}")
-    metrics = {"data": data, "split": args.split, **metrics, "parameters": parameter_breakdown(model)}
+    e = run.eval_settings(model.config.context, args.data, args.data_dir, args.seq_len, args.batch_size)
+    split = build_split(load_corpus(e.data, e.data_dir, encoding=e.encoding), tokenizer, args.split)
+    metrics = evaluate(model.to(device), split, e.seq_len, e.batch_size, device, args.max_batches, autocast_for(e.precision, device),
+                       progress=not args.json, desc=f"{e.data} {args.split}")
+    metrics = {"data": e.data, "split": args.split, **metrics, "parameters": parameter_breakdown(model)}
     if args.json:
         print(json.dumps(metrics))
     else:
-        print(f"{data} {args.split}: loss {metrics['loss']:.4f}, perplexity {metrics['perplexity']:.2f}, bits per byte {metrics['bits_per_byte']:.4f} ({metrics['tokens']} tokens)")
+        print(f"{e.data} {args.split}: loss {metrics['loss']:.4f}, perplexity {metrics['perplexity']:.2f}, bits per byte {metrics['bits_per_byte']:.4f} ({metrics['tokens']} tokens)")
     return 0
 
 
@@ -222,7 +205,7 @@ def cmd_info(args) -> int:
                 print(f"{f.name} = {f.default!r}")
         return 0
     run = _run_config(args)
-    vocab = run.model_overrides.get("vocab_size") or (32000 if run.train.preset[0].isdigit() else 257)
+    vocab = run.vocab_hint()
     cfg = run.model(vocab)
     print(json.dumps({"train": run.to_dict()["train"], "model": cfg.to_dict()}, indent=2))
     rows = {}
@@ -287,6 +270,8 @@ DEVICE_HELP = "auto (CUDA when available, else the CPU), cpu, cuda, cuda:N, mps"
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .training.budget import DEFAULT_STEPS
+
     parser = _Parser(prog="cem", description="Causal Energy Minimization language models")
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True)  # subcommands are _Parser too
@@ -298,7 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_args(p)
     p.add_argument("--out", help="run directory (default: runs/ARCH-PRESET-DATA-sSEED plus every non-default setting as key=value)")
     p.add_argument("--seed", type=int, help="seed of the weights, the data order and sampling (default: 0)")
-    p.add_argument("--max-steps", type=int, dest="max_steps", help="optimiser steps (default: 600 when neither this nor --tokens is given)")
+    p.add_argument("--max-steps", type=int, dest="max_steps", help=f"optimiser steps (default: {DEFAULT_STEPS} when neither this nor --tokens is given)")
     p.add_argument("--tokens", help="training tokens (e.g. 5e6) or 'chinchilla' (20 per parameter of the Llama baseline)")
     p.add_argument("--batch-size", type=int, dest="batch_size", help="sequences per micro-batch and process (default: 16)")
     p.add_argument("--grad-accum", type=int, dest="grad_accum", help="micro-batches per optimiser step (default: 1)")

@@ -127,12 +127,12 @@ def test_hf_rows_without_text(tmp_path):
 
 def test_hf_byte_limit_and_the_default_from_the_budget(tmp_path):
     from cem.training import load_run_config
-    from cem.training.trainer import HF_BYTES_PER_TOKEN, hf_bytes_for_budget
+    from cem.training.budget import HF_BYTES_PER_TOKEN, hf_bytes_for_budget
 
     _write_jsonl(tmp_path / "ds" / "train.jsonl", [f"train {i:03d}" for i in range(100)])  # 9 bytes each
     _write_jsonl(tmp_path / "ds" / "test.jsonl", [f"test {i}" for i in range(10)])
     corpus = load_corpus(f"hf:{tmp_path / 'ds'}", hf_max_bytes=30)
     assert corpus.splits["train"] == ["train 000", "train 001", "train 002", "train 003"]  # stops at >= 30 bytes
-    run = load_run_config(None, [f"data=hf:{tmp_path / 'ds'}", "max_steps=10", "batch_size=2", "seq_len=64"]).train
+    run = load_run_config(None, [f"data=hf:{tmp_path / 'ds'}", "max_steps=10", "batch_size=2", "seq_len=64"])
     assert hf_bytes_for_budget(run) == HF_BYTES_PER_TOKEN * 10 * 2 * 64
-    assert hf_bytes_for_budget(load_run_config(None, ["max_steps=10"]).train) is None  # not an hf: corpus
+    assert hf_bytes_for_budget(load_run_config(None, ["max_steps=10"])) is None  # not an hf: corpus

@@ -16,7 +16,7 @@ from cem.experiments.runner import _specs
 from cem.experiments.stats import Interval, ci_halfwidth
 from cem.experiments.sweep import run_config
 from cem.model.params import chinchilla_tokens
-from cem.training.trainer import total_steps
+from cem.training.budget import Budget
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +62,7 @@ def test_reported_scales_train_every_run_to_the_chinchilla_budget_with_the_paper
         assert run.train.warmup_frac == 0.05 and run.train.max_steps is None
         vocab = 256 if s.tokenizer == "byte" else 8192
         cfg = run.model(vocab)
-        tokens = total_steps(run, cfg, run.train.seq_len, 1) * run.train.batch_size * run.train.grad_accum * run.train.seq_len
+        tokens = Budget.of(run.train, cfg, run.train.seq_len, 1).trained_tokens
         assert tokens >= chinchilla_tokens(spec.size, vocab, cfg.context)
 
 

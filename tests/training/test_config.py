@@ -88,7 +88,7 @@ def test_schedule():
 
 
 def test_token_budgets():
-    from cem.training.trainer import total_steps
+    from cem.training.budget import Budget
 
     run = load_run_config(None, ["batch_size=4", "grad_accum=2"], preset="tiny", arch="cem-t2", tokens="chinchilla")
     cfg = run.model(vocab_size=257)
@@ -97,11 +97,40 @@ def test_token_budgets():
 
     llama = parameter_breakdown(LanguageModel(model_config("tiny", "llama", vocab_size=257)))["total"]
     tokens_per_step = 4 * 2 * 128
-    assert total_steps(run, cfg, 128, 1) == -(-20 * llama // tokens_per_step)
-    assert total_steps(run, cfg, 128, 2) == -(-20 * llama // (2 * tokens_per_step))
+    assert Budget.of(run.train, cfg, 128, 1) == Budget(tokens_per_step, 20 * llama, -(-20 * llama // tokens_per_step))
+    assert Budget.of(run.train, cfg, 128, 2).steps == -(-20 * llama // (2 * tokens_per_step))
     run = load_run_config(None, ["tokens=1e5", "batch_size=4"], preset="tiny")
-    assert total_steps(run, run.model(257), 100, 1) == 250
+    assert Budget.of(run.train, run.model(257), 100, 1).steps == 250
+    run = load_run_config(None, ["max_steps=7", "batch_size=4", "grad_accum=3"], preset="tiny")
+    assert Budget.of(run.train, run.model(257), 100, 2) == Budget(2400, 7 * 2400, 7)
+    assert Budget(2400, 7 * 2400 - 5, 7).trained_tokens == 7 * 2400
     with pytest.raises(ValueError, match="tokens must be a number or 'chinchilla'"):
-        total_steps(load_run_config(None, ["tokens=lots"]), cfg, 128, 1)
+        Budget.of(load_run_config(None, ["tokens=lots"]).train, cfg, 128, 1)
     with pytest.raises(ValueError, match="no training budget"):
-        total_steps(load_run_config(None, []), cfg, 128, 1)
+        Budget.of(load_run_config(None, []).train, cfg, 128, 1)
+
+
+def test_vocab_hint_and_default_steps():
+    from cem.training.budget import DEFAULT_STEPS, with_default_steps
+    from cem.training.config import LLAMA_VOCAB
+
+    assert load_run_config(None, []).vocab_hint() == 257
+    assert load_run_config(None, ["tokenizer=bpe:8192"]).vocab_hint() == 8192
+    assert load_run_config(None, ["tokenizer=gpt2"]).vocab_hint() == LLAMA_VOCAB
+    assert load_run_config(None, ["tokenizer=gpt2", "vocab_size=1000"]).vocab_hint() == 1000
+    run = load_run_config(None, [])
+    with_default_steps(run.train)
+    assert run.train.max_steps == DEFAULT_STEPS
+    run = load_run_config(None, ["tokens=chinchilla"])
+    with_default_steps(run.train)
+    assert run.train.max_steps is None
+
+
+def test_an_hf_corpus_streams_text_for_the_budget_of_the_hinted_vocabulary():
+    from cem.model.params import chinchilla_tokens
+    from cem.training.budget import HF_BYTES_PER_TOKEN, hf_bytes_for_budget
+
+    run = load_run_config(None, ["data=hf:some/corpus", "tokenizer=bpe:8192", "tokens=chinchilla"], preset="tiny")
+    assert hf_bytes_for_budget(run) == HF_BYTES_PER_TOKEN * chinchilla_tokens("tiny", 8192, 128)
+    assert hf_bytes_for_budget(load_run_config(None, ["data=hf:some/corpus", "tokens=1e5"])) == HF_BYTES_PER_TOKEN * 100_000
+    assert hf_bytes_for_budget(load_run_config(None, ["data=hf:some/corpus"])) is None  # no budget

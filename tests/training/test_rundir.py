@@ -1,11 +1,12 @@
-"""RunDir: a run directory's layout, its one identity rule, and loading what a run left behind."""
+"""RunDir: a run directory's layout, its one identity rule, its one naming rule, and loading what a run left behind."""
 
+import hashlib
 import json
 
 import pytest
 
 from cem.training import RunDir, load_run_config, run_identity, train
-from cem.training.rundir import RUNTIME_KEYS
+from cem.training.rundir import RUNTIME_KEYS, EvalSettings
 
 
 def test_layout():
@@ -79,6 +80,33 @@ def test_loads_what_a_run_left(tiny_args, tmp_path):
     assert run.load_tokenizer().vocab_size == run.load_model().config.vocab_size
     model, state = run.load_checkpoint()
     assert state["step"] == 2 and run.train_settings()["max_steps"] == 2
+    own = run.eval_settings(model.config.context)  # the run set no seq_len: the model's context
+    assert own == EvalSettings(tiny_args["data"], None, "utf-8", 32, 4, "auto")
+    assert run.eval_settings(99, data="other", data_dir="d", seq_len=8, batch_size=2) == EvalSettings("other", "d", "utf-8", 8, 2, "auto")
+    assert RunDir(tmp_path).eval_settings(99) == EvalSettings("python-stdlib", None, "utf-8", 99, 8, "auto")  # nothing recorded
     assert RunDir(tmp_path / "missing").results() is None
     with pytest.raises(FileNotFoundError, match="no run or model directory"):
         RunDir(tmp_path / "missing").load_model()
+
+
+def test_sweep_folder_names_are_unchanged():
+    """Committed results (docs/results/cpu/runs/) are found by these names: `run_name` must keep them."""
+    from cem.experiments.sweep import RunSpec
+
+    for spec, slug in [
+        (RunSpec("micro", "cem"), "micro-cem-fd4535-s0"),
+        (RunSpec("micro", "cem-attn", (("alibi", "app-a"),), seed=2), "micro-cem-attn-alibi=app-a-05c0a6-s2"),
+        (RunSpec("micro", "llama", train=(("lr", 0.0005),)), "micro-llama-lr=0.0005-1e055a-s0"),
+        (RunSpec("micro", "cem-attn", (("attn_precond", "diag_lowrank"), ("attn_steps", 3), ("step_schedule", "learned")), seed=4),
+         "micro-cem-attn-attn_precond=diag_lowrank-attn_steps=3-step_schedule=learned-ad2938-s4"),
+    ]:  # fmt: skip
+        assert spec.slug == slug
+    long = RunSpec("tiny", "cem", (("path", "a/b"), *((f"setting_{i}", "x" * 10) for i in range(6))), (("lr", 0.001),), 1)
+    assert long.slug == "tiny-cem-path=a_b-setting_0=xxxxxxxxxx-setting_1=xxxxxxxxxx-setting_2=xxxxxxxxxx-460c7f-s1"  # cut at 80
+
+
+def test_run_name():
+    from cem.training.rundir import run_name
+
+    assert run_name(["a", "b"], ((("k", 1),), (("m", "x/y z"),)), ["s0"]) == "a-b-k=1-m=x_y_z-s0"
+    assert run_name(["a"], ((("k", "v" * 20),),), cut=6) == "a-k=vv-" + hashlib.sha1(repr(((("k", "v" * 20),),)).encode()).hexdigest()[:6]

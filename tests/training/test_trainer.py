@@ -5,7 +5,6 @@ import json
 import pytest
 import torch
 
-from cem.cli import main
 from cem.training import Interrupted, TrainingError, find_checkpoint, load_checkpoint, load_run_config, train, verify_checkpoint
 
 
@@ -91,35 +90,3 @@ def test_short_corpus_error(tiny_args, tmp_path):
         (d / f"{s}.txt").write_text("tiny")
     with pytest.raises(ValueError, match="fewer than one sequence"):
         train(run_cfg({**tiny_args, "data": str(d)}, max_steps=2), tmp_path / "r", progress=False)
-
-
-def test_cli_errors_are_one_line(tiny_args, tmp_path, capsys):
-    assert main(["train", "--data", "no-such-corpus", "--out", str(tmp_path / "x")]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("cem train: error:") and "Traceback" not in err and err.count("\n") == 1
-    assert main(["train", "--preset", "nope", "--data", tiny_args["data"], "--out", str(tmp_path / "x")]) == 2
-    assert "unknown preset 'nope'" in capsys.readouterr().err
-    assert main(["train", "--data", tiny_args["data"], "--out", str(tmp_path / "x"), "bogus=1"]) == 2
-    assert "unknown config key 'bogus'" in capsys.readouterr().err
-    assert main(["eval", "--ckpt", str(tmp_path / "missing")]) == 2
-    assert "no run or model directory" in capsys.readouterr().err
-
-
-def test_cli_train_eval_generate(tiny_args, tmp_path, capsys):
-    out = str(tmp_path / "run")
-    args = ["train", "--data", tiny_args["data"], "--preset", "tiny", "--arch", "cem", "--max-steps", "4", "--batch-size", "4",
-            "--out", out, "--quiet", "context=32", "tensorboard=false", "final_eval_tokens=0"]
-    assert main(args) == 0
-    final = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert main(["eval", "--ckpt", out, "--split", "test", "--json"]) == 0
-    metrics = json.loads(capsys.readouterr().out)
-    assert metrics["loss"] == pytest.approx(final["test_loss"], rel=1e-6)
-    assert metrics["bits_per_byte"] == pytest.approx(final["test_bits_per_byte"], rel=1e-6)
-    assert main(["generate", "--ckpt", out, "--prompt", "the ", "--max-new-tokens", "10", "--steps", "2"]) == 0
-    assert capsys.readouterr().out.startswith("the ")
-    assert main(["generate", "--ckpt", out, "--prompt", "the ", "--max-new-tokens", "5", "--steps", "4", "--adaptive-tol", "1e-3", "--guard", "2"]) == 0
-    assert capsys.readouterr().out.startswith("the ")
-    assert main(["generate", "--ckpt", out, "--max-new-tokens", "2", "--adaptive-tol", "-1"]) == 2
-    assert "adaptive_tol" in capsys.readouterr().err
-    assert main(["info", "--preset", "134M", "--arch", "cem"]) == 0
-    assert "| attention | 28.312M | 14.165M | 0.500 |" in capsys.readouterr().out

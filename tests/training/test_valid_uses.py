@@ -1,11 +1,8 @@
 """Uses that must work (issue 12, item 6) and the layers' input checks."""
 
-import json
-
 import pytest
 import torch
 
-from cem.cli import main
 from cem.data import load_corpus
 from cem.data.local import MIN_PARAGRAPHS
 from cem.layers import CEMAttention
@@ -31,24 +28,6 @@ def test_latin1_text_needs_its_encoding(tmp_path):
         load_corpus(str(path))
     corpus = load_corpus(str(path), encoding="latin-1")
     assert corpus.encoding == "latin-1" and "\ufffd" not in "".join(corpus.splits["train"])
-
-
-def test_relative_data_is_recorded_absolute_and_a_failed_start_does_not_block(corpus_dir, tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("CEM_CACHE_DIR", str(tmp_path / "cache"))
-    (tmp_path / "work").mkdir()
-    (tmp_path / "work" / "book.txt").write_text((corpus_dir / "train.txt").read_text())
-    monkeypatch.chdir(tmp_path / "work")
-    args = ["train", "--data", "book.txt", "--preset", "tiny", "--max-steps", "1", "--quiet", "--out", str(tmp_path / "run"),
-            "context=32", "tensorboard=false"]  # fmt: skip
-    assert main([*args, "--batch-size", "100000"]) == 2  # fails at start-up, after run.json was written
-    assert main([*args, "--batch-size", "2"]) == 0  # the corrected rerun into the same --out
-    recorded = json.loads((tmp_path / "run" / "run.json").read_text())["config"]["train"]["data"]
-    assert recorded == str(tmp_path / "work" / "book.txt")
-    monkeypatch.chdir(tmp_path)
-    capsys.readouterr()
-    assert main(["eval", "--ckpt", str(tmp_path / "run"), "--json"]) == 0  # from another directory
-    assert json.loads(capsys.readouterr().out)["data"] == recorded
-    assert main(["generate", "--ckpt", str(tmp_path / "run"), "--temperature", "1e-45", "--max-new-tokens", "3"]) == 0
 
 
 def test_layers_name_both_dtypes_and_check_energy_shapes():

@@ -3,7 +3,6 @@ finished and resumed when interrupted; several seeds reduced to mean ± std."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import sys
@@ -13,7 +12,7 @@ from dataclasses import dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
 
-from ..training.rundir import RunDir, run_identity
+from ..training.rundir import RunDir, run_identity, run_name
 from .scales import Scale
 from .stats import mean_std
 
@@ -43,11 +42,8 @@ class RunSpec:
 
     @property
     def slug(self) -> str:
-        """A readable directory name, unique per spec."""
-        parts = [self.size, self.arch] + [f"{k}={v}" for k, v in self.model + self.train]
-        text = "-".join(parts)
-        digest = hashlib.sha1(repr((self.model, self.train)).encode()).hexdigest()[:6]
-        return f"{text[:80]}-{digest}-s{self.seed}".replace("/", "_")
+        """A readable directory name, unique per spec (`run_name`: cut at 80 characters, with a digest)."""
+        return run_name([self.size, self.arch], (self.model, self.train), [f"s{self.seed}"], cut=80)
 
     def with_seed(self, seed: int) -> "RunSpec":
         return RunSpec(self.size, self.arch, self.model, self.train, seed)

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..data.tokenizers import EOT_TOKEN, ByteTokenizer, HFTokenizer, Tokenizer
 from ..model import LanguageModel
 from .llama_export import export_llama, is_plain_llama
 from .modeling import to_hf
+from .tokenizer import special_token_ids, transformers_tokenizer
 
 REMOTE_CODE_FILE = "modeling_cem.py"
 AUTO_MAP = {
@@ -46,21 +46,17 @@ def export_hf(
     or "cem". remote_code: for the CEM format, also write `modeling_cem.py` and `auto_map` so that
     `trust_remote_code=True` loads it without an explicit `import cem.hf`. The tokenizer, when given, is
     saved alongside and its special token ids fill the ids not given; a cem tokenizer (a run's, e.g.
-    `RunDir(run).load_tokenizer()`) is converted with `to_transformers_tokenizer` so that `AutoTokenizer`
-    loads the directory.
+    `RunDir(run).load_tokenizer()`) is converted with `hf.tokenizer.to_transformers_tokenizer` so that
+    `AutoTokenizer` loads the directory.
     """
     if format not in ("auto", "llama", "cem"):
         raise ValueError(f"format must be 'auto', 'llama' or 'cem', got {format!r}")
-    if isinstance(tokenizer, Tokenizer):
-        tokenizer = to_transformers_tokenizer(tokenizer)
-    ids = {"bos_token_id": bos_token_id, "eos_token_id": eos_token_id, "pad_token_id": pad_token_id}
+    tokenizer = transformers_tokenizer(tokenizer)
     if format == "llama" or (format == "auto" and is_plain_llama(model)):
-        return export_llama(model, out_dir, tokenizer=tokenizer, **ids)
+        return export_llama(model, out_dir, tokenizer=tokenizer, bos_token_id=bos_token_id, eos_token_id=eos_token_id, pad_token_id=pad_token_id)
     out = Path(out_dir)
     hf = to_hf(model)
-    for key, value in ids.items():
-        if value is None and tokenizer is not None:
-            value = getattr(tokenizer, key, None)
+    for key, value in special_token_ids(tokenizer, bos_token_id, eos_token_id, pad_token_id).items():
         if value is not None:
             setattr(hf.config, key, value)
             setattr(hf.generation_config, key, value)
@@ -72,33 +68,3 @@ def export_hf(
     if tokenizer is not None:
         tokenizer.save_pretrained(out)
     return out
-
-
-
-def to_transformers_tokenizer(tokenizer: Tokenizer):
-    """A `transformers.PreTrainedTokenizerFast` with the same ids as a cem tokenizer; its end-of-text token
-    is the eos (and pad) token. The byte tokenizer becomes a byte-level BPE without merges (ids 0-255 are
-    the bytes, 256 is "<|endoftext|>"), so that `AutoTokenizer` reads it without cem."""
-    import tokenizers as tk
-    from transformers import PreTrainedTokenizerFast
-
-    if isinstance(tokenizer, ByteTokenizer):
-        alphabet = _bytes_to_unicode()
-        backend = tk.Tokenizer(tk.models.BPE(vocab={alphabet[b]: b for b in range(256)}, merges=[]))
-        backend.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-        backend.decoder = tk.decoders.ByteLevel()
-        backend.add_special_tokens([tk.AddedToken(EOT_TOKEN, special=True)])
-        eot = EOT_TOKEN
-    elif isinstance(tokenizer, HFTokenizer):
-        backend = tk.Tokenizer.from_str(tokenizer.backend.to_str())
-        eot = backend.id_to_token(tokenizer.eot_id)
-    else:
-        raise ValueError(f"cannot convert a {type(tokenizer).__name__} to a transformers tokenizer")
-    return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token=eot, pad_token=eot, bos_token=eot)
-
-
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte -> printable character map, the alphabet of the ByteLevel pre-tokenizer."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    others = [b for b in range(256) if b not in printable]
-    return {b: chr(b) for b in printable} | {b: chr(256 + i) for i, b in enumerate(others)}

@@ -32,6 +32,7 @@ from transformers import GenerationConfig, LlamaConfig
 
 from ..layers import ATTENTION_KINDS, MLP_KINDS, GatedMLP, LlamaAttention
 from ..model import LanguageModel, ModelConfig
+from .tokenizer import special_token_ids, transformers_tokenizer
 
 DEFAULT_ROPE_THETA = 10000.0  # the only theta ModelConfig builds (LlamaAttention's default)
 
@@ -141,15 +142,6 @@ def from_llama_state_dict(state: dict[str, Tensor], cfg: ModelConfig) -> dict[st
     return out
 
 
-def _token_ids(tokenizer, bos_token_id, eos_token_id, pad_token_id) -> dict:
-    ids = {"bos_token_id": bos_token_id, "eos_token_id": eos_token_id, "pad_token_id": pad_token_id}
-    if tokenizer is not None:
-        for key in ids:
-            if ids[key] is None:
-                ids[key] = getattr(tokenizer, key, None)
-    return ids
-
-
 def export_llama(
     model: LanguageModel,
     out_dir: str | Path,
@@ -164,13 +156,8 @@ def export_llama(
     Writes config.json, generation_config.json, model.safetensors and, when given, the tokenizer (whose
     special token ids fill any id not given). Raises ValueError for a model with CEM layers, ALiBi or reuse.
     """
-    from ..data.tokenizers import Tokenizer
-
-    if isinstance(tokenizer, Tokenizer):
-        from .export import to_transformers_tokenizer
-
-        tokenizer = to_transformers_tokenizer(tokenizer)
-    config = llama_config(model, **_token_ids(tokenizer, bos_token_id, eos_token_id, pad_token_id))
+    tokenizer = transformers_tokenizer(tokenizer)
+    config = llama_config(model, **special_token_ids(tokenizer, bos_token_id, eos_token_id, pad_token_id))
     state = to_llama_state_dict(model)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -26,6 +26,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from ..model import Cache, LanguageModel, ModelConfig
 from ..model.loss import next_token_loss
 from .cache import HFCache, RowCache
+from .llama_export import import_llama
 
 try:  # the base class of transformers' own caches (DynamicCache, StaticCache, ...)
     from transformers.cache_utils import Cache as _TransformersCache
@@ -358,14 +359,10 @@ def from_hf(source, map_location: str | torch.device = "cpu") -> LanguageModel:
     if isinstance(source, CEMForCausalLM):
         return source.model
     if isinstance(source, PreTrainedModel):
-        from .llama_export import import_llama
-
         return import_llama(source)
     path = Path(source)
     model_type = AutoConfig.from_pretrained(path).model_type
     if model_type == "llama":
-        from .llama_export import import_llama
-
         return import_llama(path).to(map_location)
     if model_type != MODEL_TYPE:
         raise ValueError(f"{path} holds a {model_type!r} model; from_hf reads 'cem' and 'llama' directories")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -13,9 +14,11 @@ import yaml
 
 from ..device import PRECISIONS
 from ..checks import check_choice, check_finite, check_positive_int
+from ..data.tokenizers import ByteTokenizer
 from ..model import ModelConfig, model_config
 
 PARALLEL = ("ddp", "fsdp")
+LLAMA_VOCAB = 32_000  # the paper's Llama tokenizer: the guess for a pretrained tokenizer not loaded yet
 
 
 @dataclass
@@ -121,6 +124,16 @@ class RunConfig:
             cfg = cfg.replace(context=self.train.seq_len)
         return cfg
 
+    def vocab_hint(self) -> int:
+        """The vocabulary size of the run before its tokenizer is loaded: the `vocab_size` setting, else N
+        for `bpe:N` (its most), 257 for `byte`, LLAMA_VOCAB for a pretrained tokenizer."""
+        if "vocab_size" in self.model_overrides:
+            return self.model_overrides["vocab_size"]
+        if self.train.tokenizer == "byte":
+            return ByteTokenizer.vocab_size
+        bpe = re.fullmatch(r"bpe:(\d+)", self.train.tokenizer)
+        return int(bpe.group(1)) if bpe else LLAMA_VOCAB
+
     def to_dict(self) -> dict:
         return {"train": dataclasses.asdict(self.train), "model_overrides": dict(self.model_overrides)}
 
@@ -220,5 +233,5 @@ def load_run_config(yaml_path: str | Path | None = None, overrides: list[str] | 
         k, v = item.split("=", 1)
         pairs[k.strip()] = v.strip()
     run = apply_overrides(run, pairs)
-    run.model(run.model_overrides.get("vocab_size", 257))  # the model settings are checked now, not after the data loads
+    run.model(run.vocab_hint())  # the model settings are checked now, not after the data loads
     return run

@@ -10,7 +10,8 @@ what a run left behind.
     results.json    the final results; its presence means the run is finished
 
 One rule decides whether two runs are the same: `run_identity` (the model, the tokenizer, the corpus, and
-every training setting except the `RUNTIME_KEYS`, which may change between a run and its resumption).
+every training setting except the `RUNTIME_KEYS`, which may change between a run and its resumption); one
+rule names run folders: `run_name` (the command line's `default_run_dir`, the sweep's `RunSpec.slug`).
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ import contextlib
 import dataclasses
 import errno
 import fcntl
+import hashlib
 import json
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -51,6 +53,41 @@ def run_identity(run: RunConfig, model: ModelConfig | None = None, tokenizer: st
         if value is not None:
             identity[key] = value
     return identity
+
+
+def run_name(head: Sequence[str], settings: tuple = (), tail: Sequence[str] = (), cut: int | None = None) -> str:
+    """A run folder's name: `head`, then `key=value` for every setting (`settings`: a tuple of groups of
+    (key, value) pairs), joined by "-"; with `cut`, that text cut to `cut` characters and followed by a
+    digest of the settings, so that cut names stay apart; then `tail`. Characters other than letters,
+    digits and -_.= become _."""
+    text = "-".join([*head, *(f"{k}={v}" for group in settings for k, v in group)])
+    if cut is not None:
+        text = f"{text[:cut]}-{hashlib.sha1(repr(settings).encode()).hexdigest()[:6]}"
+    return "".join(c if c.isalnum() or c in "-_.=" else "_" for c in "-".join([text, *tail]))
+
+
+def default_run_dir(run: RunConfig) -> Path:
+    """runs/ARCH-PRESET-DATA-sSEED, then every other setting that differs from its default (key=value), so
+    that runs with different settings never share a folder."""
+    t = run.train
+    named = {"arch", "preset", "data", "seed"} | RUNTIME_KEYS
+    changed = tuple((k, v) for k, v in dataclasses.asdict(t).items() if k not in named and v != _TRAIN_DEFAULTS[k])
+    return Path("runs") / run_name([t.arch, t.preset, Path(t.data).name, f"s{t.seed}"], (changed, tuple(sorted(run.model_overrides.items()))))
+
+
+EVAL_BATCH_SIZE = 8  # sequences per batch when evaluating a directory that records no training settings
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSettings:
+    """What a run is evaluated on (`RunDir.eval_settings`)."""
+
+    data: str
+    data_dir: str | None
+    encoding: str
+    seq_len: int
+    batch_size: int
+    precision: str
 
 
 class RunLockedError(ValueError):
@@ -202,6 +239,20 @@ class RunDir:
         """Record the run (run.json) and save its tokenizer."""
         atomic_write_json(self.run_json, {**identity, "config": run.to_dict(), "total_steps": total_steps})
         tokenizer.save(self.tokenizer_dir)
+
+    def eval_settings(self, context: int, data: str | None = None, data_dir: str | None = None, seq_len: int | None = None,
+                      batch_size: int | None = None) -> EvalSettings:
+        """How to evaluate the run: its own corpus, data directory (unless another corpus is given), text
+        encoding, sequence length (else `context`), batch size and precision, except what is given."""
+        saved = self.train_settings() if self.checkpoint() is not None or self.run_json.exists() else {}
+        return EvalSettings(
+            data=data or saved.get("data", _TRAIN_DEFAULTS["data"]),
+            data_dir=data_dir or (saved.get("data_dir") if data is None else None),
+            encoding=saved.get("data_encoding", _TRAIN_DEFAULTS["data_encoding"]),
+            seq_len=seq_len or saved.get("seq_len") or context,
+            batch_size=batch_size or saved.get("batch_size", EVAL_BATCH_SIZE),
+            precision=saved.get("precision", _TRAIN_DEFAULTS["precision"]),
+        )
 
     def train_settings(self) -> dict:
         """The run's training settings (`TrainConfig` as a dict), from run.json or else the checkpoint."""

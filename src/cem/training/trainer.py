@@ -5,10 +5,8 @@ from __future__ import annotations
 import contextlib
 import math
 import signal
-import statistics
 import sys
 import time
-from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,92 +23,23 @@ from ..data import SequenceSampler, TokenSplit, build_split, get_tokenizer, load
 from ..device import autocast_for, device_name, peak_flops, pick_device
 from ..layers import CEMAttention
 from ..model import LanguageModel, ModelConfig, parameter_breakdown
-from ..model.params import chinchilla_tokens
 from ..model.flops import train_flops_per_token
+from .budget import Budget, hf_bytes_for_budget
 from .checkpoint import checkpoint_step, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from .config import RunConfig, TrainConfig
 from .distributed import DistInfo, all_reduce_mean, barrier, init_distributed, shutdown, wrap_model
 from .evaluate import evaluate
+from .guard import DivergenceGuard
 from .metrics import MetricsLogger
 from .rundir import RunDir, run_identity
 from .schedule import cosine_schedule
+from .throughput import Throughput
 
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
 class TrainingError(RuntimeError):
     """Training stopped on purpose (diverged loss); the message says what happened and what was kept."""
-
-
-class DivergenceGuard:
-    """Stops a run whose loss or gradient norm blows up, finite or not.
-
-    A value is out of bounds when it is not finite, or beyond `factor` times the median of the last
-    `window` values; before `warmup` values are known, the loss is compared with `factor` times the loss
-    of a uniform prediction, ln(vocab), and the weight norm with `factor` times its value at the start
-    (the gradient norm is not judged then). The weight norm after each update is judged too: a step that
-    blows the weights up is caught before any checkpoint holds them, even when the loss saturates.
-    `factor` 0 turns the finite checks off (non-finite values still stop the run)."""
-
-    def __init__(self, factor: float, warmup: int, vocab_size: int, window: int = 100) -> None:
-        self.factor, self.warmup = factor, warmup
-        self.uniform = math.log(vocab_size)
-        self.losses: deque[float] = deque(maxlen=window)
-        self.grad_norms: deque[float] = deque(maxlen=window)
-        self.weight_norms: deque[float] = deque(maxlen=window)
-        self.start_weight_norm: float | None = None
-
-    def loss_bound(self) -> tuple[float, str]:
-        """The largest acceptable loss and what it is derived from."""
-        if len(self.losses) >= max(self.warmup, 1):
-            med = statistics.median(self.losses)
-            return self.factor * med, f"diverge_factor={self.factor:g} x its running median {med:.4g}"
-        return self.factor * self.uniform, f"diverge_factor={self.factor:g} x the loss of a uniform guess ln({math.exp(self.uniform):.0f})={self.uniform:.3g}"
-
-    def problem(self, loss: float, grad_norm: float) -> str | None:
-        """Why (loss, grad_norm) means divergence, or None."""
-        if not math.isfinite(loss) or not math.isfinite(grad_norm):
-            return f"loss {loss} / gradient norm {grad_norm} is not finite"
-        if not self.factor:
-            return None
-        bound, why = self.loss_bound()
-        if loss > bound:
-            return f"loss {loss:.4g} exceeds {why}"
-        if len(self.grad_norms) >= max(self.warmup, 1):
-            med = statistics.median(self.grad_norms)
-            if grad_norm > self.factor * med:
-                return f"gradient norm {grad_norm:.4g} exceeds diverge_factor={self.factor:g} x its running median {med:.4g}"
-        return None
-
-    def add(self, loss: float, grad_norm: float) -> None:
-        self.losses.append(loss)
-        self.grad_norms.append(grad_norm)
-
-    def weight_problem(self, norm: float) -> str | None:
-        """Why the weight norm after an update means divergence, or None (then it is recorded)."""
-        if self.start_weight_norm is None:
-            self.start_weight_norm = norm
-        if not math.isfinite(norm):
-            return "the weights are no longer finite"
-        if self.factor:
-            if len(self.weight_norms) >= max(self.warmup, 1):
-                ref, what = statistics.median(self.weight_norms), "its running median"
-            else:
-                ref, what = self.start_weight_norm, "its value at the start"
-            if norm > self.factor * ref:
-                return f"the weight norm {norm:.4g} exceeds diverge_factor={self.factor:g} x {what} {ref:.4g}"
-        self.weight_norms.append(norm)
-        return None
-
-    def state_dict(self) -> dict:
-        return {"losses": list(self.losses), "grad_norms": list(self.grad_norms), "weight_norms": list(self.weight_norms),
-                "start_weight_norm": self.start_weight_norm}  # fmt: skip
-
-    def load_state_dict(self, state: dict) -> None:
-        self.losses.extend(state.get("losses", []))
-        self.grad_norms.extend(state.get("grad_norms", []))
-        self.weight_norms.extend(state.get("weight_norms", []))
-        self.start_weight_norm = state.get("start_weight_norm")
 
 
 @dataclass
@@ -120,25 +49,6 @@ class Interrupted:
     step: int
     signum: int
     checkpoint: Path
-
-
-def total_steps(run: RunConfig, cfg: ModelConfig, seq_len: int, world_size: int) -> int:
-    """Optimiser steps from `max_steps`, a token count, or `chinchilla` (20 tokens per parameter of the
-    matching Llama baseline, paper §4)."""
-    t = run.train
-    if t.max_steps is not None:
-        return t.max_steps
-    tokens_per_step = t.batch_size * t.grad_accum * world_size * seq_len
-    if t.tokens is None:
-        raise ValueError("no training budget: give max_steps or tokens (a number or 'chinchilla')")
-    if str(t.tokens).lower() == "chinchilla":
-        budget = chinchilla_tokens(t.preset, cfg.vocab_size, cfg.context)
-    else:
-        try:
-            budget = int(float(t.tokens))
-        except ValueError:
-            raise ValueError(f"tokens must be a number or 'chinchilla', got {t.tokens!r}") from None
-    return max(1, math.ceil(budget / tokens_per_step))
 
 
 def param_groups(model: LanguageModel, weight_decay: float) -> list[dict]:
@@ -208,7 +118,7 @@ class _Session:
     info: DistInfo
     splits: dict
     seq_len: int
-    steps_total: int
+    budget: Budget
     progress: bool
     model: LanguageModel  # the bare model (checkpoints, clipping, parameter counts)
     wrapped: torch.nn.Module  # what runs forward: the model under DDP / FSDP2 / torch.compile
@@ -223,22 +133,17 @@ class _Session:
     def sharded(self) -> bool:
         return self.info.enabled and self.run.train.parallel == "fsdp"
 
-    @property
-    def tokens_per_step(self) -> int:
-        t = self.run.train
-        return t.batch_size * t.grad_accum * self.info.world_size * self.seq_len
-
 
 def _train(run: RunConfig, rundir: RunDir, resume: bool, progress: bool, stop_at: int | None, device, info: DistInfo):
     """The recipe: data, run directory, model, resume, optimiser, loop, final evaluation."""
     started = time.perf_counter()
     t = run.train
-    corpus, tokenizer, splits = _load_data(t, info)
+    corpus, tokenizer, splits = _load_data(run, info)
     cfg = run.model(tokenizer.vocab_size)
     seq_len = t.seq_len or cfg.context
-    steps_total = total_steps(run, cfg, seq_len, info.world_size)
+    budget = Budget.of(t, cfg, seq_len, info.world_size)
     identity = run_identity(run, cfg, tokenizer.name, corpus.fingerprint())
-    status = _claim_run_dir(rundir, identity, run, steps_total, tokenizer, resume, info)
+    status = _claim_run_dir(rundir, identity, run, budget.steps, tokenizer, resume, info)
     if status == "finished":
         if progress:
             print(f"{rundir.path} holds this run, finished ({rundir.results()['steps']} steps); nothing to do "
@@ -252,17 +157,17 @@ def _train(run: RunConfig, rundir: RunDir, resume: bool, progress: bool, stop_at
     sampler = SequenceSampler(splits["train"], seq_len, seed=t.seed, rank=info.rank, world_size=info.world_size)
     if t.batch_size > sampler.n_windows:
         raise ValueError(f"batch_size={t.batch_size} is more than the {sampler.n_windows} sequences of {seq_len} tokens in the train split")
-    restored = _restore(rundir, resume, model, sampler, info, steps_total, progress)
+    restored = _restore(rundir, resume, model, sampler, info, budget.steps, progress)
     if isinstance(restored, dict):
         return restored  # the run had finished: its results
     state, saved = restored
-    wrapped, optimizer, scheduler = _build_optimizer(model, run, info, device, steps_total, saved)
+    wrapped, optimizer, scheduler = _build_optimizer(model, run, info, device, budget.steps, saved)
     guard = DivergenceGuard(t.diverge_factor, t.diverge_warmup, cfg.vocab_size)
     if saved is not None:
         guard.load_state_dict(saved.get("guard", {}))
     if guard.start_weight_norm is None:
         guard.start_weight_norm = _weight_norm(model)
-    s = _Session(run, rundir, cfg, device, info, splits, seq_len, steps_total, progress,
+    s = _Session(run, rundir, cfg, device, info, splits, seq_len, budget, progress,
                  model, wrapped, sampler, optimizer, scheduler, state, guard)  # fmt: skip
     stopped = _loop(s, stop_at)
     if stopped is not None:
@@ -270,44 +175,22 @@ def _train(run: RunConfig, rundir: RunDir, resume: bool, progress: bool, stop_at
     return _finish(s, started, tokenizer.name)
 
 
-def _load_data(t: TrainConfig, info: DistInfo):
+def _load_data(run: RunConfig, info: DistInfo):
     """Corpus, tokenizer and token splits. The main process trains a BPE / tokenises first and writes the
     caches; the barrier keeps the others from racing it, and they then read those caches."""
+    t = run.train
 
     def load():
         tokenizer = get_tokenizer(t.tokenizer, corpus)
         return tokenizer, {split: build_split(corpus, tokenizer, split) for split in ("train", "valid", "test")}
 
-    corpus = load_corpus(t.data, t.data_dir, t.hf_max_docs, hf_bytes_for_budget(t, info.world_size), encoding=t.data_encoding)
+    corpus = load_corpus(t.data, t.data_dir, t.hf_max_docs, hf_bytes_for_budget(run, info.world_size), encoding=t.data_encoding)
     if info.is_main:
         tokenizer, splits = load()
     barrier(info)
     if not info.is_main:
         tokenizer, splits = load()
     return corpus, tokenizer, splits
-
-
-HF_BYTES_PER_TOKEN = 4  # text bytes streamed per training token of an hf: corpus (BPE: about 4 bytes a token)
-
-
-def hf_bytes_for_budget(t: TrainConfig, world_size: int = 1) -> int | None:
-    """`hf_max_bytes`, else enough text for the training budget (HF_BYTES_PER_TOKEN per token, one epoch);
-    None (no limit) for corpora other than hf: and when the budget is unknown before the tokenizer is."""
-    if not str(t.data).startswith("hf:") or t.hf_max_bytes is not None:
-        return t.hf_max_bytes
-    from ..model import model_config
-
-    seq_len = t.seq_len or model_config(t.preset, t.arch).context
-    if t.max_steps is not None:
-        tokens = t.max_steps * t.batch_size * t.grad_accum * world_size * seq_len
-    elif t.tokens is not None and str(t.tokens).lower() != "chinchilla":
-        tokens = int(float(t.tokens))
-    elif t.tokens is not None:
-        vocab = int(t.tokenizer[4:]) if t.tokenizer.startswith("bpe:") else 257 if t.tokenizer == "byte" else 32000
-        tokens = chinchilla_tokens(t.preset, vocab, seq_len)
-    else:
-        return None
-    return HF_BYTES_PER_TOKEN * tokens
 
 
 def _claim_run_dir(rundir: RunDir, identity: dict, run: RunConfig, steps_total: int, tokenizer, resume: bool, info: DistInfo) -> str:
@@ -396,27 +279,27 @@ def _loop(s: _Session, stop_at: int | None) -> Interrupted | None:
     t = s.run.train
     autocast = autocast_for(t.precision, s.device)
     s.logger = MetricsLogger(s.rundir.path, t.tensorboard, t.wandb_project if t.wandb else None, s.run.to_dict()) if s.info.is_main else None
-    meter = _Throughput(train_flops_per_token(s.cfg, s.seq_len), peak_flops(s.device) if s.device.type == "cuda" else None)
+    meter = Throughput(train_flops_per_token(s.cfg, s.seq_len), peak_flops(s.device) if s.device.type == "cuda" else None)
     stop_signal: list[int] = []
     handlers = _install_signal_handlers(stop_signal)
     s.state.resumed_at = time.perf_counter()
-    bar = tqdm(total=s.steps_total, initial=s.state.step, disable=not s.progress, unit="step", dynamic_ncols=True, file=sys.stderr)
+    bar = tqdm(total=s.budget.steps, initial=s.state.step, disable=not s.progress, unit="step", dynamic_ncols=True, file=sys.stderr)
     try:
-        while s.state.step < s.steps_total:
+        while s.state.step < s.budget.steps:
             loss, grad_norm, lr = _optimizer_step(s, autocast)
             step = s.state.step
-            meter.add(s.tokens_per_step)
-            if step % t.log_every == 0 or step == s.steps_total:
+            meter.add(s.budget.tokens_per_step)
+            if step % t.log_every == 0 or step == s.budget.steps:
                 _log_step(s, bar, meter, loss=loss, lr=lr, grad_norm=grad_norm)
             bar.update(1)
-            if t.eval_every and step % t.eval_every == 0 and step < s.steps_total:
+            if t.eval_every and step % t.eval_every == 0 and step < s.budget.steps:
                 _validate(s, bar, autocast)
-            if stop_signal or (stop_at is not None and step >= stop_at and step < s.steps_total):
+            if stop_signal or (stop_at is not None and step >= stop_at and step < s.budget.steps):
                 _checkpoint(s)
                 if stop_signal:
                     _say(bar, f"stopped by signal {stop_signal[0]} at step {step}; checkpoint saved in {s.rundir.ckpt_dir}; continue with --resume", s.info.is_main)
                 return Interrupted(step, stop_signal[0] if stop_signal else 0, s.rundir.ckpt_dir)
-            if t.save_every and step % t.save_every == 0 and step < s.steps_total:
+            if t.save_every and step % t.save_every == 0 and step < s.budget.steps:
                 _checkpoint(s)
         _checkpoint(s)
     finally:
@@ -458,7 +341,7 @@ def _optimizer_step(s: _Session, autocast) -> tuple[float, float, float]:
     if problem is not None:
         raise _diverged(s, f"at step {s.state.step + 1}: the update made {problem}")
     s.state.step += 1
-    s.state.tokens_seen += s.tokens_per_step
+    s.state.tokens_seen += s.budget.tokens_per_step
     return loss_value, grad_norm, lr
 
 
@@ -484,27 +367,7 @@ def _diverged(s: _Session, what: str) -> TrainingError:
     )
 
 
-class _Throughput:
-    """Tokens per second since the last report, and the model FLOP utilisation when the peak is known."""
-
-    def __init__(self, flops_per_token: int, peak: float | None) -> None:
-        self.flops_per_token, self.peak = flops_per_token, peak
-        self.start, self.tokens = time.perf_counter(), 0
-
-    def add(self, tokens: int) -> None:
-        self.tokens += tokens
-
-    def report(self, world_size: int) -> dict:
-        now = time.perf_counter()
-        tok_s = self.tokens / max(now - self.start, 1e-9)
-        self.start, self.tokens = now, 0
-        out = {"tokens_per_s": tok_s}
-        if self.peak:
-            out["mfu"] = tok_s * self.flops_per_token / (self.peak * world_size)
-        return out
-
-
-def _log_step(s: _Session, bar: tqdm, meter: _Throughput, loss: float, lr: float, grad_norm: float) -> None:
+def _log_step(s: _Session, bar: tqdm, meter: Throughput, loss: float, lr: float, grad_norm: float) -> None:
     """One metrics record (main process) and the progress bar's summary."""
     speed = meter.report(s.info.world_size)
     record = {"loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens_per_s": speed["tokens_per_s"], "tokens": s.state.tokens_seen}
@@ -569,7 +432,7 @@ def _finish(s: _Session, started: float, tokenizer_name: str) -> dict:
     wall = s.state.elapsed()
     results = {"status": "finished", "steps": s.state.step, "tokens_seen": s.state.tokens_seen, "train_wall_time_s": wall}
     for split in ("valid", "test"):
-        n_tokens = final_eval_tokens(t, s.splits[split].n_tokens, s.seq_len, s.steps_total * s.tokens_per_step)
+        n_tokens = final_eval_tokens(t, s.splits[split].n_tokens, s.seq_len, s.budget.trained_tokens)
         metrics = evaluate(s.wrapped, _leading(s.splits[split], n_tokens), s.seq_len, t.batch_size, s.device, None,
                            autocast, progress=s.progress, desc=f"final evaluation, {split}")
         results.update({f"{split}_{k}": v for k, v in metrics.items()})

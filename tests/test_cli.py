@@ -1,5 +1,7 @@
-"""Bad inputs, tried as an attacker and a careless user would (issue 12): each case runs the CLI's `main()`
-in-process and must end with a non-zero exit code and exactly one line on stderr, never a traceback.
+"""The `cem` command line (`cem.cli`): train, eval, generate and info end to end, default run folders, and
+bad inputs, tried as an attacker and a careless user would (issue 12): each case of the table runs the
+CLI's `main()` in-process and must end with a non-zero exit code and exactly one line on stderr, never a
+traceback.
 
 Cases are a table: the arguments (with {corpus}, {run}, {out}, {tmp} filled in), an optional setup that
 writes bad files or injects a failure, and a piece of text the one line must contain."""
@@ -16,7 +18,8 @@ import time
 import pytest
 import torch
 
-from cem.cli import main
+from cem.cli import _run_config, build_parser, main
+from cem.training.rundir import default_run_dir
 
 TRAIN = ["train", "--data", "{corpus}", "--preset", "tiny", "--batch-size", "2", "--quiet", "--out", "{out}", "context=32", "tensorboard=false"]
 STEP = ["--max-steps", "1"]
@@ -304,3 +307,62 @@ def test_bad_input_is_one_line(name, argv, setup, expect, trained, tmp_path, mon
 
 def test_the_table_is_large_enough():
     assert len(CASES) >= 60
+
+
+def test_cli_train_eval_generate(tiny_args, tmp_path, capsys):
+    out = str(tmp_path / "run")
+    args = ["train", "--data", tiny_args["data"], "--preset", "tiny", "--arch", "cem", "--max-steps", "4", "--batch-size", "4",
+            "--out", out, "--quiet", "context=32", "tensorboard=false", "final_eval_tokens=0"]
+    assert main(args) == 0
+    final = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert main(["eval", "--ckpt", out, "--split", "test", "--json"]) == 0
+    metrics = json.loads(capsys.readouterr().out)
+    assert metrics["loss"] == pytest.approx(final["test_loss"], rel=1e-6)
+    assert metrics["bits_per_byte"] == pytest.approx(final["test_bits_per_byte"], rel=1e-6)
+    assert main(["generate", "--ckpt", out, "--prompt", "the ", "--max-new-tokens", "10", "--steps", "2"]) == 0
+    assert capsys.readouterr().out.startswith("the ")
+    assert main(["generate", "--ckpt", out, "--prompt", "the ", "--max-new-tokens", "5", "--steps", "4", "--adaptive-tol", "1e-3", "--guard", "2"]) == 0
+    assert capsys.readouterr().out.startswith("the ")
+    assert main(["generate", "--ckpt", out, "--max-new-tokens", "2", "--adaptive-tol", "-1"]) == 2
+    assert "adaptive_tol" in capsys.readouterr().err
+    assert main(["info", "--preset", "134M", "--arch", "cem"]) == 0
+    assert "| attention | 28.312M | 14.165M | 0.500 |" in capsys.readouterr().out
+
+
+def test_cli_errors_are_one_line(tiny_args, tmp_path, capsys):
+    assert main(["train", "--data", "no-such-corpus", "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("cem train: error:") and "Traceback" not in err and err.count("\n") == 1
+    assert main(["train", "--preset", "nope", "--data", tiny_args["data"], "--out", str(tmp_path / "x")]) == 2
+    assert "unknown preset 'nope'" in capsys.readouterr().err
+    assert main(["train", "--data", tiny_args["data"], "--out", str(tmp_path / "x"), "bogus=1"]) == 2
+    assert "unknown config key 'bogus'" in capsys.readouterr().err
+    assert main(["eval", "--ckpt", str(tmp_path / "missing")]) == 2
+    assert "no run or model directory" in capsys.readouterr().err
+
+
+def test_relative_data_is_recorded_absolute_and_a_failed_start_does_not_block(corpus_dir, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("CEM_CACHE_DIR", str(tmp_path / "cache"))
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "book.txt").write_text((corpus_dir / "train.txt").read_text())
+    monkeypatch.chdir(tmp_path / "work")
+    args = ["train", "--data", "book.txt", "--preset", "tiny", "--max-steps", "1", "--quiet", "--out", str(tmp_path / "run"),
+            "context=32", "tensorboard=false"]  # fmt: skip
+    assert main([*args, "--batch-size", "100000"]) == 2  # fails at start-up, after run.json was written
+    assert main([*args, "--batch-size", "2"]) == 0  # the corrected rerun into the same --out
+    recorded = json.loads((tmp_path / "run" / "run.json").read_text())["config"]["train"]["data"]
+    assert recorded == str(tmp_path / "work" / "book.txt")
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    assert main(["eval", "--ckpt", str(tmp_path / "run"), "--json"]) == 0  # from another directory
+    assert json.loads(capsys.readouterr().out)["data"] == recorded
+    assert main(["generate", "--ckpt", str(tmp_path / "run"), "--temperature", "1e-45", "--max-new-tokens", "3"]) == 0
+
+
+def test_default_run_names_hold_the_overrides():
+    parse = build_parser().parse_args
+    a = default_run_dir(_run_config(parse(["train", "attn_steps=2"])))
+    b = default_run_dir(_run_config(parse(["train", "attn_steps=3", "--lr", "1e-3"])))
+    assert a.name == "cem-small-python-stdlib-s0-attn_steps=2"
+    assert b.name == "cem-small-python-stdlib-s0-lr=0.001-attn_steps=3"
+    assert default_run_dir(_run_config(parse(["train", "--device", "cpu"]))).name == "cem-small-python-stdlib-s0"
