@@ -213,3 +213,24 @@ def test_test_time_and_energy(corpus, tmp_path, monkeypatch):
 def test_unknown_experiment():
     with pytest.raises(ValueError, match="unknown experiment 'fig9'"):
         run_experiment("fig9")
+
+
+def test_size_trend_recovers_a_linear_gap_in_log_parameters(tmp_path):
+    """The gap of each size, paired by seed, and its least-squares slope in log(parameters)."""
+    from cem.experiments.analysis import size_trend
+    from cem.experiments.findings import Context
+
+    sizes, params, slope = ("a", "b", "c"), (1e5, 2e5, 4e5), -0.02
+    rows = []
+    for size, n in zip(sizes, params):
+        noise = [0.001, -0.002, 0.001]
+        gap = [slope * math.log(n) + 0.3 + e for e in noise]
+        base = [1.5, 1.6, 1.55]
+        rows.append({"label": f"Llama {size}", "parameters": int(n), "test_loss_per_seed": base})
+        rows.append({"label": f"CEM {size}", "parameters": int(n * 0.8), "test_loss_per_seed": [b + g for b, g in zip(base, gap)]})
+    ctx = Context(replace(get_scale("smoke"), sizes=sizes), rows, [], tmp_path, tmp_path)
+    (finding,), extra = size_trend(ctx, [("CEM", "Llama", "CEM vs Llama")])
+    fit = extra["trend"]["CEM vs Llama"]["slope"]
+    assert fit["mean"] == pytest.approx(slope, abs=2e-3) and fit["lo"] < slope < fit["hi"]
+    assert finding.verdict == "held" and finding.family == "ours" and finding.sign == -1
+    assert [p["size"] for p in extra["trend"]["CEM vs Llama"]["points"]] == list(sizes)
