@@ -162,6 +162,8 @@ def write_report(results_dir: str | Path, allow_short: bool = False) -> Path:
         "",
     ]
     lines += _opening(summaries)
+    if sc.get("limits"):
+        lines += ["", f"**What this scale cannot test:** {sc['limits']}."]
     lines += ["", "| experiment | finding | family | verdict (raw; Holm) | evidence |", "|---|---|---|---|---|"]
     lines += [f"| {s['experiment']} | {f['claim']} | {f.get('family', 'paper')} | {_verdicts(f)} | {f['evidence']} |" for s in summaries for f in s["findings"]]
     for s in summaries:
