@@ -61,8 +61,8 @@ class TrainConfig:
     tensorboard: bool = True  # when TensorBoard is installed (the `tensorboard` extra); said once in the log otherwise
     hf_max_docs: int | None = None  # hf: corpora: documents streamed per split (None: no document limit)
     hf_max_bytes: int | None = None  # hf: corpora: text bytes streamed for train (None: enough for the budget)
-    diverge_factor: float = 10.0  # stop when loss / gradient norm exceed this multiple of their running median (0: only non-finite)
-    diverge_warmup: int = 20  # steps before the running medians are used (before: loss vs ln(vocab))
+    diverge_factor: float = 10.0  # stop when the median loss of the last 10 steps exceeds this multiple of the earlier median, or a loss this multiple of ln(vocab) (0: only non-finite)
+    diverge_warmup: int = 20  # steps before the loss medians are compared
 
     def __post_init__(self) -> None:
         self.validate()
