@@ -80,6 +80,25 @@ def test_a_noisy_small_batch_run_is_not_stopped(tiny_args, tmp_path):
     assert any(g > 10 * statistics.median(norms[max(0, i - 100):i]) for i, g in enumerate(norms) if i >= 20)
 
 
+def test_a_run_killed_before_its_first_checkpoint_keeps_its_metrics(tiny_args, tmp_path, monkeypatch):
+    """Issue 20: the rerun of a run that never saved a checkpoint truncated what it had logged; the rerun
+    appends to it."""
+    cfg = run_cfg(tiny_args, max_steps=4, overrides=["context=32", "save_every=100"])
+
+    def killed(s):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("cem.training.trainer._checkpoint", killed)  # killed in its final save
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, tmp_path / "r", progress=False)
+    first = (tmp_path / "r" / "metrics.jsonl").read_text()
+    assert len(losses(tmp_path / "r")) == 4 and find_checkpoint(tmp_path / "r") is None
+    monkeypatch.undo()
+    train(cfg, tmp_path / "r", progress=False)
+    assert (tmp_path / "r" / "metrics.jsonl").read_text().startswith(first)
+    assert losses(tmp_path / "r")[:4] == losses(tmp_path / "r")[4:8]
+
+
 def test_healthy_run_resumes_with_its_guard(tiny_args, tmp_path):
     cfg = run_cfg(tiny_args, max_steps=6, overrides=["context=32", "diverge_warmup=2"])
     train(cfg, tmp_path / "r", progress=False, stop_at=3)
