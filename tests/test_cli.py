@@ -124,6 +124,39 @@ def malicious_state(tmp, run, monkeypatch):
     (tmp / "run2" / "ckpt" / MANIFEST).write_text(json.dumps(manifest))
 
 
+def linked(rel, target="victim"):
+    """The trained run copied to {tmp}/run2, unfinished, with `rel` a symbolic link to {tmp}/victim (a file
+    holding "keep", or an empty folder when `target` is "victim/")."""
+
+    def setup(tmp, run, monkeypatch):
+        unfinished_copy(tmp, run, monkeypatch)
+        if target.endswith("/"):
+            (tmp / target).mkdir()
+        else:
+            (tmp / target).write_text("keep")
+        path = tmp / "run2" / rel
+        shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+        path.symlink_to(tmp / target)
+
+    return setup
+
+
+def planted(rel):
+    """A symbolic link {tmp}/x/rel to {tmp}/victim, a file holding "keep"."""
+
+    def setup(tmp, run, monkeypatch):
+        (tmp / "victim").write_text("keep")
+        (tmp / "x").mkdir()
+        (tmp / "x" / rel).symlink_to(tmp / "victim")
+
+    return setup
+
+
+def lost_manifest(tmp, run, monkeypatch):
+    unfinished_copy(tmp, run, monkeypatch)
+    (tmp / "run2" / "ckpt" / "manifest.json").unlink()
+
+
 def offline(tmp, run, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
@@ -181,6 +214,8 @@ CASES = [
     ("heads do not divide", [*TRAIN, *STEP, "dim=65"], None, "divisible"),
     ("kq_diag unknown", [*TRAIN, *STEP, "kq_diag=full"], None, "kq_diag"),
     ("attn_steps zero", [*TRAIN, *STEP, "attn_steps=0"], None, "attn_steps"),
+    ("attn_steps a billion", [*TRAIN, *STEP, "--arch", "cem", "attn_steps=1000000000"], None, "attn_steps must be at most 256"),
+    ("generate steps a billion", ["generate", "--ckpt", "{run}", "--steps", "1000000000", "--max-new-tokens", "2"], None, "steps must be at most 256"),
     ("precond rank zero", [*TRAIN, *STEP, "attn_precond_rank=0"], None, "attn_precond_rank"),
     ("preset unknown", [*TRAIN, *STEP, "--preset", "nope"], None, "preset"),
     ("arch unknown", [*TRAIN, *STEP, "--arch", "nope"], None, "arch"),
@@ -225,6 +260,19 @@ CASES = [
     ("run.json corrupted", [*TRAIN, *STEP, "--out", "{tmp}/run2"], damaged_run("run.json", "{"), "run.json"),
     ("other run in --out", [*TRAIN, *STEP, "--out", "{run}", "--seed", "5"], None, "different run"),
     ("same unfinished run without --resume", [*TRAIN, *STEP, "--out", "{tmp}/run2"], unfinished_copy, "--resume"),
+    ("a foreign ckpt in --out", [*TRAIN, *STEP, "--out", "{tmp}/x"], write("x/ckpt/precious", "keep"), "holds no cem run"),
+    ("a foreign ckpt in --out, --overwrite", [*TRAIN, *STEP, "--out", "{tmp}/x", "--overwrite"], write("x/ckpt/precious", "keep"), "holds no cem run"),
+    ("a foreign tokenizer, --overwrite", [*TRAIN, *STEP, "--out", "{tmp}/x", "--overwrite"], write("x/tokenizer/precious", "keep"), "x/tokenizer exists"),
+    ("resume a checkpoint without its manifest", RESUME, lost_manifest, "no manifest.json"),
+    ("rerun a checkpoint without its manifest", [*TRAIN, *STEP, "--arch", "cem", "--out", "{tmp}/run2"], lost_manifest, "--resume"),
+    ("export into the run's checkpoint", ["export", "{tmp}/run2", "{tmp}/run2/ckpt"], unfinished_copy, "of the run being exported"),
+    ("export into the run", ["export", "{run}", "{run}"], None, "of the run being exported"),
+    # -- symbolic links planted in a shared run folder
+    ("resume with .lock linked", RESUME, linked(".lock"), "symbolic link"),
+    ("resume with metrics.jsonl linked", RESUME, linked("metrics.jsonl"), "symbolic link"),
+    ("train with metrics.csv linked", [*TRAIN, *STEP, "--out", "{tmp}/x"], planted("metrics.csv"), "symbolic link"),
+    ("train with .lock linked", [*TRAIN, *STEP, "--out", "{tmp}/x"], planted(".lock"), "symbolic link"),
+    ("resume with tokenizer linked", RESUME, linked("tokenizer", "victim/"), "symbolic link"),
     # -- interruptions and a full disk
     ("Ctrl-C while tokenising", [*TRAIN, *STEP], patch("cem.training.trainer.build_split", KeyboardInterrupt), "interrupted"),
     ("SIGTERM while tokenising", [*TRAIN, *STEP], sigterm_while_tokenising, "terminated"),
@@ -303,6 +351,9 @@ def test_bad_input_is_one_line(name, argv, setup, expect, trained, tmp_path, mon
     if expect is not None:
         assert expect.format(tmp=tmp_path) in err, f"{name}: {err!r}"
     assert not (tmp_path / "pwned").exists()
+    for kept in (tmp_path / "victim", tmp_path / "x" / "ckpt" / "precious", tmp_path / "x" / "tokenizer" / "precious"):
+        assert not kept.is_file() or kept.read_text() == "keep", f"{name}: {kept} was written"
+    assert not (tmp_path / "victim").is_dir() or not any((tmp_path / "victim").iterdir()), f"{name}: written into the victim folder"
 
 
 def test_the_table_is_large_enough():
