@@ -17,11 +17,12 @@ class MetricsLogger:
 
     def __init__(self, run_dir: Path, tensorboard: bool = True, wandb_project: str | None = None, config: dict | None = None) -> None:
         paths = RunDir(run_dir)
+        if tensorboard:
+            refuse_link(paths.tensorboard_dir)  # before anything is opened
         self.jsonl = open_append(paths.metrics_jsonl)
         self.csv_path = paths.metrics_csv
         self.tb = None
         if tensorboard:
-            refuse_link(paths.tensorboard_dir)
             try:
                 from torch.utils.tensorboard import SummaryWriter
 
