@@ -124,6 +124,39 @@ def malicious_state(tmp, run, monkeypatch):
     (tmp / "run2" / "ckpt" / MANIFEST).write_text(json.dumps(manifest))
 
 
+def linked(rel, target="victim"):
+    """The trained run copied to {tmp}/run2, unfinished, with `rel` a symbolic link to {tmp}/victim (a file
+    holding "keep", or an empty folder when `target` is "victim/")."""
+
+    def setup(tmp, run, monkeypatch):
+        unfinished_copy(tmp, run, monkeypatch)
+        if target.endswith("/"):
+            (tmp / target).mkdir()
+        else:
+            (tmp / target).write_text("keep")
+        path = tmp / "run2" / rel
+        shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+        path.symlink_to(tmp / target)
+
+    return setup
+
+
+def planted(rel):
+    """A symbolic link {tmp}/x/rel to {tmp}/victim, a file holding "keep"."""
+
+    def setup(tmp, run, monkeypatch):
+        (tmp / "victim").write_text("keep")
+        (tmp / "x").mkdir()
+        (tmp / "x" / rel).symlink_to(tmp / "victim")
+
+    return setup
+
+
+def lost_manifest(tmp, run, monkeypatch):
+    unfinished_copy(tmp, run, monkeypatch)
+    (tmp / "run2" / "ckpt" / "manifest.json").unlink()
+
+
 def offline(tmp, run, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
@@ -181,6 +214,8 @@ CASES = [
     ("heads do not divide", [*TRAIN, *STEP, "dim=65"], None, "divisible"),
     ("kq_diag unknown", [*TRAIN, *STEP, "kq_diag=full"], None, "kq_diag"),
     ("attn_steps zero", [*TRAIN, *STEP, "attn_steps=0"], None, "attn_steps"),
+    ("attn_steps a billion", [*TRAIN, *STEP, "--arch", "cem", "attn_steps=1000000000"], None, "attn_steps must be at most 256"),
+    ("generate steps a billion", ["generate", "--ckpt", "{run}", "--steps", "1000000000", "--max-new-tokens", "2"], None, "steps must be at most 256"),
     ("precond rank zero", [*TRAIN, *STEP, "attn_precond_rank=0"], None, "attn_precond_rank"),
     ("preset unknown", [*TRAIN, *STEP, "--preset", "nope"], None, "preset"),
     ("arch unknown", [*TRAIN, *STEP, "--arch", "nope"], None, "arch"),
@@ -197,11 +232,22 @@ CASES = [
     ("config not UTF-8", [*TRAIN, *STEP, "--config", "{tmp}/latin.yaml"], write("latin.yaml", b"lr: 1e-3 # caf\xe9\n"), "UTF-8"),
     ("config numeric key", [*TRAIN, *STEP, "--config", "{tmp}/num.yaml"], write("num.yaml", "1: 2\n"), "config keys"),
     ("config bad value", [*TRAIN, *STEP, "--config", "{tmp}/val.yaml"], write("val.yaml", "train:\n  batch_size: [1, 2]\n"), "batch_size"),
+    ("config batch_size yes", [*TRAIN, *STEP, "--config", "{tmp}/b.yaml"], write("b.yaml", "batch_size: yes\n"), "batch_size: True is a boolean"),
+    ("config lr true", [*TRAIN, *STEP, "--config", "{tmp}/b.yaml"], write("b.yaml", "lr: true\n"), "lr: True is a boolean"),
+    ("config seed false", [*TRAIN, *STEP, "--config", "{tmp}/b.yaml"], write("b.yaml", "train:\n  seed: false\n"), "seed: False is a boolean"),
+    ("config data null", ["train", "--config", "{tmp}/n.yaml", "--out", "{out}"], write("n.yaml", "data: null\n"), "data: it cannot be null"),
+    ("config tokenizer null", [*TRAIN, *STEP, "--config", "{tmp}/n.yaml"], write("n.yaml", "tokenizer: ~\n"), "tokenizer: it cannot be null"),
+    ("config device null", [*TRAIN, *STEP, "--config", "{tmp}/n.yaml"], write("n.yaml", "device:\n"), "device: it cannot be null"),
+    ("config alias bomb", [*TRAIN, *STEP, "--config", "{tmp}/bomb.yaml"],
+     write("bomb.yaml", "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(f"{c}: &{c} [{', '.join([f'*{p}'] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi")) + "lr: *i\n"),
+     "aliases (*name) are not allowed"),
+    ("config nested deeply", [*TRAIN, *STEP, "--config", "{tmp}/deep.yaml"], write("deep.yaml", "lr: " + "[" * 5000 + "]" * 5000 + "\n"), "nested more than 8 levels"),
     # -- corpora
     ("corpus path missing", [*TRAIN, *STEP, "--data", "{tmp}/none.txt"], None, "none.txt"),
     ("corpus name unknown", [*TRAIN, *STEP, "--data", "no-such-corpus"], None, "no-such-corpus"),
     ("corpus latin-1 text", [*TRAIN, *STEP, "--data", "{tmp}/latin.txt"], write("latin.txt", "caf\xe9 au lait\n".encode("latin-1") * 400), "latin.txt"),
     ("corpus jsonl broken line", [*TRAIN, *STEP, "--data", "{tmp}/c.jsonl"], write("c.jsonl", '{"text": "a"}\n{"text": \n'), "c.jsonl:2"),
+    ("corpus jsonl nested deeply", [*TRAIN, *STEP, "--data", "{tmp}/d.jsonl"], write("d.jsonl", '{"text": ' + "[" * 100000 + "]" * 100000 + "}\n"), "d.jsonl:1: a JSON value nested too deeply"),
     ("corpus jsonl no text", [*TRAIN, *STEP, "--data", "{tmp}/n.jsonl"], write("n.jsonl", '{"body": "a"}\n'), "n.jsonl:1"),
     ("corpus parquet integers", [*TRAIN, *STEP, "--data", "{tmp}/ints.parquet"], parquet_ints, "ints.parquet"),
     ("corpus parquet garbage", [*TRAIN, *STEP, "--data", "{tmp}/g.parquet"], write("g.parquet", b"PAR1 not really"), "g.parquet"),
@@ -225,6 +271,19 @@ CASES = [
     ("run.json corrupted", [*TRAIN, *STEP, "--out", "{tmp}/run2"], damaged_run("run.json", "{"), "run.json"),
     ("other run in --out", [*TRAIN, *STEP, "--out", "{run}", "--seed", "5"], None, "different run"),
     ("same unfinished run without --resume", [*TRAIN, *STEP, "--out", "{tmp}/run2"], unfinished_copy, "--resume"),
+    ("a foreign ckpt in --out", [*TRAIN, *STEP, "--out", "{tmp}/x"], write("x/ckpt/precious", "keep"), "holds no cem run"),
+    ("a foreign ckpt in --out, --overwrite", [*TRAIN, *STEP, "--out", "{tmp}/x", "--overwrite"], write("x/ckpt/precious", "keep"), "holds no cem run"),
+    ("a foreign tokenizer, --overwrite", [*TRAIN, *STEP, "--out", "{tmp}/x", "--overwrite"], write("x/tokenizer/precious", "keep"), "x/tokenizer exists"),
+    ("resume a checkpoint without its manifest", RESUME, lost_manifest, "no manifest.json"),
+    ("rerun a checkpoint without its manifest", [*TRAIN, *STEP, "--arch", "cem", "--out", "{tmp}/run2"], lost_manifest, "--resume"),
+    ("export into the run's checkpoint", ["export", "{tmp}/run2", "{tmp}/run2/ckpt"], unfinished_copy, "of the run being exported"),
+    ("export into the run", ["export", "{run}", "{run}"], None, "of the run being exported"),
+    # -- symbolic links planted in a shared run folder
+    ("resume with .lock linked", RESUME, linked(".lock"), "symbolic link"),
+    ("resume with metrics.jsonl linked", RESUME, linked("metrics.jsonl"), "symbolic link"),
+    ("train with metrics.csv linked", [*TRAIN, *STEP, "--out", "{tmp}/x"], planted("metrics.csv"), "symbolic link"),
+    ("train with .lock linked", [*TRAIN, *STEP, "--out", "{tmp}/x"], planted(".lock"), "symbolic link"),
+    ("resume with tokenizer linked", RESUME, linked("tokenizer", "victim/"), "symbolic link"),
     # -- interruptions and a full disk
     ("Ctrl-C while tokenising", [*TRAIN, *STEP], patch("cem.training.trainer.build_split", KeyboardInterrupt), "interrupted"),
     ("SIGTERM while tokenising", [*TRAIN, *STEP], sigterm_while_tokenising, "terminated"),
@@ -303,6 +362,9 @@ def test_bad_input_is_one_line(name, argv, setup, expect, trained, tmp_path, mon
     if expect is not None:
         assert expect.format(tmp=tmp_path) in err, f"{name}: {err!r}"
     assert not (tmp_path / "pwned").exists()
+    for kept in (tmp_path / "victim", tmp_path / "x" / "ckpt" / "precious", tmp_path / "x" / "tokenizer" / "precious"):
+        assert not kept.is_file() or kept.read_text() == "keep", f"{name}: {kept} was written"
+    assert not (tmp_path / "victim").is_dir() or not any((tmp_path / "victim").iterdir()), f"{name}: written into the victim folder"
 
 
 def test_the_table_is_large_enough():

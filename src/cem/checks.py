@@ -14,10 +14,12 @@ def check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
         raise ValueError(f"unknown {name} {value!r}; expected one of {', '.join(map(repr, choices))}")
 
 
-def check_positive_int(name: str, value: int) -> None:
-    """Raise ValueError unless `value` is an integer >= 1."""
+def check_positive_int(name: str, value: int, high: int | None = None) -> None:
+    """Raise ValueError unless `value` is an integer >= 1 (and <= `high` when given)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    if high is not None and value > high:
+        raise ValueError(f"{name} must be at most {high:,} (a bound on what a config may ask for), got {value:,}")
 
 
 def check_finite(name: str, value, low: float | None = None, high: float | None = None, *, low_open: bool = False, high_open: bool = False) -> None:
@@ -66,7 +68,9 @@ def check_tolerance(name: str, value: float | None) -> None:
         raise ValueError(f"{name} must be None (off) or a finite number >= 0, got {value!r}")
 
 
-def check_nonnegative_int(name: str, value: int) -> None:
-    """Raise ValueError unless `value` is an integer >= 0."""
+def check_nonnegative_int(name: str, value: int, high: int | None = None) -> None:
+    """Raise ValueError unless `value` is an integer >= 0 (and <= `high` when given)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+    if high is not None and value > high:
+        raise ValueError(f"{name} must be at most {high:,} (a bound on what a config may ask for), got {value:,}")

@@ -181,6 +181,8 @@ def cmd_export(args) -> int:
 
     model, tokenizer, run = _load_run(args.run)
     _check_tokenizer(model, tokenizer, run, "export")
+    if run.holds(args.out) is not None:
+        raise ValueError(f"cannot export into {args.out}: it is, or lies in, {run.holds(args.out)} of the run being exported; choose another output folder")
     out = export_hf(model, args.out, tokenizer=tokenizer, format="llama" if args.format == "llama" else "auto")
     kind = "CEM format: trust_remote_code=True, or import cem.hf" if (out / "modeling_cem.py").exists() else "LlamaForCausalLM format"
     print(f"exported {run.path} to {out} ({kind}); load it with AutoTokenizer / AutoModelForCausalLM.from_pretrained")

@@ -1,18 +1,20 @@
-"""Atomic file writes (readers see the old file, no file, or the whole new one, never half of it) and file
-checksums."""
+"""Safe file writes: atomic (readers see the old file, no file, or the whole new one, never half of it),
+never through a symbolic link the program did not create (a planted link is refused, or replaced by the
+atomic rename, never followed); and file checksums."""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, TextIO
 
-__all__ = ["atomic_write", "atomic_write_json", "atomic_write_text", "sha256_file"]
+__all__ = ["atomic_write", "atomic_write_json", "atomic_write_text", "open_append", "open_no_follow", "refuse_link", "sha256_file"]
 
 
 @contextlib.contextmanager
@@ -51,6 +53,31 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
 def atomic_write_json(path: str | os.PathLike, obj, indent: int | None = 2) -> Path:
     """Write `obj` as JSON to `path` atomically."""
     return atomic_write_text(path, json.dumps(obj, indent=indent))
+
+
+def refuse_link(path: str | os.PathLike) -> Path:
+    """`path`, unless it is a symbolic link: then a ValueError naming it (call before writing into a
+    file or folder that another program may have planted as a link, e.g. in a shared run folder)."""
+    path = Path(path)
+    if path.is_symlink():
+        raise ValueError(f"{path} is a symbolic link; refusing to write through it (remove the link, or choose another folder)")
+    return path
+
+
+def open_no_follow(path: str | os.PathLike, flags: int, mode: int = 0o666) -> int:
+    """`os.open(path, flags | O_NOFOLLOW)`: a file descriptor, or a ValueError naming `path` when it is a
+    symbolic link."""
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW, mode)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            refuse_link(path)
+        raise
+
+
+def open_append(path: str | os.PathLike) -> TextIO:
+    """`path` opened for appending text (created if missing), never through a symbolic link."""
+    return os.fdopen(open_no_follow(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "a", newline="")
 
 
 def sha256_file(path: str | os.PathLike) -> str:

@@ -75,3 +75,33 @@ def test_unknown_corpus(tmp_path):
     assert info.value.code == 2
     with pytest.raises(ValueError, match="embedded"):
         prep.prepare("python-stdlib", tmp_path)
+
+
+def test_a_copy_cut_short_is_never_trusted(tmp_path, monkeypatch):
+    """Issue 20: a kill mid-copy left a truncated corpus that the rerun called 'already there'. The copy is
+    atomic now (nothing at the name until it is whole), and a short file left by an older cem is copied
+    again; a symbolic link planted at the corpus's name is replaced, its target untouched."""
+    dest = tmp_path / "d" / "tinyshakespeare/input.txt"
+    whole = b"First Citizen:\nBefore we proceed any further, hear me speak.\n" * 500
+    shared_data = tmp_path / "shared"
+    (shared_data / "tinyshakespeare").mkdir(parents=True)
+    (shared_data / "tinyshakespeare/input.txt").write_bytes(whole)
+
+    def killed(src, dst, length=0):
+        dst.write(src.read(100))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(prep.shutil, "copyfileobj", killed)
+    with pytest.raises(KeyboardInterrupt):
+        prep.prepare("tinyshakespeare", tmp_path / "d", source=shared_data)
+    assert not dest.exists() and list(dest.parent.iterdir()) == []
+    monkeypatch.undo()
+    dest.write_bytes(whole[:100])  # what shutil.copyfile left behind
+    prep.prepare("tinyshakespeare", tmp_path / "d", source=shared_data)
+    assert dest.read_bytes() == whole
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    dest.unlink()
+    dest.symlink_to(victim)
+    prep.prepare("tinyshakespeare", tmp_path / "d", source=shared_data)
+    assert victim.read_text() == "keep" and not dest.is_symlink() and dest.read_bytes() == whole

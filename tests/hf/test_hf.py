@@ -376,6 +376,39 @@ def test_import_llama_refuses_what_cem_cannot_build():
 # the CEM format without `import cem.hf`: trust_remote_code through the shim export_hf writes
 
 
+def test_parameters_a_checkpoint_lacks_start_at_their_init(tmp_path):
+    """Issue 20: from_pretrained(export, attn_precond="diag", learn_step_size=True) left the new tensors as
+    uninitialised memory (-7.7e31, NaN logits)."""
+    out = ch.export_hf(tiny("cem"), tmp_path / "m")
+    for _ in range(3):  # uninitialised memory differs from call to call
+        hf, info = AutoModelForCausalLM.from_pretrained(out, attn_precond="diag", learn_step_size=True, output_loading_info=True)
+        assert sorted(info["missing_keys"]) and all("precond.p" in k or "eta.gain" in k for k in info["missing_keys"])
+        fresh = LanguageModel(hf.model.config).state_dict()
+        for key in info["missing_keys"]:
+            name = key.removeprefix("model.")
+            assert torch.equal(hf.model.state_dict()[name], fresh[name]), key
+        assert torch.isfinite(hf(ids_of()).logits).all()
+
+
+def test_an_edited_config_cannot_ask_for_a_hang(tmp_path):
+    """Issue 20: an export edited to attn_steps = 10**9 hung the first forward pass; it is refused on load."""
+    out = ch.export_hf(tiny("cem"), tmp_path / "m")
+    config = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**config, "attn_steps": 10**9}))
+    with pytest.raises(ValueError, match="attn_steps must be at most 256"):
+        AutoModelForCausalLM.from_pretrained(out)
+
+
+def test_export_replaces_a_planted_link_and_never_writes_through_it(tmp_path):
+    """Issue 20: a modeling_cem.py planted as a link to a victim file had the shim written into the victim."""
+    (tmp_path / "m").mkdir()
+    (tmp_path / "victim").write_text("keep")
+    (tmp_path / "m" / "modeling_cem.py").symlink_to(tmp_path / "victim")
+    out = ch.export_hf(tiny("cem-t2"), tmp_path / "m")
+    assert (tmp_path / "victim").read_text() == "keep"
+    assert not (out / "modeling_cem.py").is_symlink() and "from cem.hf.modeling import" in (out / "modeling_cem.py").read_text()
+
+
 def test_trust_remote_code_loads_without_importing_cem_hf(tmp_path):
     model = tiny("cem-t2")
     out = ch.export_hf(model, tmp_path / "m")

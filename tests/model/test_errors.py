@@ -24,6 +24,13 @@ from cem.model import LanguageModel, model_config
         (lambda: model_config("13M"), "unknown preset '13M'"),
         (lambda: model_config("tiny", "mamba"), "unknown arch 'mamba'"),
         (lambda: model_config("tiny", "cem", attn_step=2), "unknown model config key"),
+        # bounds on what an edited config.json / run.json may ask for (issue 20: attn_steps=10**9 hung)
+        (lambda: model_config("tiny", "cem", attn_steps=10**9), "attn_steps must be at most 256 .* got 1,000,000,000"),
+        (lambda: model_config("tiny", "cem-t2", mlp_steps=257), "mlp_steps must be at most 256"),
+        (lambda: model_config("tiny", "cem", n_layers=10**6), "n_layers must be at most 1,024"),
+        (lambda: model_config("tiny", "cem", dim=1 << 20, n_heads=4), "dim must be at most 65,536"),
+        (lambda: model_config("tiny", "cem", guard=1000), "guard must be at most 64"),
+        (lambda: LanguageModel(model_config("tiny", "cem", vocab_size=32)).set_steps(10**9), "steps must be at most 256"),
     ],
 )
 def test_bad_construction(build, match):

@@ -193,6 +193,21 @@ def test_unknown_format_version_is_refused(tiny_args, tmp_path):
         load_checkpoint(tmp_path / "r" / "ckpt")
 
 
+def test_a_checkpoint_that_lost_its_manifest_is_kept_and_named(tiny_args, tmp_path):
+    """Issue 20: a ckpt/ without manifest.json was ignored, the run started at step 0, and its first save
+    deleted the old weights. Now it is the run's checkpoint, refused when loaded, and never replaced."""
+    cfg = load_run_config(None, ["context=32"], **tiny_args, max_steps=3)
+    train(cfg, tmp_path / "r", progress=False, stop_at=1)
+    (tmp_path / "r" / "ckpt" / MANIFEST).unlink()
+    weights = (tmp_path / "r" / "ckpt" / "model.safetensors").read_bytes()
+    assert find_checkpoint(tmp_path / "r") == tmp_path / "r" / "ckpt"
+    with pytest.raises(ValueError, match="pass --resume"):
+        train(cfg, tmp_path / "r", progress=False)
+    with pytest.raises(ValueError, match="has no manifest.json .* they are kept"):
+        train(cfg, tmp_path / "r", resume=True, progress=False)
+    assert (tmp_path / "r" / "ckpt" / "model.safetensors").read_bytes() == weights
+
+
 def test_a_live_run_folder_is_locked(tiny_args, tmp_path):
     cfg = load_run_config(None, ["context=32"], **tiny_args, max_steps=2)
     with RunDir(tmp_path / "r").lock():

@@ -39,8 +39,68 @@ def test_a_run_that_saved_nothing_does_not_block_the_next(tmp_path):
     run = RunDir(tmp_path)
     run.write_run(run_identity(base), base, 10, tokenizer=type("T", (), {"save": lambda self, d: None})())
     run.metrics_jsonl.write_text('{"step": 1, "loss": 5.0}\n')
-    run.claim(run_identity(load_run_config(None, ["lr=2e-3"])), resume=False)  # e.g. failed at start-up
-    assert not run.run_json.exists() and not run.metrics_jsonl.exists()
+    assert run.claim(run_identity(base), resume=False) == "new"  # the same run again: its metrics are kept (issue 20)
+    assert run.metrics_jsonl.read_text() == '{"step": 1, "loss": 5.0}\n'
+    assert run.claim(run_identity(load_run_config(None, ["lr=2e-3"])), resume=False) == "new"  # e.g. failed at start-up
+    assert not run.metrics_jsonl.exists()  # another run's metrics go (its run.json is replaced when it starts)
+
+
+@pytest.mark.parametrize("part", ["ckpt", "ckpt.old", "tokenizer", "tensorboard"])
+def test_a_folder_that_is_no_cem_run_is_never_cleared(tmp_path, part):
+    """Issue 20: --out DIR with a DIR/ckpt/ of something else (no run.json) lost it to the first save, and
+    --overwrite removed its tokenizer/ and tensorboard/."""
+    base = load_run_config(None, [])
+    run = RunDir(tmp_path)
+    (tmp_path / part).mkdir()
+    (tmp_path / part / "precious").write_text("keep")
+    for attempt in (run.clear, lambda: run.claim(run_identity(base), resume=False)):
+        with pytest.raises(ValueError, match=f"{tmp_path / part} exists but {tmp_path} holds no cem run \\(no run.json\\)"):
+            attempt()
+    assert (tmp_path / part / "precious").read_text() == "keep"
+
+
+def test_clear_removes_a_planted_link_not_its_target(tmp_path):
+    base = load_run_config(None, [])
+    run = RunDir(tmp_path / "r")
+    run.write_run(run_identity(base), base, 10, tokenizer=type("T", (), {"save": lambda self, d: None})())
+    (tmp_path / "victim").mkdir()
+    (tmp_path / "victim" / "precious").write_text("keep")
+    run.tensorboard_dir.symlink_to(tmp_path / "victim")
+    run.clear()
+    assert (tmp_path / "victim" / "precious").read_text() == "keep" and not run.tensorboard_dir.is_symlink()
+
+
+@pytest.mark.parametrize("name", [".lock", "metrics.jsonl", "metrics.csv", "tokenizer", "tensorboard"])
+def test_nothing_is_written_through_a_planted_link(tmp_path, name):
+    """Issue 20: a shared run folder's .lock linked to a victim file had the victim truncated and the pid
+    written there; the metrics files and tokenizer/ were followed too."""
+    from cem.data import get_tokenizer
+    from cem.training.metrics import MetricsLogger
+
+    base = load_run_config(None, [])
+    run = RunDir(tmp_path / "r")
+    run.path.mkdir()
+    victim = tmp_path / "victim"
+    victim.mkdir() if name in ("tokenizer", "tensorboard") else victim.write_text("keep")
+    (run.path / name).symlink_to(victim)
+    with pytest.raises(ValueError, match=f"{run.path / name} is a symbolic link; refusing to write through it"):
+        if name == ".lock":
+            with run.lock():
+                pass
+        elif name == "tokenizer":
+            run.write_run(run_identity(base), base, 10, get_tokenizer("byte"))
+        else:
+            logger = MetricsLogger(run.path, tensorboard=name == "tensorboard")
+            logger.log(1, loss=1.0)
+    assert (list(victim.iterdir()) == []) if victim.is_dir() else victim.read_text() == "keep"
+
+
+def test_export_refuses_the_run_itself(tmp_path):
+    run = RunDir(tmp_path / "r")
+    assert run.holds(tmp_path / "r" / "ckpt") == run.ckpt_dir
+    assert run.holds(tmp_path / "r" / "ckpt" / "sub") == run.ckpt_dir
+    assert run.holds(tmp_path / "r") == run.path
+    assert run.holds(tmp_path / "r" / "hf") is None and run.holds(tmp_path / "other") is None
 
 
 def test_lock_names_the_holder_and_is_released(tmp_path):

@@ -70,6 +70,8 @@ def _read_jsonl(path: Path, encoding: str = "utf-8") -> list[str]:
             row = json.loads(line)
         except json.JSONDecodeError as e:
             raise ValueError(f"{path}:{lineno}: not JSON ({e.msg} at column {e.colno})") from None
+        except RecursionError:
+            raise ValueError(f"{path}:{lineno}: a JSON value nested too deeply to read") from None
         if not isinstance(row, dict) or not isinstance(row.get("text"), str):
             raise ValueError(f"{path}:{lineno}: expected a JSON object with a string field 'text'")
         docs.append(row["text"])

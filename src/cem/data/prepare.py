@@ -90,19 +90,31 @@ def _enwik8(root: Path) -> None:
 _FETCH = {"wikitext-2": _wikitext2, "tinyshakespeare": _tinyshakespeare, "tinystories": _tinystories, "enwik8": _enwik8}
 
 
-def _present(root: Path, name: str) -> bool:
+def _source_files(source: Path, name: str) -> list[str]:
+    """The files of corpus `name` to copy from the local folder `source` (the data-directory layout)."""
+    rels = [next((r for r in _ENWIK8_ALTERNATIVES if (source / r).is_file()), FILES[name][0])] if name == "enwik8" else FILES[name]
+    for rel in rels:
+        if not (source / rel).is_file():
+            raise FileNotFoundError(f"--from {source}: no {rel} there (expected the data-directory layout, README 'Data directory')")
+    return list(rels)
+
+
+def _present(root: Path, name: str, source: Path | None) -> bool:
+    """Whether the corpus is in `root` already; copied from `source`, whole (the size of the source's file:
+    a copy cut short by an older cem is copied again)."""
+    if source is not None:
+        return all((root / rel).is_file() and (root / rel).stat().st_size == (source / rel).stat().st_size for rel in _source_files(source, name))
     if name == "enwik8":
         return any((root / rel).is_file() for rel in _ENWIK8_ALTERNATIVES)
     return all((root / rel).is_file() for rel in FILES[name])
 
 
 def _copy(source: Path, root: Path, name: str) -> None:
-    rels = [next((r for r in _ENWIK8_ALTERNATIVES if (source / r).is_file()), FILES[name][0])] if name == "enwik8" else FILES[name]
-    for rel in rels:
-        if not (source / rel).is_file():
-            raise FileNotFoundError(f"--from {source}: no {rel} there (expected the data-directory layout, README 'Data directory')")
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(source / rel, root / rel)
+    """Copy the corpus's files from `source`, each atomically (a kill leaves the old file or none, never a
+    part of it; a symbolic link in the data directory is replaced, not written through)."""
+    for rel in _source_files(source, name):
+        with open(source / rel, "rb") as src, atomic_write(root / rel) as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
 
 
 def prepare(name: str, data_dir: str | Path | None = None, source: str | Path | None = None, force: bool = False) -> Path:
@@ -114,7 +126,8 @@ def prepare(name: str, data_dir: str | Path | None = None, source: str | Path | 
     if name not in FILES:
         raise ValueError(f"cannot prepare {name!r}: choose one of {', '.join(PREPARABLE)} (python-stdlib is embedded)")
     root = prepare_target(data_dir)
-    if _present(root, name) and not force:
+    source = None if source is None else Path(source).expanduser()
+    if _present(root, name, source) and not force:
         print(f"{name} is already in {root} (--force to fetch it again)", file=sys.stderr)
     else:
         where = f"copying from {source}" if source is not None else "downloading"
@@ -122,7 +135,7 @@ def prepare(name: str, data_dir: str | Path | None = None, source: str | Path | 
         for rel in FILES[name]:
             (root / rel).parent.mkdir(parents=True, exist_ok=True)
         if source is not None:
-            _copy(Path(source).expanduser(), root, name)
+            _copy(source, root, name)
         else:
             _FETCH[name](root)
     corpus = load_corpus(name, root)

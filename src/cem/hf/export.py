@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..io import atomic_write_text
 from ..model import LanguageModel
 from .llama_export import export_llama, is_plain_llama
 from .modeling import to_hf
@@ -64,7 +65,7 @@ def export_hf(
         hf.config.auto_map = dict(AUTO_MAP)
     hf.save_pretrained(out)
     if remote_code:
-        (out / REMOTE_CODE_FILE).write_text(_SHIM)
+        atomic_write_text(out / REMOTE_CODE_FILE, _SHIM)  # a planted link is replaced, not written through
     if tokenizer is not None:
         tokenizer.save_pretrained(out)
     return out

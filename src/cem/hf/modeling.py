@@ -23,6 +23,8 @@ from torch import Tensor
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from ..layers import CEMAttention, Preconditioner
+from ..layers.steps import StepSize
 from ..model import Cache, LanguageModel, ModelConfig
 from ..model.loss import next_token_loss
 from .cache import HFCache, RowCache
@@ -93,19 +95,22 @@ class CEMPreTrainedModel(PreTrainedModel):
 
     @torch.no_grad()
     def _init_weights(self, module) -> None:
-        """The init of `LanguageModel` (normal(0, init_std) for linear and embedding weights, RMSNorm gains 1).
+        """The init of `LanguageModel` (normal(0, init_std) for linear and embedding weights, RMSNorm gains 1,
+        the CEM layers' own tensors by their `reset_parameters`: key-query diagonal and self bias 0,
+        preconditioners, step gains 1).
 
         Only `transformers` calls this: on a model built from a config (where `LanguageModel` has already
-        initialised every tensor, so this redraws the same distribution) and for tensors a checkpoint lacks.
-        The CEM layers' own tensors (key-query diagonal, self bias, preconditioners, step gains) are not
-        redrawn here, so a checkpoint must hold them all (`from_pretrained(..., output_loading_info=True)`
-        lists missing keys; checkpoints written by cem always have them).
+        initialised every tensor, so this redraws the same distribution) and for tensors a checkpoint lacks,
+        e.g. `from_pretrained(export, attn_precond="diag", learn_step_size=True)` (issue 20: they were left
+        as uninitialised memory). `from_pretrained(..., output_loading_info=True)` lists them.
         """
         std = self.config.init_std
         if isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
             torch.nn.init.normal_(module.weight, mean=0.0, std=std)
         elif isinstance(module, torch.nn.RMSNorm) and module.weight is not None:
             torch.nn.init.ones_(module.weight)
+        elif isinstance(module, (CEMAttention, Preconditioner, StepSize)):
+            module.reset_parameters()
 
 
 class CEMForCausalLM(CEMPreTrainedModel, GenerationMixin):

@@ -70,9 +70,17 @@ class CEMAttention(DescentLayer):
         self.w_q = nn.Linear(dim, dim, bias=False)
         self.w_k = nn.Linear(dim, dim, bias=False)
         diag_shape = {"none": None, "shared": (dim,), "per_head": (n_heads, dim)}[kq_diag]
-        self.kq_diag = None if diag_shape is None else nn.Parameter(torch.zeros(diag_shape))
-        self.self_bias = nn.Parameter(torch.zeros(n_heads))
+        self.kq_diag = None if diag_shape is None else nn.Parameter(torch.empty(diag_shape))
+        self.self_bias = nn.Parameter(torch.empty(n_heads))
+        self.reset_parameters()
         self.precond = make_preconditioner(precond, n_heads, dim, precond_rank)
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """This layer's own tensors start at 0 (its submodules initialise theirs)."""
+        for own in (self.kq_diag, self.self_bias):
+            if own is not None:
+                own.zero_()
 
     def _heads(self, x: Tensor) -> Tensor:
         """(B, J, D) -> (B, K, J, d)."""

@@ -23,13 +23,22 @@ class Preconditioner(nn.Module):
     def __init__(self, n: int, dim: int, rank: int | None = None) -> None:
         super().__init__()
         self.dim = dim
-        self.p = nn.Parameter(torch.full((n, dim), 1.0 / math.sqrt(dim)))
+        self.p = nn.Parameter(torch.empty(n, dim))
         if rank is not None:
             check_positive_int("precond_rank", rank)
-            self.u = nn.Parameter(torch.randn(n, dim, rank) * self.U_INIT_STD)
-            self.v = nn.Parameter(torch.zeros(n, dim, rank))
+            self.u = nn.Parameter(torch.empty(n, dim, rank))
+            self.v = nn.Parameter(torch.empty(n, dim, rank))
         else:
             self.u = self.v = None
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """The initial values (the class doc); U is drawn from torch's global generator."""
+        self.p.fill_(1.0 / math.sqrt(self.dim))
+        if self.u is not None:
+            self.u.copy_(torch.randn(self.u.shape) * self.U_INIT_STD)
+            self.v.zero_()
 
     @property
     def rank(self) -> int:

@@ -75,9 +75,17 @@ class StepSize(nn.Module):
         super().__init__()
         self.step_size = float(recursion.step_size)
         self.schedule = recursion.schedule
-        self.gain = nn.Parameter(torch.ones(())) if recursion.learn_step_size else None
+        self.gain = nn.Parameter(torch.empty(())) if recursion.learn_step_size else None
         gains = recursion.learned_steps or recursion.steps
-        self.step_gains = nn.Parameter(torch.ones(gains)) if recursion.schedule == "learned" else None
+        self.step_gains = nn.Parameter(torch.empty(gains)) if recursion.schedule == "learned" else None
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """The learned gains start at 1 (η_t as the schedule gives it)."""
+        for gain in (self.gain, self.step_gains):
+            if gain is not None:
+                gain.fill_(1.0)
 
     def forward(self, t: int = 0, steps: int = 1) -> float | Tensor:
         """η_t for step t (0-based) of `steps`."""

@@ -13,6 +13,17 @@ from ..layers.attention_core import BACKENDS
 TRAIN_DEPTHS = ("fixed", "model", "layer")
 
 
+# The largest value each size and depth may take: a config comes from files a user may not have written (an
+# export's config.json, a run's run.json), and attn_steps=10**9 there hung the first forward pass (issue 20).
+# Far above any model this package trains (the 256M preset: dim 1024, 15 layers; depths of at most 5).
+MAXIMA = {
+    "vocab_size": 1 << 24, "dim": 1 << 16, "n_heads": 1 << 12, "n_layers": 1 << 10, "hidden_dim": 1 << 18, "context": 1 << 20,
+    "attn_steps": 256, "mlp_steps": 256, "attn_reuse": 256, "mlp_reuse": 256, "train_depth_max": 256,
+    "attn_precond_rank": 1 << 12, "mlp_precond_rank": 1 << 12,
+}  # fmt: skip
+MAX_GUARD = 64  # halvings of a step: 2^-64 is below any float's resolution
+
+
 @dataclass
 class ModelConfig:
     """A decoder language model: embeddings, `n_layers` blocks (attention then MLP, each pre-norm
@@ -60,9 +71,8 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         check_heads(self.dim, self.n_heads)
-        for name in ("vocab_size", "n_layers", "hidden_dim", "context", "attn_steps", "mlp_steps", "attn_reuse", "mlp_reuse", "train_depth_max",
-                     "attn_precond_rank", "mlp_precond_rank"):
-            check_positive_int(name, getattr(self, name))
+        for name, high in MAXIMA.items():
+            check_positive_int(name, getattr(self, name), high)
         for name in ("attn_step_size", "mlp_step_size", "norm_eps", "init_std", "mlp_width_mult"):
             check_finite(name, getattr(self, name), 0, low_open=True)
         for name in ("exact_gradient", "tie_embeddings"):
@@ -79,7 +89,7 @@ class ModelConfig:
         check_choice("alibi", self.alibi, ALIBI_SLOPES)
         check_choice("train_depth", self.train_depth, TRAIN_DEPTHS)
         check_tolerance("adaptive_tol", self.adaptive_tol)
-        check_nonnegative_int("guard", self.guard)
+        check_nonnegative_int("guard", self.guard, MAX_GUARD)
         for kind in ("attn", "mlp"):
             self.recursion(kind)  # the recursion checks start, step_schedule and learn_step_size
 

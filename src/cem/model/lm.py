@@ -13,7 +13,7 @@ from ..layers.precond import Preconditioner
 from ..checks import check_nonnegative_int, check_positive_int, check_tolerance
 from ..layers.steps import DescentLayer
 from .cache import Cache
-from .config import ModelConfig
+from .config import MAX_GUARD, MAXIMA, ModelConfig
 from .loss import next_token_loss
 
 
@@ -159,7 +159,7 @@ class LanguageModel(nn.Module):
         """The new T of every CEM layer one of these changes (a kind's own T before `steps`), all checked first."""
         for name, value in (("steps", steps), ("attn_steps", attn_steps), ("mlp_steps", mlp_steps)):
             if value is not None:
-                check_positive_int(name, value)
+                check_positive_int(name, value, MAXIMA["attn_steps"])
         depths = {}
         for m in self.descent_layers():
             new = attn_steps if isinstance(m, CEMAttention) else mlp_steps
@@ -179,7 +179,7 @@ class LanguageModel(nn.Module):
         fixed T of `set_steps` is then the maximum); `guard` > 0 halves a step that raises the energy up to
         `guard` times (0 = off). Eval mode or `torch.no_grad()` only."""
         check_tolerance("adaptive_tol", adaptive_tol)  # before changing any layer
-        check_nonnegative_int("guard", guard)
+        check_nonnegative_int("guard", guard, MAX_GUARD)
         for m in self.descent_layers():
             m.adaptive_tol, m.guard = adaptive_tol, guard
 

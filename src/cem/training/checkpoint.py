@@ -161,7 +161,8 @@ def read_manifest(directory: Path) -> dict:
     directory = Path(directory)
     manifest = directory / MANIFEST
     if not manifest.is_file():
-        raise ValueError(f"checkpoint {directory} is incomplete: no {MANIFEST} (an interrupted write?)")
+        raise ValueError(f"checkpoint {directory} has no {MANIFEST} (lost or removed: a save always writes it), so its files "
+                         "cannot be verified; they are kept: restore it, or pass --overwrite to start the run again")
     try:
         data = json.loads(manifest.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError):
@@ -199,7 +200,8 @@ def checkpoint_step(directory: Path) -> int | None:
 def find_checkpoint(run_dir: Path) -> Path | None:
     """The checkpoint to resume from: of `ckpt/`, `ckpt.old/` (a swap was interrupted) and finished
     temporary `.ckpt-*` directories (a crash before the swap), the one with a manifest and the highest
-    step (`ckpt/` on a tie); None if there is none. Its files are verified when it is loaded."""
+    step (`ckpt/` on a tie, and `ckpt/` when it has lost its manifest and nothing else is complete: it
+    is never discarded unverified); None if there is none. Its files are verified when it is loaded."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         return None
@@ -208,6 +210,8 @@ def find_checkpoint(run_dir: Path) -> Path | None:
     best, best_step = None, None
     for path in candidates:
         if not (path / MANIFEST).is_file():
+            if path.name == "ckpt" and path.is_dir():  # only a complete save is ever renamed to ckpt/: say so when it is loaded
+                best, best_step = path, -1
             continue
         try:
             step = read_manifest(path)["step"]

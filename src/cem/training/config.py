@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import reprlib
 import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -61,8 +62,8 @@ class TrainConfig:
     tensorboard: bool = True  # when TensorBoard is installed (the `tensorboard` extra); said once in the log otherwise
     hf_max_docs: int | None = None  # hf: corpora: documents streamed per split (None: no document limit)
     hf_max_bytes: int | None = None  # hf: corpora: text bytes streamed for train (None: enough for the budget)
-    diverge_factor: float = 10.0  # stop when loss / gradient norm exceed this multiple of their running median (0: only non-finite)
-    diverge_warmup: int = 20  # steps before the running medians are used (before: loss vs ln(vocab))
+    diverge_factor: float = 10.0  # stop when the median loss of the last 10 steps exceeds this multiple of the earlier median, or a loss this multiple of ln(vocab) (0: only non-finite)
+    diverge_warmup: int = 20  # steps before the loss medians are compared
 
     def __post_init__(self) -> None:
         self.validate()
@@ -151,8 +152,13 @@ def _parse_value(key: str, raw) -> object:
     hint = typing.get_type_hints(TrainConfig).get(key) if key in _TRAIN_FIELDS else typing.get_type_hints(ModelConfig)[key]
     base = [t for t in typing.get_args(hint) if t is not type(None)] or [hint]
     target = base[0]
-    if raw is None or (isinstance(raw, str) and raw.lower() in ("none", "null") and type(None) in typing.get_args(hint)):
+    optional = type(None) in typing.get_args(hint)
+    if raw is None and not optional:
+        raise ValueError(f"bad value for {key}: it cannot be null (give a {target.__name__})")
+    if raw is None or (isinstance(raw, str) and raw.lower() in ("none", "null") and optional):
         return None
+    if isinstance(raw, bool) and target is not bool:  # YAML's yes/no/true/false are not numbers or names
+        raise ValueError(f"bad value for {key}: {raw!r} is a boolean, not a {target.__name__}")
     try:
         if target is bool:
             if isinstance(raw, bool):
@@ -175,7 +181,7 @@ def _parse_value(key: str, raw) -> object:
             raise ValueError
         return target(raw)
     except (TypeError, ValueError):
-        raise ValueError(f"bad value for {key}: {raw!r} is not a {target.__name__}") from None
+        raise ValueError(f"bad value for {key}: {reprlib.repr(raw)} is not a {target.__name__}") from None
 
 
 def apply_overrides(run: RunConfig, items: dict) -> RunConfig:
@@ -197,6 +203,25 @@ def apply_overrides(run: RunConfig, items: dict) -> RunConfig:
     return RunConfig(TrainConfig(**train), model)
 
 
+class _ConfigLoader(yaml.SafeLoader):
+    """`yaml.safe_load`'s loader without aliases (`*name`: a few lines of them expand to any size, the
+    "billion laughs") and with values nested at most `MAX_DEPTH` levels (deeper ones overflowed the stack)."""
+
+    MAX_DEPTH = 8
+
+    def compose_node(self, parent, index):
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent):
+            raise yaml.composer.ComposerError(None, None, "aliases (*name) are not allowed in a config file", event.start_mark)
+        self.depth = getattr(self, "depth", 0) + 1
+        try:
+            if self.depth > self.MAX_DEPTH:
+                raise yaml.composer.ComposerError(None, None, f"values nested more than {self.MAX_DEPTH} levels deep", event.start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+
 def load_run_config(yaml_path: str | Path | None = None, overrides: list[str] | dict | None = None, base: RunConfig | None = None, **train_kw) -> RunConfig:
     """Defaults (or `base`, e.g. a run directory's recorded config), then a YAML file (flat keys, or
     `train:`/`model:` sections), then `key=value` overrides."""
@@ -206,14 +231,14 @@ def load_run_config(yaml_path: str | Path | None = None, overrides: list[str] | 
         if not path.is_file():
             raise FileNotFoundError(f"config file not found: {path}")
         try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+            data = yaml.load(path.read_text(encoding="utf-8"), Loader=_ConfigLoader) or {}
         except UnicodeDecodeError:
             raise ValueError(f"config file {path} is not UTF-8 text") from None
         except yaml.YAMLError as e:
             where = getattr(e, "problem_mark", None)
             line = f" at line {where.line + 1}, column {where.column + 1}" if where is not None else ""
             problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-            raise ValueError(f"config file {path}: invalid YAML{line}: {problem} (only plain values; no !!python tags)") from None
+            raise ValueError(f"config file {path}: invalid YAML{line}: {problem} (only plain values; no !!python tags, no aliases)") from None
         if not isinstance(data, dict):
             raise ValueError(f"config file {path} must hold a mapping of keys to values")
         flat = {}

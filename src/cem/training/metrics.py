@@ -8,6 +8,7 @@ import json
 import sys
 from pathlib import Path
 
+from ..io import open_append, refuse_link
 from .rundir import RunDir
 
 
@@ -16,7 +17,9 @@ class MetricsLogger:
 
     def __init__(self, run_dir: Path, tensorboard: bool = True, wandb_project: str | None = None, config: dict | None = None) -> None:
         paths = RunDir(run_dir)
-        self.jsonl = open(paths.metrics_jsonl, "a")
+        if tensorboard:
+            refuse_link(paths.tensorboard_dir)  # before anything is opened
+        self.jsonl = open_append(paths.metrics_jsonl)
         self.csv_path = paths.metrics_csv
         self.tb = None
         if tensorboard:
@@ -41,7 +44,7 @@ class MetricsLogger:
         self.jsonl.write(json.dumps(record) + "\n")
         self.jsonl.flush()
         new = not self.csv_path.exists()
-        with open(self.csv_path, "a", newline="") as f:
+        with open_append(self.csv_path) as f:
             writer = csv.writer(f)
             if new:
                 writer.writerow(["step", "key", "value"])

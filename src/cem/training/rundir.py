@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from ..io import atomic_write_json
+from ..io import atomic_write_json, open_no_follow, refuse_link
 from ..model import LanguageModel, ModelConfig, load_pretrained
 from .checkpoint import find_checkpoint, load_checkpoint, load_trainer_state, verify_checkpoint
 from .config import RunConfig, TrainConfig
@@ -168,7 +168,7 @@ class RunDir:
         a second writer gets a ValueError naming the holder. The kernel drops the lock when the process
         ends, however it ends, so a crashed run never leaves the directory locked."""
         self.path.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.lock_file, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = open_no_follow(self.lock_file, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -186,6 +186,31 @@ class RunDir:
         finally:
             os.close(fd)  # releases the flock
 
+    def parts(self) -> tuple[Path, ...]:
+        """The folders a run writes here (removed by `clear`)."""
+        return (self.tokenizer_dir, self.ckpt_dir, self.path / "ckpt.old", self.tensorboard_dir)
+
+    def foreign(self) -> Path | None:
+        """One of the run's folders (`parts`) in a directory that records no run (no run.json), so that
+        something else made it; None if there is none. A run writes run.json before any of them, and
+        `clear` removes it after them."""
+        if self.run_json.exists():
+            return None
+        return next((p for p in self.parts() if p.exists() or p.is_symlink()), None)
+
+    def refuse_foreign(self) -> None:
+        """ValueError naming a folder that no cem run of this directory made (`foreign`): never replaced."""
+        part = self.foreign()
+        if part is not None:
+            raise ValueError(f"{part} exists but {self.path} holds no cem run (no run.json); refusing to replace it: choose another --out")
+
+    def holds(self, path: str | Path) -> Path | None:
+        """The run's own file or folder that `path` is, or lies in (the run directory itself, its parts,
+        run.json, results.json); None if none: a place another command must not write to."""
+        path = Path(path).resolve()
+        own = (self.path, *self.parts(), self.run_json, self.results_json)
+        return next((p for p in own if path == p.resolve() or (p != self.path and p.resolve() in path.parents)), None)
+
     def started_only(self) -> bool:
         """Whether the directory records a run that made no progress: run.json, but neither a checkpoint
         nor results (it failed at start-up, or before its first checkpoint). Such a run may be replaced."""
@@ -199,10 +224,12 @@ class RunDir:
         `resume` (the message says what to do)."""
         recorded = self.read_run()
         if recorded is None:
+            self.refuse_foreign()
             return "new"
         if self.started_only():  # a run that never saved a checkpoint is no run to protect: start afresh
-            for path in (self.run_json, self.metrics_jsonl, self.metrics_csv):
-                path.unlink(missing_ok=True)
+            if self.differences(identity):  # its metrics are another run's; this run's rerun appends to its own
+                for path in (self.metrics_jsonl, self.metrics_csv):
+                    path.unlink(missing_ok=True)
             return "new"
         results = self.results()
         if results is not None and total_steps is not None and total_steps > results.get("steps", 0):
@@ -225,11 +252,17 @@ class RunDir:
         return "resume"
 
     def clear(self) -> None:
-        """Remove what a run writes here (run.json, tokenizer, checkpoints, metrics, results); other files stay."""
-        for path in (self.run_json, self.results_json, self.metrics_jsonl, self.metrics_csv):
+        """Remove what a run writes here (tokenizer, checkpoints, metrics, results, and run.json last); other
+        files stay. A directory that holds no cem run is left alone (`refuse_foreign`)."""
+        self.refuse_foreign()
+        for path in (self.results_json, self.metrics_jsonl, self.metrics_csv):
             path.unlink(missing_ok=True)
-        for directory in (self.tokenizer_dir, self.ckpt_dir, self.path / "ckpt.old", self.tensorboard_dir):
-            shutil.rmtree(directory, ignore_errors=True)
+        for directory in self.parts():
+            if directory.is_symlink():  # a link is removed, never what it points to
+                directory.unlink()
+            else:
+                shutil.rmtree(directory, ignore_errors=True)
+        self.run_json.unlink(missing_ok=True)
 
     def start_extension(self) -> None:
         """Mark a finished run as unfinished again before it is extended (its results.json goes)."""
@@ -238,7 +271,7 @@ class RunDir:
     def write_run(self, identity: dict, run: RunConfig, total_steps: int, tokenizer) -> None:
         """Record the run (run.json) and save its tokenizer."""
         atomic_write_json(self.run_json, {**identity, "config": run.to_dict(), "total_steps": total_steps})
-        tokenizer.save(self.tokenizer_dir)
+        tokenizer.save(refuse_link(self.tokenizer_dir))
 
     def eval_settings(self, context: int, data: str | None = None, data_dir: str | None = None, seq_len: int | None = None,
                       batch_size: int | None = None) -> EvalSettings:
