@@ -234,3 +234,22 @@ def test_size_trend_recovers_a_linear_gap_in_log_parameters(tmp_path):
     assert fit["mean"] == pytest.approx(slope, abs=2e-3) and fit["lo"] < slope < fit["hi"]
     assert finding.verdict == "held" and finding.family == "ours" and finding.sign == -1
     assert [p["size"] for p in extra["trend"]["CEM vs Llama"]["points"]] == list(sizes)
+
+
+def test_regime_check_compares_llama_with_an_ngram_on_the_same_tokens(corpus, tmp_path, monkeypatch):
+    """The regime check fits n-grams on the size's budget of training tokens and judges Llama's validation
+    loss against the 5-gram's, per seed; a Llama far below the n-gram is held, far above not held."""
+    from cem.experiments.analysis import regime_check
+    from cem.experiments.findings import Context
+
+    monkeypatch.setenv("CEM_CACHE_DIR", str(tmp_path / "cache"))
+    s = replace(get_scale("smoke", data=str(corpus)), sizes=("good", "bad"))
+    rows = [{"group": "good", "lr": 1e-3, "budget_tokens": 5000, "valid_loss": 0.01, "valid_loss_per_seed": [0.01, 0.011, 0.012]},
+            {"group": "bad", "lr": 1e-3, "budget_tokens": 10**9, "valid_loss": 5.0, "valid_loss_per_seed": [5.0, 5.1, 5.2]}]
+    chosen = {"good": {"lr": 1e-3}, "bad": {"lr": 1e-3}}
+    findings, extra = regime_check(Context(s, rows, [], tmp_path, tmp_path), chosen)
+    assert [f.verdict for f in findings] == ["held", "not held"]
+    assert [g["order"] for g in extra["regime"]["good"]["ngrams"]] == [4, 5, 6]
+    assert extra["regime"]["good"]["ngrams"][0]["train_tokens"] == 5000
+    assert extra["regime"]["bad"]["ngrams"][0]["train_tokens"] < 10**9  # at most the whole train split
+    assert 0 < extra["regime"]["bad"]["ngrams"][1]["valid_loss"] < 5.0

@@ -269,3 +269,37 @@ def size_trend(c: Context, gaps: list[tuple[str, str, str]]) -> tuple[list, dict
 def d_values(a: dict, b: dict) -> list[float]:
     """Per-seed test-loss differences a - b (paired by seed)."""
     return [x - y for x, y in zip(a["test_loss_per_seed"], b["test_loss_per_seed"])]
+
+
+REGIME_ORDER = 5  # the n-gram a regime must beat before it can speak to attention claims
+
+
+def regime_check(c: Context, chosen: dict) -> tuple[list, dict]:
+    """Is each size's Llama baseline (at its chosen rate) better than a count-based n-gram model fit on the
+    same number of training tokens (`cem.experiments.ngram`)? Judged on validation loss, per seed against
+    the n-gram's one value; a size that is not is at n-gram level and its attention findings say little."""
+    from .ngram import KneserNey, _splits
+
+    splits, vocab = _splits(c.scale.data, c.scale.tokenizer, c.data_dir)
+    findings, out = [], {}
+    for size, pick in chosen.items():
+        best = next(r for r in c.rows if r["group"] == size and r["lr"] == pick["lr"])
+        tokens = min(best["budget_tokens"], len(splits["train"]))
+
+        def fit(order: int, tokens: int = tokens) -> dict:
+            model = KneserNey(order, vocab).fit(splits["train"][:tokens])
+            return {"order": order, "train_tokens": tokens, "valid_loss": model.nll(splits["valid"])}
+
+        ngrams = [_cached(c.out / f"ngram-{size}-{order}.json", lambda o=order: fit(o)) for order in (REGIME_ORDER - 1, REGIME_ORDER, REGIME_ORDER + 1)]
+        ref = next(g for g in ngrams if g["order"] == REGIME_ORDER)
+        d = Interval.of([x - ref["valid_loss"] for x in best["valid_loss_per_seed"]])
+        out[size] = {"llama_valid_loss": best["valid_loss"], "ngrams": ngrams, "difference": d.to_dict()}
+        findings.append(Finding(
+            f"(regime) {size}: the Llama baseline beats a {REGIME_ORDER}-gram model fit on the same {tokens:,} training tokens",
+            d.verdict(-1),
+            f"validation perplexity: Llama {math.exp(best['valid_loss']):.3f} (lr {pick['lr']:g}); "
+            + ", ".join(f"{g['order']}-gram {math.exp(g['valid_loss']):.3f}" for g in ngrams)
+            + f"; Llama - {REGIME_ORDER}-gram: {d.text('+.4f')} nats",
+            d.to_dict(), family="ours", p=d.p, sign=-1,
+        ))
+    return findings, {"regime": out}

@@ -58,14 +58,18 @@ def lr_variants(s: Scale) -> list[Variant]:
 
 
 def lr_findings(c: Context):
-    """No claim: the rate each size's variants train at, chosen on mean validation loss."""
+    """The rate each size's variants train at (chosen on mean validation loss), and the regime check: is
+    each size's Llama above n-gram level (`analysis.regime_check`)?"""
     chosen = {}
     for size in c.scale.sizes:
         rows = [r for r in c.rows if r["group"] == size]
         best = min(rows, key=lambda r: r["valid_loss"])
         edge = best["lr"] in (min(r["lr"] for r in rows), max(r["lr"] for r in rows))
         chosen[size] = {"lr": best["lr"], "valid_loss": best["valid_loss"], "bracketed": not edge, "seeds": best["seeds"]}
-    return [], {"chosen": chosen}
+    if not c.scale.findings:  # a smoke run: no regime check (its n-grams would be fit on a toy corpus)
+        return [], {"chosen": chosen}
+    findings, regime = analysis.regime_check(c, chosen)
+    return findings, {"chosen": chosen, **regime}
 
 
 # --- fig2a / fig2b: single-step CEM sublayers as drop-in replacements --------------------------------

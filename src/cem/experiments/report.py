@@ -9,6 +9,7 @@ and then says so on its first line.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from .findings import Finding, adjust
@@ -162,6 +163,13 @@ def write_report(results_dir: str | Path, allow_short: bool = False) -> Path:
         "",
     ]
     lines += _opening(summaries)
+    lr = next((x for x in summaries if x["experiment"] == "lr" and x.get("regime")), None)
+    if lr:
+        lines += ["", "**Regime check (validation):** " + "; ".join(
+            f"{size}: Llama {math.exp(r['llama_valid_loss']):.3f} vs "
+            + ", ".join(f"{g['order']}-gram {math.exp(g['valid_loss']):.3f}" for g in r["ngrams"])
+            + f" on the same {r['ngrams'][0]['train_tokens']:,} tokens" for size, r in lr["regime"].items())
+            + ". A size whose Llama does not beat the 5-gram is at n-gram level: its attention findings say little."]
     if sc.get("limits"):
         lines += ["", f"**What this scale cannot test:** {sc['limits']}."]
     lines += ["", "| experiment | finding | family | verdict (raw; Holm) | evidence |", "|---|---|---|---|---|"]
