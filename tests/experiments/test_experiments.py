@@ -253,3 +253,18 @@ def test_regime_check_compares_llama_with_an_ngram_on_the_same_tokens(corpus, tm
     assert extra["regime"]["good"]["ngrams"][0]["train_tokens"] == 5000
     assert extra["regime"]["bad"]["ngrams"][0]["train_tokens"] < 10**9  # at most the whole train split
     assert 0 < extra["regime"]["bad"]["ngrams"][1]["valid_loss"] < 5.0
+
+
+def test_a_failed_run_stops_a_parallel_sweep(corpus, tmp_path, monkeypatch):
+    """With --jobs > 1, a run that fails (or is interrupted) stops the sweep: the runs not started yet are
+    cancelled instead of being trained one after another while the command is being stopped."""
+    from cem.experiments.sweep import run_sweep
+
+    monkeypatch.setenv("CEM_CACHE_DIR", str(tmp_path / "cache"))
+    s = get_scale("smoke", data=str(corpus))
+    bad = [RunSpec.make("micro", "llama", seed=i, train={"batch_size": 100_000}) for i in (0, 1)]
+    good = [RunSpec.make("micro", "llama", seed=i) for i in range(6)]
+    with pytest.raises(ValueError, match="batch_size"):
+        run_sweep(bad + good, s, tmp_path / "res", jobs=2)
+    # at most the runs already handed to the workers' queue (jobs + 1) ran; without cancelling, all 6 would
+    assert sum((tmp_path / "res" / "runs" / g.slug / "results.json").exists() for g in good) <= 3

@@ -97,10 +97,13 @@ def run_sweep(specs: list[RunSpec], scale: Scale, root: Path, data_dir: str | No
     args = [(s, scale, data_dir, str(root), threads) for s in todo]
     progress = _Progress(len(todo))
     if jobs > 1 and len(todo) > 1:
-        with ProcessPoolExecutor(jobs, mp_context=get_context("spawn")) as pool:
+        pool = ProcessPoolExecutor(jobs, mp_context=get_context("spawn"))
+        try:
             futures = {pool.submit(_run_one, a): a[0] for a in args}
             for fut in as_completed(futures):
                 progress.done(futures[fut], fut.result())
+        finally:  # a run that failed or was interrupted (Ctrl-C saves its checkpoint) stops the sweep: no new runs start
+            pool.shutdown(wait=True, cancel_futures=True)
     else:
         for a in args:
             progress.done(a[0], _run_one(a))
