@@ -262,6 +262,8 @@ CASES = [
     ("tokenizer meta without file", [*TRAIN, *STEP, "--tokenizer", "{tmp}/meta2"], write("meta2/cem_tokenizer.json", '{"kind": "hf", "name": "x", "eot_id": 3}'), "tokenizer.json"),
     # -- run directories
     ("out is a file", [*TRAIN, *STEP, "--out", "{tmp}/afile"], write("afile", "x"), "afile"),
+    ("resume a folder that holds no run (a typo)", [*TRAIN, *STEP, "--out", "{tmp}/nope", "--resume"], None, "nope holds no run"),
+    ("resume a folder holding other files", [*TRAIN, *STEP, "--out", "{tmp}/other", "--resume"], write("other/notes.txt", "x"), "other holds no run"),
     ("resume a corrupt trainer state", RESUME, damaged_run("ckpt/trainer_state.pt", b"garbage"), "trainer_state.pt"),
     ("resume a crafted trainer state", RESUME, malicious_state, "refusing"),
     ("resume a damaged manifest", RESUME, damaged_run("ckpt/manifest.json", "{"), "manifest"),

@@ -109,6 +109,8 @@ def cmd_train(args) -> int:
     if Path(t.data).expanduser().exists():  # a local corpus: recorded by its absolute path, usable from anywhere
         t.data = str(Path(t.data).expanduser().resolve())
     out = out or default_run_dir(run)
+    if args.resume and not args.overwrite and _recorded_config(out) is None:  # a typo must not start a fresh run
+        raise ValueError(f"--resume: {out} holds no run (no run.json); check the folder, or drop --resume to start one there")
     result = train(run, out, resume=args.resume, progress=not args.quiet, stop_at=args.stop_at, overwrite=args.overwrite)
     if isinstance(result, Interrupted):
         return 128 + result.signum if result.signum else 0
@@ -293,7 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seq-len", type=int, dest="seq_len", help="training sequence length (default: the model's context)")
     p.add_argument("--device", help=f"{DEVICE_HELP} (default: auto)")
     p.add_argument("--compile", action="store_const", const=True, help="run the model under torch.compile")
-    p.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint, with the settings it recorded")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint, with the settings it recorded (an error if the folder holds no run)")
     p.add_argument("--overwrite", action="store_true", help="remove what --out holds (run.json, checkpoints, metrics, results) and start again")
     p.add_argument("--stop-at", type=int, dest="stop_at", help="stop after this step with a checkpoint (schedule unchanged)")
     p.add_argument("--quiet", action="store_true", help="no progress bar; print the final metrics as JSON")
