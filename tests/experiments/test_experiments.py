@@ -263,8 +263,8 @@ def test_a_failed_run_stops_a_parallel_sweep(corpus, tmp_path, monkeypatch):
     monkeypatch.setenv("CEM_CACHE_DIR", str(tmp_path / "cache"))
     s = get_scale("smoke", data=str(corpus))
     bad = [RunSpec.make("micro", "llama", seed=i, train={"batch_size": 100_000}) for i in (0, 1)]
-    good = [RunSpec.make("micro", "llama", seed=i) for i in range(6)]
+    good = [RunSpec.make("micro", "llama", seed=i) for i in range(10)]
     with pytest.raises(ValueError, match="batch_size"):
         run_sweep(bad + good, s, tmp_path / "res", jobs=2)
-    # at most the runs already handed to the workers' queue (jobs + 1) ran; without cancelling, all 6 would
-    assert sum((tmp_path / "res" / "runs" / g.slug / "results.json").exists() for g in good) <= 3
+    # only runs already handed to the workers' call queue (a few, timing-dependent) ran; without cancelling, all 10 would
+    assert sum((tmp_path / "res" / "runs" / g.slug / "results.json").exists() for g in good) <= 6
