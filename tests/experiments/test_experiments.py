@@ -5,7 +5,9 @@ import math
 import random
 from dataclasses import replace
 
+import numpy as np
 import pytest
+import torch
 
 from cem.experiments import ALL_IDS, EXPERIMENTS, SCALES, SUITE_ORDER, RunSpec, akima_optimum, get_scale, run_experiment, write_report
 from cem.experiments.findings import Finding, adjust, close, gains_more, lower, not_worse
@@ -242,13 +244,22 @@ def test_regime_check_compares_llama_with_an_ngram_on_the_same_tokens(corpus, tm
     from cem.experiments.analysis import regime_check
     from cem.experiments.findings import Context
 
+    from cem.experiments import analysis
+    from cem.experiments.sweep import RunSpec, Variant
+
     monkeypatch.setenv("CEM_CACHE_DIR", str(tmp_path / "cache"))
+    # the context-use part reads trained runs: a fake one whose loss falls with context for "good" only (its
+    # run folders are told apart by seq_len, which is in their names; the last character is the seed)
+    monkeypatch.setattr(analysis, "context_use", lambda d, *a: {
+        "short": [8, 16], "short_loss": 2.0, "long_loss": 1.5 if "seq_len=64" in str(d) else 2.1 + 0.01 * int(str(d)[-1])})
     s = replace(get_scale("smoke", data=str(corpus)), sizes=("good", "bad"))
-    rows = [{"group": "good", "lr": 1e-3, "budget_tokens": 5000, "valid_loss": 0.01, "valid_loss_per_seed": [0.01, 0.011, 0.012]},
-            {"group": "bad", "lr": 1e-3, "budget_tokens": 10**9, "valid_loss": 5.0, "valid_loss_per_seed": [5.0, 5.1, 5.2]}]
+    variants = [Variant(f"Llama {g}", RunSpec.make("micro", "llama", train={"lr": 1e-3, "seq_len": 64 if g == "good" else 32}), {}) for g in ("good", "bad")]
+    rows = [{"label": "Llama good", "group": "good", "lr": 1e-3, "budget_tokens": 5000, "valid_loss": 0.01, "valid_loss_per_seed": [0.01, 0.011, 0.012], "seeds": [0, 1, 2]},
+            {"label": "Llama bad", "group": "bad", "lr": 1e-3, "budget_tokens": 10**9, "valid_loss": 5.0, "valid_loss_per_seed": [5.0, 5.1, 5.2], "seeds": [0, 1, 2]}]
     chosen = {"good": {"lr": 1e-3}, "bad": {"lr": 1e-3}}
-    findings, extra = regime_check(Context(s, rows, [], tmp_path, tmp_path), chosen)
-    assert [f.verdict for f in findings] == ["held", "not held"]
+    findings, extra = regime_check(Context(s, rows, variants, tmp_path, tmp_path), chosen)
+    assert [f.verdict for f in findings] == ["held", "held", "not held", "not held"]
+    assert extra["regime"]["good"]["context"]["gain"]["mean"] == pytest.approx(-0.5)
     assert [g["order"] for g in extra["regime"]["good"]["ngrams"]] == [4, 5, 6]
     assert extra["regime"]["good"]["ngrams"][0]["train_tokens"] == 5000
     assert extra["regime"]["bad"]["ngrams"][0]["train_tokens"] < 10**9  # at most the whole train split
@@ -268,3 +279,41 @@ def test_a_failed_run_stops_a_parallel_sweep(corpus, tmp_path, monkeypatch):
         run_sweep(bad + good, s, tmp_path / "res", jobs=2)
     # only runs already handed to the workers' call queue (a few, timing-dependent) ran; without cancelling, all 10 would
     assert sum((tmp_path / "res" / "runs" / g.slug / "results.json").exists() for g in good) <= 6
+
+
+def test_position_losses_average_to_the_evaluated_loss(corpus):
+    """The loss by position (the context-use check) is the plain evaluation's loss, split by position: on a
+    split of whole windows, its mean over positions equals `evaluate`'s loss."""
+    from cem.data import TokenSplit
+    from cem.experiments.analysis import position_losses
+    from cem.model import LanguageModel, ModelConfig
+    from cem.training.evaluate import evaluate
+
+    torch.manual_seed(0)
+    model = LanguageModel(ModelConfig(vocab_size=50, dim=32, n_layers=2, n_heads=2, context=32), init_seed=1).eval()
+    tokens = np.random.default_rng(0).integers(0, 50, 16 * 5 + 1).astype(np.uint16)
+    by_position = position_losses(model, tokens, 16, batch_size=2, device="cpu")
+    full = evaluate(model, TokenSplit("valid", tokens, len(tokens)), 16, 2, torch.device("cpu"))
+    assert len(by_position) == 16 and sum(by_position) / 16 == pytest.approx(full["loss"], rel=1e-6)
+    assert by_position[0] != pytest.approx(by_position[-1])  # a loss per position, not one number repeated
+
+
+def test_report_marks_findings_about_a_size_at_ngram_level():
+    """The report reads the regime check: a finding about a size whose Llama does not beat the 5-gram (named in
+    its claim, else the scale's base size) is marked †, and the opening counts the others on their own."""
+    from cem.experiments.report import _opening, below_regime, regime_sizes
+
+    scale = {"name": "cpu", "sizes": ["cpu64", "cpu128"], "base": "cpu64"}
+    lr = {"experiment": "lr", "scale": scale, "findings": [],
+          "regime": {"cpu64": {"difference": {"hi": 0.2}}, "cpu128": {"difference": {"hi": -0.05}}}}
+    small = {"claim": "CEM attention close to Llama at cpu64", "verdict": "held", "family": "paper"}
+    large = {"claim": "CEM attention close to Llama at cpu128", "verdict": "not held", "family": "paper"}
+    base = {"claim": "recursion T=2 beats T=1", "verdict": "held", "family": "paper"}
+    fig = {"experiment": "fig2a", "scale": scale, "findings": [small, large, base]}
+    passing = regime_sizes([lr, fig])
+    assert passing == {"cpu64": False, "cpu128": True}
+    assert [below_regime(f, fig, passing) for f in (small, large, base)] == [True, False, True]
+    text = "\n".join(_opening([lr, fig]))
+    assert "† CEM attention close to Llama at cpu64" in text and "† recursion" in text
+    assert "above n-gram level: 0 held, 1 not held, 0 inconclusive" in text
+    assert below_regime(small, fig, {}) is False  # no regime check (micro, smoke): nothing is marked

@@ -1,5 +1,6 @@
 """Analyses that go beyond training runs' final metrics: test-time recursion (a trained model evaluated
-at other T, with its FLOPs per token), the energy at each recursion step, and the GP regression study."""
+at other T, with its FLOPs per token), the energy at each recursion step, the GP regression study, and the
+regime check (n-gram baselines, and how much context a trained model uses)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import torch
 
 from ..device import pick_device
 from ..io import atomic_write_json
-from ..data import build_split, load_corpus, load_tokenizer
+from ..data import build_split, iter_eval_batches, load_corpus, load_tokenizer
 from ..layers.steps import DescentLayer
 from ..model.flops import forward_flops_per_token
 from ..training import RunDir
@@ -272,6 +273,38 @@ def d_values(a: dict, b: dict) -> list[float]:
 
 
 REGIME_ORDER = 5  # the n-gram a regime must beat before it can speak to attention claims
+SHORT_CONTEXT = (8, 16)  # positions whose loss stands for "a few tokens of context" in the context-use check
+
+
+@torch.no_grad()
+def position_losses(model, tokens, seq_len: int, batch_size: int = 16, device: str = "auto") -> list[float]:
+    """Mean next-token loss at each position 0..seq_len-1 of the split's full windows (the windows of
+    `evaluate`, whose mean over all positions it equals): how the loss falls as a model sees more context."""
+    device = pick_device(device)
+    total, n = torch.zeros(seq_len, dtype=torch.float64), 0
+    for x, y in iter_eval_batches(tokens, seq_len, batch_size):
+        if x.shape[1] < seq_len:  # the final partial window: not every position is present
+            break
+        total += model(x.to(device), y.to(device), reduction="none").double().sum(0).cpu()
+        n += x.shape[0]
+    if n == 0:
+        raise ValueError(f"the split has {len(tokens)} tokens, fewer than one window of {seq_len + 1}")
+    return (total / n).tolist()
+
+
+def context_use(run_dir: Path, data_dir: str | None = None, device: str = "auto") -> dict:
+    """Validation loss by position of a trained run: at positions SHORT_CONTEXT (a few tokens seen) and in
+    the second half of the window. A model whose loss stops falling after a few positions uses no more
+    context than an n-gram model does (the in-context learning score of Olsson et al. 2022, per window)."""
+    run = RunDir(run_dir)
+    model, state = run.load_checkpoint()
+    train = state["run"]["train"]
+    split = build_split(load_corpus(train["data"], data_dir or train.get("data_dir")), load_tokenizer(run.tokenizer_dir), "valid")
+    seq_len = train["seq_len"] or model.config.context
+    losses = position_losses(model.to(pick_device(device)).eval(), split.tokens, seq_len, device=device)
+    a, b = SHORT_CONTEXT
+    return {"seq_len": seq_len, "short": [a, b], "short_loss": sum(losses[a:b]) / (b - a),
+            "long_loss": sum(losses[seq_len // 2:]) / (seq_len - seq_len // 2), "by_position": losses}
 
 
 def regime_check(c: Context, chosen: dict) -> tuple[list, dict]:
@@ -293,7 +326,13 @@ def regime_check(c: Context, chosen: dict) -> tuple[list, dict]:
         ngrams = [_cached(c.out / f"ngram-{size}-{order}.json", lambda o=order: fit(o)) for order in (REGIME_ORDER - 1, REGIME_ORDER, REGIME_ORDER + 1)]
         ref = next(g for g in ngrams if g["order"] == REGIME_ORDER)
         d = Interval.of([x - ref["valid_loss"] for x in best["valid_loss_per_seed"]])
-        out[size] = {"llama_valid_loss": best["valid_loss"], "ngrams": ngrams, "difference": d.to_dict()}
+        spec = next(v.spec for v in c.variants if v.label == best["label"])
+        dirs = [c.root / "runs" / spec.with_seed(s).slug for s in best["seeds"]]
+        uses = [_cached(d / "context_use.json", lambda d=d: context_use(d, c.data_dir, c.device)) for d in dirs]
+        gain = Interval.of([u["long_loss"] - u["short_loss"] for u in uses])
+        out[size] = {"llama_valid_loss": best["valid_loss"], "ngrams": ngrams, "difference": d.to_dict(),
+                     "context": {"short": uses[0]["short"], "short_loss": sum(u["short_loss"] for u in uses) / len(uses),
+                                 "long_loss": sum(u["long_loss"] for u in uses) / len(uses), "gain": gain.to_dict()}}
         findings.append(Finding(
             f"(regime) {size}: the Llama baseline beats a {REGIME_ORDER}-gram model fit on the same {tokens:,} training tokens",
             d.verdict(-1),
@@ -301,5 +340,14 @@ def regime_check(c: Context, chosen: dict) -> tuple[list, dict]:
             + ", ".join(f"{g['order']}-gram {math.exp(g['valid_loss']):.3f}" for g in ngrams)
             + f"; Llama - {REGIME_ORDER}-gram: {d.text('+.4f')} nats",
             d.to_dict(), family="ours", p=d.p, sign=-1,
+        ))
+        a, b = SHORT_CONTEXT
+        findings.append(Finding(
+            f"(regime) {size}: the Llama baseline uses more than {b} tokens of context (validation loss lower in the second half "
+            f"of its window than at positions {a}-{b - 1})",
+            gain.verdict(-1),
+            f"loss at positions {a}-{b - 1} {out[size]['context']['short_loss']:.4f}, in the second half "
+            f"{out[size]['context']['long_loss']:.4f}; difference {gain.text('+.4f')} nats",
+            gain.to_dict(), family="ours", p=gain.p, sign=-1,
         ))
     return findings, {"regime": out}

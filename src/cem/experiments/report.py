@@ -77,8 +77,26 @@ def _verdicts(f: dict) -> str:
     return f"{MARK[f['verdict']]} (Holm: {f['verdict_adjusted']}, p_adj = {f['p_adjusted']:.2g})"
 
 
+def regime_sizes(summaries: list[dict]) -> dict[str, bool]:
+    """Per size, whether its Llama baseline beats the 5-gram on validation (the regime check of the `lr`
+    experiment: the whole interval of the paired difference below zero); empty without a regime check."""
+    lr = next((x for x in summaries if x["experiment"] == "lr" and x.get("regime")), None)
+    return {size: r["difference"]["hi"] < 0 for size, r in lr["regime"].items()} if lr else {}
+
+
+def below_regime(f: dict, summary: dict, passing: dict[str, bool]) -> bool:
+    """A finding about a size that fails the regime check: the sizes its claim names, else the scale's base."""
+    if not passing or f["claim"].startswith("(regime)"):
+        return False
+    sizes = [z for z in summary["scale"]["sizes"] if z in f["claim"]] or [summary["scale"]["base"]]
+    return not all(passing.get(z, False) for z in sizes)
+
+
 def _opening(summaries: list[dict]) -> list[str]:
-    """The paper's findings at this scale, in plain words with numbers; ours separately."""
+    """The paper's findings at this scale, in plain words with numbers; ours separately. Findings at a size
+    below n-gram level (`regime_sizes`) are marked †."""
+    passing = regime_sizes(summaries)
+    below = {id(f) for s in summaries for f in s["findings"] if below_regime(f, s, passing)}
     paper = [(s["experiment"], f) for s in summaries if s.get("paper", True) for f in s["findings"] if f.get("family", "paper") == "paper"]
     ours = [(s["experiment"], f) for s in summaries for f in s["findings"] if (f.get("family", "paper") != "paper" or not s.get("paper", True))]
 
@@ -86,7 +104,7 @@ def _opening(summaries: list[dict]) -> list[str]:
         return ", ".join(f"{sum(f['verdict'] == k for _, f in fs)} {k}" for k in MARK)
 
     def listing(fs, verdict):
-        items = [f"{f['claim']} ({e}{'; ' + _diff(f) if f.get('difference') else ''})" for e, f in fs if f["verdict"] == verdict]
+        items = [f"{'† ' if id(f) in below else ''}{f['claim']} ({e}{'; ' + _diff(f) if f.get('difference') else ''})" for e, f in fs if f["verdict"] == verdict]
         return "; ".join(items) if items else "none"
 
     scale = summaries[0]["scale"]["name"]
@@ -98,6 +116,16 @@ def _opening(summaries: list[dict]) -> list[str]:
         "",
         f"**The paper's findings at this scale:** {counts(paper)}.",
     ]
+    if passing:
+        inside = [(e, f) for e, f in paper if id(f) not in below]
+        lines += [
+            "",
+            f"**Regime:** the Llama baseline beats a 5-gram model at {', '.join(z for z, ok in passing.items() if ok) or 'no size'}; "
+            f"{', '.join(z for z, ok in passing.items() if not ok) or 'no size'} {'is' if sum(not ok for ok in passing.values()) == 1 else 'are'} "
+            f"at n-gram level. Findings marked † are about a size at n-gram level: they are reported, but they are not evidence about "
+            f"attention in a working language model. Of the paper's findings at sizes above n-gram level: {counts(inside) if inside else 'none'}.",
+            "",
+        ]
     for verdict in MARK:
         lines.append(f"- **{verdict.capitalize()}:** {listing(paper, verdict)}.")
     directional = [f for _, f in paper if f.get("verdict_adjusted") is not None]
@@ -168,12 +196,18 @@ def write_report(results_dir: str | Path, allow_short: bool = False) -> Path:
         lines += ["", "**Regime check (validation):** " + "; ".join(
             f"{size}: Llama {math.exp(r['llama_valid_loss']):.3f} vs "
             + ", ".join(f"{g['order']}-gram {math.exp(g['valid_loss']):.3f}" for g in r["ngrams"])
-            + f" on the same {r['ngrams'][0]['train_tokens']:,} tokens" for size, r in lr["regime"].items())
-            + ". A size whose Llama does not beat the 5-gram is at n-gram level: its attention findings say little."]
+            + f" on the same {r['ngrams'][0]['train_tokens']:,} tokens"
+            + (f", loss at positions {r['context']['short'][0]}-{r['context']['short'][1] - 1} {r['context']['short_loss']:.3f} nats vs "
+               f"{r['context']['long_loss']:.3f} in the window's second half" if "context" in r else "")
+            for size, r in lr["regime"].items())
+            + ". A size whose Llama does not beat the 5-gram is at n-gram level, and one whose loss stops falling after a few "
+            "positions uses no more context than an n-gram does: its attention findings say little."]
     if sc.get("limits"):
         lines += ["", f"**What this scale cannot test:** {sc['limits']}."]
     lines += ["", "| experiment | finding | family | verdict (raw; Holm) | evidence |", "|---|---|---|---|---|"]
-    lines += [f"| {s['experiment']} | {f['claim']} | {f.get('family', 'paper')} | {_verdicts(f)} | {f['evidence']} |" for s in summaries for f in s["findings"]]
+    passing = regime_sizes(summaries)
+    lines += [f"| {s['experiment']} | {'† ' if below_regime(f, s, passing) else ''}{f['claim']} | {f.get('family', 'paper')} | {_verdicts(f)} | {f['evidence']} |"
+              for s in summaries for f in s["findings"]]
     for s in summaries:
         lines += ["", f"## {s['experiment']}: {s['question']}", ""]
         lines += _table(s)
