@@ -14,7 +14,35 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO, TextIO
 
-__all__ = ["atomic_write", "atomic_write_json", "atomic_write_text", "open_append", "open_no_follow", "refuse_link", "sha256_file"]
+__all__ = [
+    "atomic_write", "atomic_write_json", "atomic_write_text", "default_mode", "fix_modes", "make_temp_dir", "open_append", "open_no_follow",
+    "refuse_link", "sha256_file",
+]
+
+
+def default_mode(directory: bool = False) -> int:
+    """The permissions `open`/`mkdir` would give a new file (0o666) or folder (0o777) under the process's
+    umask. Temporary files and folders are created 0o600/0o700; atomic writes set this mode before the
+    rename, so group-shared run folders keep working."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return (0o777 if directory else 0o666) & ~umask
+
+
+def fix_modes(folder: str | os.PathLike, pattern: str = "*.safetensors") -> None:
+    """Give the files matching `pattern` that a library just wrote into `folder` the umask's mode
+    (`default_mode`): safetensors creates its files 0o600 whatever the umask. Links are left alone."""
+    for path in Path(folder).glob(pattern):
+        if path.is_file() and not path.is_symlink():
+            os.chmod(path, default_mode())
+
+
+def make_temp_dir(parent: str | os.PathLike, prefix: str) -> Path:
+    """`tempfile.mkdtemp` in `parent`, with the mode of a folder made by `mkdir` (`default_mode`): it is
+    renamed into place as a checkpoint or export folder."""
+    tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    os.chmod(tmp, default_mode(directory=True))
+    return tmp
 
 
 @contextlib.contextmanager
@@ -27,6 +55,7 @@ def atomic_write(path: str | os.PathLike) -> Iterator[BinaryIO]:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, default_mode())
         with os.fdopen(fd, "wb") as f:
             yield f
             f.flush()

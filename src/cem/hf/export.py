@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..io import atomic_write_text
+from ..io import atomic_write_text, fix_modes
 from ..model import LanguageModel
 from .llama_export import export_llama, is_plain_llama
 from .modeling import to_hf
@@ -64,6 +64,7 @@ def export_hf(
     if remote_code:
         hf.config.auto_map = dict(AUTO_MAP)
     hf.save_pretrained(out)
+    fix_modes(out)
     if remote_code:
         atomic_write_text(out / REMOTE_CODE_FILE, _SHIM)  # a planted link is replaced, not written through
     if tokenizer is not None:

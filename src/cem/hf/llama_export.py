@@ -30,6 +30,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 from transformers import GenerationConfig, LlamaConfig
 
+from ..io import fix_modes
 from ..layers import ATTENTION_KINDS, MLP_KINDS, GatedMLP, LlamaAttention
 from ..model import LanguageModel, ModelConfig
 from .tokenizer import special_token_ids, transformers_tokenizer
@@ -164,6 +165,7 @@ def export_llama(
     config.save_pretrained(out)
     GenerationConfig.from_model_config(config).save_pretrained(out)
     save_file(state, out / "model.safetensors", metadata={"format": "pt"})
+    fix_modes(out)
     if tokenizer is not None:
         tokenizer.save_pretrained(out)
     return out

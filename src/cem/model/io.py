@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from ..io import fix_modes, make_temp_dir
 from .config import ModelConfig
 from .lm import LanguageModel
 
@@ -27,7 +27,7 @@ def save_weights(cfg: ModelConfig, state_dict: dict, directory: str | Path) -> P
     """`save_pretrained` from a config and a (full, unsharded) state dict, e.g. gathered from FSDP."""
     directory = Path(directory)
     directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+    tmp = make_temp_dir(directory.parent, f".{directory.name}.")
     try:
         config = {"format": FORMAT, **cfg.to_dict()}
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
@@ -35,6 +35,7 @@ def save_weights(cfg: ModelConfig, state_dict: dict, directory: str | Path) -> P
         if cfg.tie_embeddings:
             state.pop("head.weight")
         save_file(state, tmp / "model.safetensors", metadata={"format": FORMAT})
+        fix_modes(tmp)
         for name in ("config.json", "model.safetensors"):
             os.replace(tmp / name, _ensure_dir(directory) / name)
     finally:

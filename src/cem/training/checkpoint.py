@@ -23,13 +23,12 @@ import json
 import os
 import random
 import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from ..io import atomic_write_json, sha256_file
+from ..io import atomic_write_json, make_temp_dir, sha256_file
 from ..model import LanguageModel, ModelConfig, load_pretrained, save_weights
 
 MANIFEST = "manifest.json"
@@ -99,7 +98,7 @@ def save_checkpoint(directory: Path, cfg: ModelConfig, model_state: dict, traine
     parent = directory.parent
     old = directory.with_name(directory.name + ".old")
     _op("mkdir", parent.mkdir, parents=True, exist_ok=True)
-    tmp = Path(_op("mkdtemp", tempfile.mkdtemp, prefix=_TMP_PREFIX, dir=parent))
+    tmp = _op("mkdtemp", make_temp_dir, parent, _TMP_PREFIX)
     try:
         _op("save_weights", save_weights, cfg, model_state, tmp)
         _op("torch.save", torch.save, {**trainer_state, "format": FORMAT_VERSION}, tmp / "trainer_state.pt")
