@@ -293,6 +293,15 @@ CASES = [
     ("disk full in a checkpoint", [*TRAIN, *STEP], disk_full_in_checkpoint, "no space left"),
     ("disk full writing run.json", [*TRAIN, *STEP], patch("cem.training.rundir.atomic_write_json", lambda: OSError(errno.ENOSPC, "No space left on device", "run.json")), "space"),
     ("divergence", [*TRAIN, "--max-steps", "5", "--lr", "1e3", "warmup_frac=0"], None, "diverged"),
+    # -- odd but plausible input (issue 20)
+    ("vocab_size unlike the byte tokenizer", [*TRAIN, *STEP, "vocab_size=1000"], None, "vocab_size=1000 does not match"),
+    ("a BPE the library cannot train", [*TRAIN, *STEP, "--tokenizer", "bpe:4000000"], None, "at most 1,048,576 symbols"),
+    ("a BPE above any vocabulary", [*TRAIN, *STEP, "--tokenizer", "bpe:1000000000"], None, "vocab_size must be at most"),
+    ("--resume with --overwrite", [*TRAIN, *STEP, "--resume", "--overwrite"], None, "give one of them"),
+    ("--data empty", [*TRAIN, *STEP, "--data", ""], None, "data must name something"),
+    ("--tokenizer empty", [*TRAIN, *STEP, "--tokenizer", " "], None, "tokenizer must name something"),
+    ("--out empty", [*TRAIN, *STEP, "--out", ""], None, "--out is empty"),
+    ("experiment --jobs 0", ["experiment", "fig2a", "--scale", "smoke", "--jobs", "0", "--results", "{tmp}/r"], None, "jobs must be an integer >= 1"),
     # -- eval
     ("eval missing run", ["eval", "--ckpt", "{tmp}/none"], None, "none"),
     ("eval max_batches zero", ["eval", "--ckpt", "{run}", "--max-batches", "0"], None, "max_batches"),
@@ -430,3 +439,19 @@ def test_default_run_names_hold_the_overrides():
     assert a.name == "cem-small-python-stdlib-s0-attn_steps=2"
     assert b.name == "cem-small-python-stdlib-s0-lr=0.001-attn_steps=3"
     assert default_run_dir(_run_config(parse(["train", "--device", "cpu"]))).name == "cem-small-python-stdlib-s0"
+
+
+def test_long_run_names_are_cut_with_a_digest():
+    """About 20 valid overrides used to make the default run folder's name longer than the 255 bytes file
+    systems allow: a name over MAX_NAME_BYTES is cut and followed by a digest of the settings."""
+    from cem.training.rundir import MAX_NAME_BYTES
+
+    parse = build_parser().parse_args
+    many = [f"{k}={v}" for k, v in (("attn_steps", 2), ("mlp_steps", 2), ("attn_precond", "diag_lowrank"), ("mlp_precond", "diag_lowrank"),
+                                     ("kq_diag", "per_head"), ("learn_step_size", "true"), ("attn_step_size", 0.5), ("mlp_step_size", 0.5),
+                                     ("weight_decay", 0.05), ("beta2", 0.99), ("warmup_frac", 0.1), ("final_lr_frac", 0.2), ("grad_clip", 0.5),
+                                     ("eps", 1e-8), ("log_every", 7), ("save_every", 11), ("eval_every", 13), ("diverge_warmup", 9))]
+    a = default_run_dir(_run_config(parse(["train", *many])))
+    b = default_run_dir(_run_config(parse(["train", *many, "beta1=0.8"])))
+    assert len(a.name.encode()) <= MAX_NAME_BYTES + 20 and a.name.startswith("cem-small-python-stdlib-s0-")
+    assert a.name != b.name  # the digest keeps cut names apart

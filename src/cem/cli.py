@@ -99,8 +99,12 @@ def cmd_train(args) -> int:
     from .training.budget import with_default_steps
     from .training.rundir import default_run_dir
 
+    if args.out is not None and not args.out.strip():
+        raise ValueError("--out is empty: give a folder, or leave --out out for the default runs/NAME")
+    if args.resume and args.overwrite:
+        raise ValueError("--resume continues a run and --overwrite deletes it: give one of them")
     out = Path(args.out) if args.out else None
-    base = _recorded_config(out) if out is not None and args.resume and not args.overwrite else None
+    base = _recorded_config(out) if out is not None and args.resume else None
     run = _run_config(args, base)  # with --resume: the run's own settings, changed only by what is given
     t = run.train
     if args.stop_at is not None and args.stop_at < 1:
@@ -109,7 +113,7 @@ def cmd_train(args) -> int:
     if Path(t.data).expanduser().exists():  # a local corpus: recorded by its absolute path, usable from anywhere
         t.data = str(Path(t.data).expanduser().resolve())
     out = out or default_run_dir(run)
-    if args.resume and not args.overwrite and _recorded_config(out) is None:  # a typo must not start a fresh run
+    if args.resume and _recorded_config(out) is None:  # a typo must not start a fresh run
         raise ValueError(f"--resume: {out} holds no run (no run.json); check the folder, or drop --resume to start one there")
     result = train(run, out, resume=args.resume, progress=not args.quiet, stop_at=args.stop_at, overwrite=args.overwrite)
     if isinstance(result, Interrupted):

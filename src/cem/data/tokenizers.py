@@ -171,6 +171,9 @@ def get_tokenizer(spec: str, corpus: Corpus | None = None, cache_dir: str | Path
     return _load_pretrained(spec)
 
 
+MAX_BPE_VOCAB = 1 << 20  # symbols of a trained BPE (the paper's Llama tokenizer has 32,000)
+
+
 def train_bpe(corpus: Corpus | None, vocab_size: int, cache_dir: str | Path | None = None) -> HFTokenizer:
     """Byte-level BPE of at most `vocab_size` symbols trained on the corpus's train split, cached by fingerprint.
 
@@ -181,6 +184,8 @@ def train_bpe(corpus: Corpus | None, vocab_size: int, cache_dir: str | Path | No
         raise ValueError(f"bpe:{vocab_size} is trained on a corpus; pass corpus=")
     if vocab_size < 257:
         raise ValueError(f"bpe:{vocab_size}: need at least 257 symbols (256 bytes + {EOT_TOKEN})")
+    if vocab_size > MAX_BPE_VOCAB:  # the tokenizers library aborts the process (no exception) far above this
+        raise ValueError(f"bpe:{vocab_size}: at most {MAX_BPE_VOCAB:,} symbols")
     root = Path(cache_dir) if cache_dir is not None else cache_root() / "tokenizers"
     directory = root / f"bpe{vocab_size}-{corpus.fingerprint()[:16]}"
     if (directory / META_FILE).is_file():

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from ..checks import check_positive_int
 from ..device import cpu_model
 from ..io import atomic_write_json
 from . import lr
@@ -107,6 +108,7 @@ def run_suite(
 ) -> list[dict]:
     """Several experiments at a scale (default: the scale's suite): every run they need is trained first in
     one pool (shared runs once, the recursion experiments first; `train_runs`), then each is analysed."""
+    check_positive_int("jobs", jobs)
     sc = get_scale(scale, **scale_overrides)
     ids = tuple(ids or sc.suite or SUITE_ORDER)
     for i in ids:

@@ -94,6 +94,10 @@ class TrainConfig:
         check_finite("diverge_factor", self.diverge_factor, 0)
         if 0 < self.diverge_factor <= 1:
             raise ValueError(f"diverge_factor must be 0 (off) or > 1, got {self.diverge_factor!r}")
+        for name in ("data", "tokenizer", "preset", "arch"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value.strip():
+                raise ValueError(f"{name} must name something, got {value!r}")
         check_choice("parallel", self.parallel, PARALLEL)
         check_choice("precision", self.precision, PRECISIONS)
         try:
@@ -118,20 +122,26 @@ class RunConfig:
     model_overrides: dict = field(default_factory=dict)
 
     def model(self, vocab_size: int) -> ModelConfig:
-        """The model config: size preset + architecture + overrides, vocabulary from the tokenizer."""
-        overrides = {"vocab_size": vocab_size, **self.model_overrides}
+        """The model config: size preset + architecture + overrides, vocabulary from the tokenizer (a
+        `vocab_size` setting must equal it: eval, generate and export read the model with its tokenizer)."""
+        given = self.model_overrides.get("vocab_size", vocab_size)
+        if given != vocab_size:
+            raise ValueError(
+                f"vocab_size={given!r} does not match the tokenizer {self.train.tokenizer!r}, which has {vocab_size} symbols; "
+                "leave vocab_size out (it is set from the tokenizer)")
+        overrides = {**self.model_overrides, "vocab_size": vocab_size}
         cfg = model_config(self.train.preset, self.train.arch, **overrides)
         if self.train.seq_len and self.train.seq_len > cfg.context:
             cfg = cfg.replace(context=self.train.seq_len)
         return cfg
 
     def vocab_hint(self) -> int:
-        """The vocabulary size of the run before its tokenizer is loaded: the `vocab_size` setting, else N
-        for `bpe:N` (its most), 257 for `byte`, LLAMA_VOCAB for a pretrained tokenizer."""
+        """The vocabulary size of the run before its tokenizer is loaded: 257 for `byte`, else the `vocab_size`
+        setting, else N for `bpe:N` (its most), LLAMA_VOCAB for a pretrained tokenizer."""
+        if self.train.tokenizer == "byte":  # known before anything loads: a vocab_size setting is checked against it
+            return ByteTokenizer.vocab_size
         if "vocab_size" in self.model_overrides:
             return self.model_overrides["vocab_size"]
-        if self.train.tokenizer == "byte":
-            return ByteTokenizer.vocab_size
         bpe = re.fullmatch(r"bpe:(\d+)", self.train.tokenizer)
         return int(bpe.group(1)) if bpe else LLAMA_VOCAB
 

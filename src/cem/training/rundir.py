@@ -55,15 +55,20 @@ def run_identity(run: RunConfig, model: ModelConfig | None = None, tokenizer: st
     return identity
 
 
+MAX_NAME_BYTES = 200  # a longer run name is cut (with a digest, `run_name`), leaving room for suffixes
+
+
 def run_name(head: Sequence[str], settings: tuple = (), tail: Sequence[str] = (), cut: int | None = None) -> str:
     """A run folder's name: `head`, then `key=value` for every setting (`settings`: a tuple of groups of
     (key, value) pairs), joined by "-"; with `cut`, that text cut to `cut` characters and followed by a
     digest of the settings, so that cut names stay apart; then `tail`. Characters other than letters,
-    digits and -_.= become _."""
+    digits (ASCII) and -_.= become _. A name over MAX_NAME_BYTES is cut as if `cut` were given."""
     text = "-".join([*head, *(f"{k}={v}" for group in settings for k, v in group)])
+    if cut is None and len(text) > MAX_NAME_BYTES:  # file systems refuse names over 255 bytes
+        cut = MAX_NAME_BYTES // 2
     if cut is not None:
         text = f"{text[:cut]}-{hashlib.sha1(repr(settings).encode()).hexdigest()[:6]}"
-    return "".join(c if c.isalnum() or c in "-_.=" else "_" for c in "-".join([text, *tail]))
+    return "".join(c if (c.isascii() and c.isalnum()) or c in "-_.=" else "_" for c in "-".join([text, *tail]))
 
 
 def default_run_dir(run: RunConfig) -> Path:
