@@ -152,6 +152,37 @@ def planted(rel):
     return setup
 
 
+def resigned(edit):
+    """The trained run copied to {tmp}/run2 (unfinished), its checkpoint edited by `edit(ckpt)` and the
+    manifest re-signed to match: checksums cannot catch it, the loader's own checks must."""
+
+    def setup(tmp, run, monkeypatch):
+        from cem.io import sha256_file as _sha256
+        from cem.training.checkpoint import MANIFEST
+
+        unfinished_copy(tmp, run, monkeypatch)
+        ckpt = tmp / "run2" / "ckpt"
+        edit(ckpt)
+        manifest = json.loads((ckpt / MANIFEST).read_text())
+        manifest["files"] = {p.name: {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in ckpt.iterdir() if p.name != MANIFEST}
+        manifest["step"] = torch.load(ckpt / "trainer_state.pt", weights_only=False)["step"]
+        (ckpt / MANIFEST).write_text(json.dumps(manifest))
+
+    return setup
+
+
+def negative_step(ckpt):
+    state = torch.load(ckpt / "trainer_state.pt", weights_only=False)
+    torch.save({**state, "step": -5}, ckpt / "trainer_state.pt")
+
+
+def int_weights(ckpt):
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(ckpt / "model.safetensors")
+    save_file({k: v.to(torch.int32) for k, v in weights.items()}, ckpt / "model.safetensors")
+
+
 def lost_manifest(tmp, run, monkeypatch):
     unfinished_copy(tmp, run, monkeypatch)
     (tmp / "run2" / "ckpt" / "manifest.json").unlink()
@@ -267,6 +298,9 @@ CASES = [
     ("resume a corrupt trainer state", RESUME, damaged_run("ckpt/trainer_state.pt", b"garbage"), "trainer_state.pt"),
     ("resume a crafted trainer state", RESUME, malicious_state, "refusing"),
     ("resume a damaged manifest", RESUME, damaged_run("ckpt/manifest.json", "{"), "manifest"),
+    ("resume a re-signed negative step", RESUME, resigned(negative_step), "step -5"),
+    ("resume re-signed int32 weights", RESUME, resigned(int_weights), "not floating point"),
+    ("eval re-signed int32 weights", ["eval", "--ckpt", "{tmp}/run2"], resigned(int_weights), "not floating point"),
     ("resume a newer format", RESUME,
      damaged_run("ckpt/manifest.json", '{"format": 7, "step": 1, "files": {}}'), "format version 7"),
     ("resume into a live run", RESUME, hold_lock, "in use by another process"),

@@ -76,6 +76,9 @@ def load_pretrained(directory: str | Path, map_location: str | torch.device = "c
         state = load_file(path, device=str(map_location))
     except (SafetensorError, OSError) as e:
         raise ValueError(f"corrupted weights file {path}: {e}") from None
+    odd = [f"{k} ({v.dtype})" for k, v in state.items() if not v.is_floating_point()]
+    if odd:
+        raise ValueError(f"weights in {path} are not floating point: {', '.join(odd[:3])}{' ...' if len(odd) > 3 else ''}")
     model = LanguageModel(cfg)
     if cfg.tie_embeddings:
         state["head.weight"] = state["embed.weight"]

@@ -175,6 +175,9 @@ def read_manifest(directory: Path) -> dict:
         raise ValueError(
             f"checkpoint {directory} has format version {version!r}; this cem reads versions up to {FORMAT_VERSION} (a newer cem wrote it?)"
         )
+    step = data.get("step")
+    if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
+        raise ValueError(f"checkpoint {directory} is corrupted: {MANIFEST} records step {step!r} (an integer >= 0 expected)")
     if not isinstance(data["files"], dict) or not all(isinstance(m, dict) and {"bytes", "sha256"} <= m.keys() for m in data["files"].values()):
         raise ValueError(f"checkpoint {directory} is corrupted: {MANIFEST} has no valid file table")
     return data
@@ -240,6 +243,9 @@ def load_trainer_state(directory: Path) -> dict:
         raise ValueError(f"refusing to load {path}: not a plain trainer state (only tensors, numbers and containers are read): {first}") from None
     if not isinstance(state, dict) or "step" not in state:
         raise ValueError(f"refusing to load {path}: not a cem trainer state")
+    step = state["step"]
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(f"refusing to load {path}: its step is {step!r} (an integer >= 0 expected)")
     version = state.get("format", 0)
     if not isinstance(version, int) or not 0 <= version <= FORMAT_VERSION:
         raise ValueError(f"{path} has format version {version!r}; this cem reads versions up to {FORMAT_VERSION}")
