@@ -69,7 +69,9 @@ def test_readme_walkthrough(stranger, capsys):
 
     assert main(["export", "runs/cem-micro", "export/cem"]) == 0
     tok = transformers.AutoTokenizer.from_pretrained("export/cem")
-    model = transformers.AutoModelForCausalLM.from_pretrained("export/cem", trust_remote_code=True)
+    import cem.hf  # noqa: F401 - the safe route: the installed class loads it, nothing in the folder runs
+
+    model = transformers.AutoModelForCausalLM.from_pretrained("export/cem")
     assert tok("HAMLET: to be")["input_ids"] == load_tokenizer(out / "tokenizer").encode("HAMLET: to be")
     pipe = transformers.pipeline("text-generation", model=model, tokenizer=tok)
     text = pipe("HAMLET:", max_new_tokens=8, do_sample=False)[0]["generated_text"]
@@ -84,3 +86,6 @@ def test_readme_walkthrough(stranger, capsys):
     pipe = transformers.pipeline("text-generation", model="export/llama", tokenizer="export/llama")
     assert pipe("OPHELIA:", max_new_tokens=5, do_sample=False)[0]["generated_text"].startswith("OPHELIA:")
     assert main(["export", "runs/cem-micro", "--format", "llama", "export/x"]) == 2  # not a plain Llama
+    assert main(["export", "runs/cem-micro", "--no-remote-code", "export/plain"]) == 0
+    assert not (stranger / "work/export/plain/modeling_cem.py").exists() and (stranger / "work/export/cem/modeling_cem.py").exists()
+    assert "auto_map" not in json.loads((stranger / "work/export/plain/config.json").read_text())

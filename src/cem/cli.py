@@ -182,6 +182,7 @@ def cmd_generate(args) -> int:
 def cmd_export(args) -> int:
     try:
         from .hf import export_hf
+        from .hf.llama_export import is_plain_llama
     except ImportError as e:
         raise ValueError(str(e)) from None
 
@@ -189,8 +190,8 @@ def cmd_export(args) -> int:
     _check_tokenizer(model, tokenizer, run, "export")
     if run.holds(args.out) is not None:
         raise ValueError(f"cannot export into {args.out}: it is, or lies in, {run.holds(args.out)} of the run being exported; choose another output folder")
-    out = export_hf(model, args.out, tokenizer=tokenizer, format="llama" if args.format == "llama" else "auto")
-    kind = "CEM format: trust_remote_code=True, or import cem.hf" if (out / "modeling_cem.py").exists() else "LlamaForCausalLM format"
+    out = export_hf(model, args.out, tokenizer=tokenizer, format="llama" if args.format == "llama" else "auto", remote_code=args.remote_code)
+    kind = "LlamaForCausalLM format" if is_plain_llama(model) else "CEM format: import cem.hf first"
     print(f"exported {run.path} to {out} ({kind}); load it with AutoTokenizer / AutoModelForCausalLM.from_pretrained")
     return 0
 
@@ -337,6 +338,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", default="hf", choices=("hf", "llama"),
                    help="hf: LlamaForCausalLM for a plain Llama, else the CEM format (needs cem-transformers where it is "
                    "loaded); llama: LlamaForCausalLM, an error for other models")
+    p.add_argument("--no-remote-code", dest="remote_code", action="store_false",
+                   help="CEM format: write no modeling_cem.py shim (then it loads only after `import cem.hf`, never through trust_remote_code)")
     p.add_argument("out", help="output directory")
     p.set_defaults(func=cmd_export)
 
