@@ -26,7 +26,8 @@ def special_token_ids(tokenizer, bos_token_id: int | None, eos_token_id: int | N
 def to_transformers_tokenizer(tokenizer: Tokenizer):
     """A `transformers.PreTrainedTokenizerFast` with the same ids as a cem tokenizer; its end-of-text token
     is the eos (and pad) token. The byte tokenizer becomes a byte-level BPE without merges (ids 0-255 are
-    the bytes, 256 is "<|endoftext|>"), so that `AutoTokenizer` reads it without cem."""
+    the bytes, 256 is "<|endoftext|>"), so that `AutoTokenizer` reads it without cem. Both encode text as
+    cem does: the literal text of a special token is never turned into the special token."""
     import tokenizers as tk
     from transformers import PreTrainedTokenizerFast
 
@@ -42,7 +43,9 @@ def to_transformers_tokenizer(tokenizer: Tokenizer):
         eot = backend.id_to_token(tokenizer.eot_id)
     else:
         raise ValueError(f"cannot convert a {type(tokenizer).__name__} to a transformers tokenizer")
-    return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token=eot, pad_token=eot, bos_token=eot)
+    # split_special_tokens: the text "<|endoftext|>" in a document is encoded as its characters, as cem's own
+    # tokenizers do (`HFTokenizer`, the byte tokenizer); only the id itself marks the end of a text
+    return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token=eot, pad_token=eot, bos_token=eot, split_special_tokens=True)
 
 
 def _bytes_to_unicode() -> dict[int, str]:
