@@ -72,6 +72,31 @@ def test_bad_token_ids():
         model(torch.zeros(1, 7, dtype=torch.long), cache=cache)
 
 
+def test_odd_but_valid_ids_and_bad_api_values():
+    """Token ids straight from a uint16 token cache work (as int64 ids do); a batch of 0 sequences, float
+    targets or targets of another shape, and non-integer generation settings are one clear ValueError."""
+    model = LanguageModel(model_config("tiny", "cem", vocab_size=50, context=16), init_seed=0).eval()
+    ids = torch.randint(0, 50, (2, 9))
+    assert torch.equal(model(ids.to(torch.uint16)), model(ids))
+    assert torch.equal(model(ids[:, :-1].to(torch.uint16), ids[:, 1:].to(torch.uint16)), model(ids[:, :-1], ids[:, 1:]))
+    gen = torch.Generator().manual_seed(0)
+    out = model.generate(ids[0].to(torch.uint16), 3, generator=gen)
+    assert torch.equal(out, model.generate(ids[0], 3, generator=torch.Generator().manual_seed(0)))
+    bad = [
+        (lambda: model(torch.zeros(0, 4, dtype=torch.long)), "batch of 0 sequences"),
+        (lambda: model(ids[:, :-1], ids[:, 1:].float()), "targets must be integer token ids"),
+        (lambda: model(ids[:, :-1], ids[:, 2:]), "do not match the ids' shape"),
+        (lambda: model.generate(ids[0], 2.5), "max_new_tokens must be an integer"),
+        (lambda: model.generate(ids[0], 10**12), "max_new_tokens must be an integer in"),
+        (lambda: model.generate(ids[0], 2, top_k=2.5), "top_k must be an integer"),
+        (lambda: model.generate("a prompt", 2), "the prompt must be a tensor"),
+        (lambda: model.generate(ids[None], 2), "the prompt must be a tensor"),
+    ]
+    for call, match in bad:
+        with pytest.raises(ValueError, match=match):
+            call()
+
+
 @pytest.mark.parametrize("arch", ["cem", "llama", "llama-alibi"])
 def test_generate_past_the_context(arch):
     """Within the context: one cache, the same tokens as before; past it: a window of recent tokens, and a

@@ -8,6 +8,9 @@ import torch
 from torch import Tensor
 
 
+MAX_NEW_TOKENS = 1 << 24  # one call's output is held in memory: a bound on what a caller may ask for
+
+
 def sample_next(
     logits: Tensor,
     temperature: float = 1.0,
@@ -24,8 +27,8 @@ def sample_next(
     # shifted so the largest logit is 0: a tiny temperature sends the others to -inf, never to NaN
     logits = (logits - logits.amax(dim=-1, keepdim=True)) / temperature
     if top_k is not None:
-        if top_k < 1:
-            raise ValueError(f"top_k must be >= 1, got {top_k}")
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+            raise ValueError(f"top_k must be an integer >= 1, got {top_k!r}")
         kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if top_p is not None:
@@ -62,12 +65,16 @@ def generate(
     `context // 4` new tokens). Every architecture runs like this: RoPE models never see positions past
     the trained ones, and ALiBi / CEM models, whose biases depend only on distances, see a window of the
     most recent tokens. Within the context the output is unchanged (one cache, filled token by token)."""
+    if not isinstance(prompt_ids, Tensor) or prompt_ids.dim() not in (1, 2):
+        raise ValueError(f"the prompt must be a tensor of token ids, shape (J,) or (B, J); got {type(prompt_ids).__name__}"
+                         + (f" of shape {tuple(prompt_ids.shape)}" if isinstance(prompt_ids, Tensor) else ""))
     squeeze = prompt_ids.dim() == 1
     ids = prompt_ids.unsqueeze(0) if squeeze else prompt_ids
     context = model.config.context
     model.check_ids(ids[:, -context:])
-    if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    ids = ids.long()  # the output holds the prompt and int64 samples (a uint16 prompt cannot be promoted)
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or not 0 <= max_new_tokens <= MAX_NEW_TOKENS:
+        raise ValueError(f"max_new_tokens must be an integer in [0, {MAX_NEW_TOKENS:,}], got {max_new_tokens!r}")
     keep = max(1, context - context // 4)
     with model.test_time(steps=steps, adaptive_tol=adaptive_tol, guard=guard):
         was_training = model.training

@@ -48,6 +48,9 @@ def parameter_generator(seed: int, name: str) -> torch.Generator:
     return torch.Generator().manual_seed(int.from_bytes(hashlib.sha256(key).digest()[:8], "little") >> 1)
 
 
+INDEX_DTYPES = (torch.int64, torch.int32, torch.int16, torch.uint8, torch.uint16, torch.uint32)  # token ids (token caches are uint16/uint32)
+
+
 class LanguageModel(nn.Module):
     """Token embedding, `n_layers` blocks, final RMSNorm, output head; `forward(ids) -> logits`.
 
@@ -90,8 +93,10 @@ class LanguageModel(nn.Module):
         """Raise ValueError unless `ids` is a (batch, seq) integer tensor of in-vocabulary ids that fits the context."""
         if ids.dim() != 2:
             raise ValueError(f"token ids must have shape (batch, seq), got shape {tuple(ids.shape)}")
-        if ids.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
+        if ids.dtype not in INDEX_DTYPES:
             raise ValueError(f"token ids must be an integer tensor, got dtype {ids.dtype}")
+        if ids.shape[0] == 0:
+            raise ValueError("token ids hold a batch of 0 sequences: need at least one")
         if ids.shape[1] == 0:
             raise ValueError("token ids are empty: need at least one token")
         if start + ids.shape[1] > self.config.context:
@@ -100,7 +105,8 @@ class LanguageModel(nn.Module):
             )
         if torch.compiler.is_compiling():
             return  # the value check would sync and break the graph; shapes were checked above
-        lo, hi = int(ids.min()), int(ids.max())
+        values = ids.long() if ids.dtype in (torch.uint16, torch.uint32) else ids  # min/max are not built for these
+        lo, hi = int(values.min()), int(values.max())
         if lo < 0 or hi >= self.config.vocab_size:
             bad = lo if lo < 0 else hi
             raise ValueError(f"token id {bad} is outside the vocabulary [0, {self.config.vocab_size})")
@@ -121,6 +127,8 @@ class LanguageModel(nn.Module):
         over tokens, their sum, or per token (B, J) for reduction "mean", "sum" or "none".
         """
         self.check_ids(ids, 0 if cache is None else cache.length)
+        if ids.dtype not in (torch.int64, torch.int32):  # e.g. uint16 straight from a token cache
+            ids = ids.long()
         if self.training and self.config.train_depth != "fixed":
             self.draw_depths()
         h = self.embed(ids)

@@ -6,6 +6,7 @@ the benchmarks) goes through `next_token_loss`, so the float32 upcast and the re
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -20,6 +21,11 @@ def next_token_loss(logits: Tensor, targets: Tensor, reduction: str = "mean", ig
     """
     if reduction not in REDUCTIONS:
         raise ValueError(f"unknown reduction {reduction!r}; expected one of {REDUCTIONS}")
+    if targets.shape != logits.shape[:-1]:
+        raise ValueError(f"targets of shape {tuple(targets.shape)} do not match the ids' shape {tuple(logits.shape[:-1])}")
+    if targets.is_floating_point() or targets.is_complex() or targets.dtype == torch.bool:
+        raise ValueError(f"targets must be integer token ids, got dtype {targets.dtype}")
+    targets = targets.long()  # cross_entropy wants int64 (token caches are uint16/uint32)
     losses = F.cross_entropy(
         logits.flatten(0, -2).float(), targets.flatten(), ignore_index=ignore_index, reduction=reduction
     )
