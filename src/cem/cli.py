@@ -94,6 +94,17 @@ def _recorded_config(out: Path):
     return RunConfig.from_dict(recorded["config"]) if recorded and "config" in recorded else None
 
 
+def _seeds(text: str) -> tuple[int, ...]:
+    """--seeds "0,1,2": distinct integers >= 0."""
+    try:
+        seeds = tuple(int(s) for s in text.split(","))
+    except ValueError:
+        raise ValueError(f"--seeds must be comma-separated integers, e.g. 0,1,2; got {text!r}") from None
+    if not seeds or min(seeds) < 0 or max(seeds) >= 2**63 or len(set(seeds)) != len(seeds):
+        raise ValueError(f"--seeds must be distinct integers in [0, 2**63), got {text!r}")
+    return seeds
+
+
 def cmd_train(args) -> int:
     from .training import Interrupted, train
     from .training.budget import with_default_steps
@@ -171,7 +182,12 @@ def cmd_generate(args) -> int:
     device = pick_device(args.device)
     model, tokenizer, run = _load_run(args.ckpt)
     _check_tokenizer(model, tokenizer, run, "generate from")
-    ids = tokenizer.encode(args.prompt) or [tokenizer.eot_id]
+    if not 0 <= args.seed < 2**63:
+        raise ValueError(f"--seed must be in [0, 2**63), got {args.seed}")
+    try:
+        ids = tokenizer.encode(args.prompt) or [tokenizer.eot_id]
+    except UnicodeEncodeError as e:  # argv bytes that are not UTF-8 arrive as lone surrogates
+        raise ValueError(f"--prompt is not valid UTF-8 text (character {e.object[e.start:e.end]!r} at {e.start})") from None
     gen = torch.Generator(device).manual_seed(args.seed)
     out = model.to(device).generate(torch.tensor(ids, device=device), args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.steps, gen,
                                      adaptive_tol=args.adaptive_tol, guard=args.guard)
@@ -249,7 +265,7 @@ def cmd_experiment(args) -> int:
     ids = None if args.id == "all" else tuple(args.id.split(","))  # all: the scale's suite
     overrides = {}
     if args.seeds:
-        seeds = tuple(int(s) for s in args.seeds.split(","))
+        seeds = _seeds(args.seeds)
         overrides.update(seeds=seeds, recursion_seeds=seeds)
     results = args.results or f"results/{args.scale}"
     for summary in run_suite(args.scale, results, args.data_dir, args.jobs, ids, args.device, **overrides):

@@ -25,10 +25,16 @@ def pick_device(name: str) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         device = torch.device(name)
-    except RuntimeError:
-        raise ValueError(f"unknown device {name!r}") from None
+    except (RuntimeError, TypeError):
+        raise ValueError(f"unknown device {name!r}; expected auto, cpu, cuda, cuda:N or mps") from None
+    if device.type not in ("cpu", "cuda", "mps"):
+        raise ValueError(f"device {name!r}: cem runs on auto, cpu, cuda, cuda:N or mps")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {name!r}: no CUDA device is available (torch.cuda.is_available() is False)")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ValueError(f"device {name!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"device {name!r}: MPS is not available on this machine")
     return device
 
 

@@ -16,7 +16,7 @@ from typing import BinaryIO, TextIO
 
 __all__ = [
     "atomic_write", "atomic_write_json", "atomic_write_text", "default_mode", "fix_modes", "make_temp_dir", "open_append", "open_no_follow",
-    "refuse_link", "sha256_file",
+    "read_json", "refuse_link", "sha256_file",
 ]
 
 
@@ -107,6 +107,21 @@ def open_no_follow(path: str | os.PathLike, flags: int, mode: int = 0o666) -> in
 def open_append(path: str | os.PathLike) -> TextIO:
     """`path` opened for appending text (created if missing), never through a symbolic link."""
     return os.fdopen(open_no_follow(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "a", newline="")
+
+
+def read_json(path: str | os.PathLike, mapping: bool = True):
+    """The JSON value in `path`; a ValueError naming the file when it is not UTF-8 JSON, nests too deeply,
+    or (with `mapping`) is not an object."""
+    path = Path(path)
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is corrupted: not JSON ({e})") from None
+    except RecursionError:
+        raise ValueError(f"{path} is corrupted: JSON nested too deeply") from None
+    if mapping and not isinstance(value, dict):
+        raise ValueError(f"{path} is corrupted: expected a JSON object, got {type(value).__name__}")
+    return value
 
 
 def sha256_file(path: str | os.PathLike) -> str:

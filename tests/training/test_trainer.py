@@ -4,7 +4,6 @@ import json
 import statistics
 
 import pytest
-import torch
 
 from cem.training import Interrupted, TrainingError, find_checkpoint, load_checkpoint, load_run_config, train, verify_checkpoint
 

@@ -16,7 +16,7 @@ from tqdm import tqdm
 from cem.data.chunking import pieces
 from cem.data.corpus import Corpus
 from cem.data.fsutil import cache_root
-from cem.io import atomic_write
+from cem.io import atomic_write, read_json
 
 EOT_TOKEN = "<|endoftext|>"
 META_FILE = "cem_tokenizer.json"
@@ -128,11 +128,8 @@ def load_tokenizer(directory: str | Path) -> Tokenizer:
     meta_path = directory / META_FILE
     if not meta_path.is_file():
         raise FileNotFoundError(f"no saved tokenizer in {directory} (missing {META_FILE})")
-    try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{meta_path} is corrupted: {e}") from None
-    if not isinstance(meta, dict) or "kind" not in meta:
+    meta = read_json(meta_path)
+    if "kind" not in meta:
         raise ValueError(f"{meta_path} is corrupted: expected a mapping with a 'kind'")
     if meta["kind"] == "byte":
         return ByteTokenizer()

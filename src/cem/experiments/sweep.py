@@ -3,7 +3,6 @@ finished and resumed when interrupted; several seeds reduced to mean ± std."""
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time

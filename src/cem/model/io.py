@@ -11,7 +11,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from ..io import fix_modes, make_temp_dir
+from ..io import fix_modes, make_temp_dir, read_json
 from .config import ModelConfig
 from .lm import LanguageModel
 
@@ -53,12 +53,7 @@ def load_config(directory: str | Path) -> ModelConfig:
     path = Path(directory) / "config.json"
     if not path.is_file():
         raise FileNotFoundError(f"no model config at {path} (expected a directory written by save_pretrained)")
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"corrupted model config {path}: {e}") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"corrupted model config {path}: expected a mapping of settings, got {type(data).__name__}")
+    data = read_json(path)
     data.pop("format", None)
     try:
         return ModelConfig.from_dict(data)

@@ -21,7 +21,6 @@ import dataclasses
 import errno
 import fcntl
 import hashlib
-import json
 import os
 import shutil
 from collections.abc import Iterator, Sequence
@@ -29,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from ..io import atomic_write_json, open_no_follow, refuse_link
+from ..io import atomic_write_json, open_no_follow, read_json, refuse_link
 from ..model import LanguageModel, ModelConfig, load_pretrained
 from .checkpoint import find_checkpoint, load_checkpoint, load_trainer_state, verify_checkpoint
 from .config import RunConfig, TrainConfig
@@ -148,10 +147,11 @@ class RunDir:
         """The contents of run.json, None if there is none (ValueError if it is unreadable)."""
         if not self.run_json.exists():
             return None
-        try:
-            return json.loads(self.run_json.read_text())
-        except json.JSONDecodeError:
-            raise ValueError(f"{self.run_json} is corrupted; choose another output directory") from None
+        recorded = read_json(self.run_json)
+        for key in ("config", "train", "model"):
+            if key in recorded and not isinstance(recorded[key], dict):
+                raise ValueError(f"{self.run_json} is corrupted: its {key!r} is not a mapping")
+        return recorded
 
     def differences(self, identity: dict) -> list[str]:
         """What differs between the run recorded here and `identity` (`run_identity`): "tokenizer",
@@ -310,7 +310,7 @@ class RunDir:
 
     def results(self) -> dict | None:
         """The final results, None while the run is unfinished."""
-        return json.loads(self.results_json.read_text()) if self.results_json.exists() else None
+        return read_json(self.results_json) if self.results_json.exists() else None
 
     def write_results(self, results: dict) -> None:
         atomic_write_json(self.results_json, results)

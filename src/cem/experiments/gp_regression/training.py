@@ -7,7 +7,7 @@ import math
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from ...training.schedule import lr_factor
 from .config import GPConfig
