@@ -1,0 +1,60 @@
+"""Training on prepared token shards (`cem data prepare ... --tokenizer`): the same run as on the corpus
+loaded whole, and a bit-exact resume with the sampler's position in the checkpoint."""
+
+import json
+
+import pytest
+
+from cem.cli import main
+from cem.training import Interrupted, load_run_config, train
+
+
+def run_cfg(tiny_args, **kw):
+    return load_run_config(None, ["context=32"], **{**tiny_args, **kw})
+
+
+def losses(run_dir):
+    return [r["loss"] for r in map(json.loads, open(run_dir / "metrics.jsonl")) if "loss" in r]
+
+
+@pytest.fixture
+def shards(corpus_dir, tmp_path):
+    """The test corpus as shards of 1,000 tokens, so that training windows cross shard boundaries."""
+    out = tmp_path / "shards"
+    assert main(["data", "prepare", str(corpus_dir), "--tokenizer", "byte", "--shard-tokens", "1000", "--workers", "0", "--out", str(out)]) == 0
+    assert len(json.loads((out / "manifest.json").read_text())["splits"]["train"]["shards"]) > 10
+    return out
+
+
+def test_shards_train_like_the_whole_corpus_and_resume_exactly(tiny_args, shards, tmp_path):
+    whole = run_cfg(tiny_args, max_steps=8, arch="cem-t2")
+    sharded = run_cfg(tiny_args, max_steps=8, arch="cem-t2", data=str(shards))
+    train(whole, tmp_path / "whole", progress=False)
+    train(sharded, tmp_path / "a", progress=False)
+    stopped = train(sharded, tmp_path / "b", progress=False, stop_at=3)
+    assert isinstance(stopped, Interrupted) and stopped.step == 3
+    train(sharded, tmp_path / "b", resume=True, progress=False)
+    assert losses(tmp_path / "a") == losses(tmp_path / "b") == losses(tmp_path / "whole")
+    results = [json.loads((tmp_path / r / "results.json").read_text()) for r in ("whole", "a", "b")]
+    assert results[0]["test_loss"] == results[1]["test_loss"] == results[2]["test_loss"]
+    assert results[0]["test_bits_per_byte"] == results[1]["test_bits_per_byte"]
+
+
+def test_shards_are_found_for_their_corpus_and_tokenizer(tiny_args, corpus_dir, tmp_path, capsys):
+    data_dir = tmp_path / "data"
+    assert main(["data", "prepare", str(corpus_dir), "--tokenizer", "byte", "--shard-tokens", "1000", "--workers", "0",
+                 "--data-dir", str(data_dir)]) == 0
+    prepared = capsys.readouterr().out.strip()
+    assert prepared.startswith(str(data_dir / "shards"))
+    run = train(run_cfg(tiny_args, max_steps=2, data_dir=str(data_dir)), tmp_path / "r", progress=False)
+    identity = json.loads((tmp_path / "r" / "run.json").read_text())
+    fingerprint = json.dumps(identity)
+    from cem.data.tokenshards import fingerprint as shard_fingerprint, load_shards
+
+    assert shard_fingerprint(load_shards(prepared)[0]) in fingerprint
+    assert run["steps"] == 2
+
+
+def test_shards_of_another_tokenizer_are_refused(tiny_args, shards, tmp_path):
+    with pytest.raises(ValueError, match="train with --tokenizer byte"):
+        train(run_cfg(tiny_args, max_steps=2, data=str(shards), tokenizer="bpe:300"), tmp_path / "r", progress=False)
