@@ -135,7 +135,7 @@ def _check_tokenizer(model, tokenizer, run, what: str) -> None:
 
 
 def cmd_eval(args) -> int:
-    from .data import build_split, load_corpus
+    from .data.tokenshards import token_split
     from .model import parameter_breakdown
     from .device import autocast_for, pick_device
     from .training.evaluate import evaluate
@@ -148,7 +148,7 @@ def cmd_eval(args) -> int:
     if args.batch_size is not None and args.batch_size < 1:
         raise ValueError(f"batch_size (--batch-size) must be >= 1, got {args.batch_size}")
     e = run.eval_settings(model.config.context, args.data, args.data_dir, args.seq_len, args.batch_size)
-    split = build_split(load_corpus(e.data, e.data_dir, encoding=e.encoding), tokenizer, args.split)
+    split = token_split(e.data, tokenizer, e.tokenizer, args.split, e.data_dir, e.encoding)
     metrics = evaluate(model.to(device), split, e.seq_len, e.batch_size, device, args.max_batches, autocast_for(e.precision, device),
                        progress=not args.json, desc=f"{e.data} {args.split}")
     metrics = {"data": e.data, "split": args.split, **metrics, "parameters": parameter_breakdown(model)}

@@ -58,3 +58,11 @@ def test_shards_are_found_for_their_corpus_and_tokenizer(tiny_args, corpus_dir, 
 def test_shards_of_another_tokenizer_are_refused(tiny_args, shards, tmp_path):
     with pytest.raises(ValueError, match="train with --tokenizer byte"):
         train(run_cfg(tiny_args, max_steps=2, data=str(shards), tokenizer="bpe:300"), tmp_path / "r", progress=False)
+
+
+def test_eval_of_a_run_on_shards_reads_them(tiny_args, shards, tmp_path, capsys):
+    train(run_cfg(tiny_args, max_steps=2, data=str(shards), final_eval_tokens=0), tmp_path / "r", progress=False)  # the whole split
+    capsys.readouterr()
+    assert main(["eval", "--ckpt", str(tmp_path / "r"), "--split", "test", "--json", "--device", "cpu"]) == 0
+    metrics = json.loads(capsys.readouterr().out)
+    assert metrics["loss"] == pytest.approx(json.loads((tmp_path / "r" / "results.json").read_text())["test_loss"], rel=1e-6)

@@ -33,9 +33,9 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from cem.data.corpora import prepare_target
+from cem.data.corpora import load_corpus, prepare_target
 from cem.data.corpus import SPLITS
-from cem.data.shards import TokenSplit, encode_pieces, piece_batches, token_dtype
+from cem.data.shards import TokenSplit, build_split, encode_pieces, piece_batches, token_dtype
 from cem.data.stream import open_streams
 from cem.data.tokenizers import Tokenizer, get_tokenizer, load_tokenizer
 from cem.io import atomic_write, atomic_write_json, refuse_link
@@ -404,6 +404,19 @@ def load_shards(path: str | Path) -> tuple[dict, Tokenizer, dict[str, TokenSplit
         tokens = ShardedTokens(paths, sizes, settings["dtype"])
         splits[split] = TokenSplit(f"{settings['source']}/{split}", tokens, state["n_bytes"])
     return manifest, load_tokenizer(path / TOKENIZER_DIR), splits
+
+
+def token_split(data: str, tokenizer: Tokenizer, tokenizer_spec: str, split: str, data_dir: str | Path | None = None,
+                encoding: str = "utf-8") -> TokenSplit:
+    """One split of `data` in `tokenizer`'s ids (`tokenizer_spec` names it): from its token shards where
+    there are some (`find_shards`), else the corpus tokenised (`build_split`)."""
+    shards = find_shards(data, tokenizer_spec, data_dir)
+    if shards is None:
+        return build_split(load_corpus(data, data_dir, encoding=encoding), tokenizer, split)
+    manifest, _, splits = load_shards(shards)
+    if manifest["settings"]["tokenizer"] != tokenizer.name:
+        raise ValueError(f"{shards} holds tokens of {manifest['settings']['tokenizer']}, not of {tokenizer.name}")
+    return splits[split]
 
 
 def fingerprint(manifest: dict) -> str:
