@@ -147,6 +147,11 @@ def test_bad_requests(stream_corpus, tmp_path):
     prepare_shards(str(stream_corpus), "byte", tmp_path / "o", tokens=1000, shard_tokens=500, workers=0, progress=False)
     with pytest.raises(ValueError, match=r"other settings \(shard_tokens differ\)"):
         prepare_shards(str(stream_corpus), "byte", tmp_path / "o", tokens=1000, shard_tokens=400, workers=0, progress=False)
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / ".notes.tmp").write_text("not a prepare's")
+    with pytest.raises(ValueError, match="is not empty and holds no token shards"):
+        prepare_shards(str(stream_corpus), "byte", tmp_path / "mine", progress=False)
+    assert (tmp_path / "mine" / ".notes.tmp").is_file()
     (tmp_path / "link").symlink_to(tmp_path / "o")
     with pytest.raises(ValueError, match="symbolic link"):
         prepare_shards(str(stream_corpus), "byte", tmp_path / "link", progress=False)

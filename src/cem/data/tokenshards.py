@@ -127,11 +127,14 @@ def prepare_shards(
     if manifest is not None and manifest["complete"]:
         _say(progress, f"{out} already holds these token shards")
         return out
-    manifest = manifest or {"settings": settings, "splits": {}, "complete": False}
-    out.mkdir(parents=True, exist_ok=True)
+    documents = open_streams(source, encoding)  # a source that cannot be read is refused before anything is written
+    if manifest is None:
+        if out.is_dir() and any(out.iterdir()):
+            raise ValueError(f"{out} is not empty and holds no token shards; choose a new or empty folder (--out)")
+        manifest = {"settings": settings, "splits": {}, "complete": False}
+        atomic_write_json(out / MANIFEST, manifest)  # first: from now on the folder is a prepare's own
     tokenizer.save(refuse_link(out / TOKENIZER_DIR))
     _remove_stale_temporaries(out)
-    documents = open_streams(source, encoding)
     workers = (os.cpu_count() or 1) if workers is None else workers
     with _executor(workers, out / TOKENIZER_DIR, encoding) as pool:
         for split in SPLITS:
