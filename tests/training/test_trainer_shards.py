@@ -2,6 +2,10 @@
 loaded whole, and a bit-exact resume with the sampler's position in the checkpoint."""
 
 import json
+import os
+import socket
+import subprocess
+import sys
 
 import pytest
 
@@ -73,3 +77,21 @@ def test_eval_of_a_run_on_shards_reads_them(tiny_args, shards, tmp_path, capsys)
     run = RunDir(tmp_path / "r")
     split = run_split(run, run.train_settings(), "valid")  # what the analyses of a run read
     assert split.tokens.tolist() == load_shards(shards)[2]["valid"].tokens.tolist()
+
+
+def test_two_processes_on_shards_match_one_on_the_corpus(corpus_dir, shards, tmp_path):
+    """torchrun with two CPU processes (gloo, DDP) on the shards: each rank reads its half of every global batch
+    through the memory maps, and the loss curve is the one process's on the corpus loaded whole."""
+    with socket.socket() as sock:  # a free port for the rendezvous
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "CEM_CACHE_DIR": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    common = ["--preset", "tiny", "--arch", "cem", "--max-steps", "4", "--quiet", "context=32", "log_every=1", "tensorboard=false", "eval_every=0"]
+    one = [sys.executable, "-m", "cem", "train", "--data", str(corpus_dir), "--out", str(tmp_path / "one"), "--batch-size", "4", *common]
+    subprocess.run(one, env=env, check=True, capture_output=True, timeout=300)
+    two = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port), "-m", "cem", "train",
+           "--data", str(shards), "--out", str(tmp_path / "two"), "--batch-size", "2", *common]
+    proc = subprocess.run(two, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, [line for line in proc.stderr.splitlines() if "rror" in line][:5]
+    assert losses(tmp_path / "two") == pytest.approx(losses(tmp_path / "one"), rel=1e-5)
+    assert json.loads((tmp_path / "two" / "results.json").read_text())["world_size"] == 2
