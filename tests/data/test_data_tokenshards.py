@@ -20,6 +20,7 @@ import pytest
 from cem.data import SequenceSampler, TokenSplit, get_tokenizer, iter_eval_batches
 from cem.data import tokenshards
 from cem.data.stream import open_streams
+from cem.data.tokenizers import bpe_from_texts
 from cem.data.tokenshards import ShardedTokens, find_shards, load_shards, prepare_shards, shard_dir
 
 WORDS = "the cat sat on a mat and then ran to its home where café owners said naïve things".split()
@@ -87,6 +88,18 @@ def test_bpe_shards_and_uint32_for_a_large_vocabulary(stream_corpus, tmp_path, m
     assert wide_splits["test"].tokens.tolist() == splits["test"].tokens.tolist()
 
 
+def test_a_bpe_trained_on_the_leading_documents(stream_corpus, tmp_path, monkeypatch):
+    monkeypatch.setattr(tokenshards, "BPE_SAMPLE_CHARS", 20_000)
+    out = prepare_shards(str(stream_corpus), "bpe:300", tmp_path / "out", shard_tokens=3000, workers=2, progress=False)
+    manifest, tokenizer, splits = load_shards(out)
+    assert tokenizer.vocab_size == 300 and manifest["settings"]["tokenizer"] == tokenizer.name
+    assert manifest["settings"]["bpe_sample_chars"] == 20_000
+    assert splits["valid"].tokens.tolist() == _expected(str(stream_corpus), "valid", tokenizer)[0]
+    sample = tokenshards._sample(open_streams(str(stream_corpus))("train"), 20_000)
+    assert 20_000 <= sum(map(len, sample)) < 21_000  # the leading documents until 20,000 characters
+    assert bpe_from_texts(sample, 300).name == tokenizer.name  # the BPE of those documents
+
+
 def _small_corpus(folder: Path):
     from cem.data import load_corpus
 
@@ -140,8 +153,8 @@ def test_split_files_and_hf_datasets(tmp_path):
 def test_bad_requests(stream_corpus, tmp_path):
     with pytest.raises(ValueError, match="--tokens N"):
         prepare_shards("hf:some/corpus", "byte", tmp_path / "o", progress=False)
-    with pytest.raises(ValueError, match="BPE trained on the corpus is not supported"):
-        prepare_shards(str(stream_corpus), "bpe:512", tmp_path / "o", progress=False)
+    with pytest.raises(ValueError, match="need at least 257 symbols"):
+        prepare_shards(str(stream_corpus), "bpe:200", tmp_path / "o", progress=False)
     with pytest.raises(FileNotFoundError, match="does not exist"):
         prepare_shards(str(tmp_path / "nothing"), "byte", tmp_path / "o", progress=False)
     prepare_shards(str(stream_corpus), "byte", tmp_path / "o", tokens=1000, shard_tokens=500, workers=0, progress=False)
@@ -157,9 +170,10 @@ def test_bad_requests(stream_corpus, tmp_path):
         prepare_shards(str(stream_corpus), "byte", tmp_path / "link", progress=False)
 
 
-def test_interrupted_prepare_continues_to_the_same_bytes(stream_corpus, tmp_path, monkeypatch):
+@pytest.mark.parametrize("tokenizer", ["byte", "bpe:300"])
+def test_interrupted_prepare_continues_to_the_same_bytes(tokenizer, stream_corpus, tmp_path, monkeypatch):
     kw = dict(tokens=20_000, held_out_tokens=3000, shard_tokens=3000, workers=0, progress=False)
-    whole = prepare_shards(str(stream_corpus), "byte", tmp_path / "whole", **kw)
+    whole = prepare_shards(str(stream_corpus), tokenizer, tmp_path / "whole", **kw)
     real_record, calls = tokenshards._record, []
 
     def record_then_stop(*args):
@@ -171,12 +185,12 @@ def test_interrupted_prepare_continues_to_the_same_bytes(stream_corpus, tmp_path
     monkeypatch.setattr(tokenshards, "_record", record_then_stop)
     for _ in range(2):
         with pytest.raises(KeyboardInterrupt):
-            prepare_shards(str(stream_corpus), "byte", tmp_path / "cut", **kw)
+            prepare_shards(str(stream_corpus), tokenizer, tmp_path / "cut", **kw)
     manifest = json.loads((tmp_path / "cut" / "manifest.json").read_text())
     assert not manifest["complete"] and manifest["splits"]["valid"]["shards"]
     with pytest.raises(ValueError, match="unfinished"):
         load_shards(tmp_path / "cut")
-    prepare_shards(str(stream_corpus), "byte", tmp_path / "cut", **kw)
+    prepare_shards(str(stream_corpus), tokenizer, tmp_path / "cut", **kw)
     assert _files(tmp_path / "cut") == _files(whole)
 
 

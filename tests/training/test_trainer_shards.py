@@ -44,18 +44,19 @@ def test_shards_train_like_the_whole_corpus_and_resume_exactly(tiny_args, shards
     assert results[0]["test_bits_per_byte"] == results[1]["test_bits_per_byte"]
 
 
-def test_shards_are_found_for_their_corpus_and_tokenizer(tiny_args, corpus_dir, tmp_path, capsys):
+@pytest.mark.parametrize("tokenizer", ["byte", "bpe:300"])
+def test_shards_are_found_for_their_corpus_and_tokenizer(tokenizer, tiny_args, corpus_dir, tmp_path, capsys):
+    from cem.data.tokenshards import fingerprint, load_shards
+
     data_dir = tmp_path / "data"
-    assert main(["data", "prepare", str(corpus_dir), "--tokenizer", "byte", "--shard-tokens", "1000", "--workers", "0",
+    assert main(["data", "prepare", str(corpus_dir), "--tokenizer", tokenizer, "--shard-tokens", "1000", "--workers", "0",
                  "--data-dir", str(data_dir)]) == 0
     prepared = capsys.readouterr().out.strip()
     assert prepared.startswith(str(data_dir / "shards"))
-    run = train(run_cfg(tiny_args, max_steps=2, data_dir=str(data_dir)), tmp_path / "r", progress=False)
+    manifest, shard_tokenizer, _ = load_shards(prepared)
+    run = train(run_cfg(tiny_args, max_steps=2, data_dir=str(data_dir), tokenizer=tokenizer), tmp_path / "r", progress=False)
     identity = json.loads((tmp_path / "r" / "run.json").read_text())
-    fingerprint = json.dumps(identity)
-    from cem.data.tokenshards import fingerprint as shard_fingerprint, load_shards
-
-    assert shard_fingerprint(load_shards(prepared)[0]) in fingerprint
+    assert identity["corpus"] == fingerprint(manifest) and identity["tokenizer"] == shard_tokenizer.name
     assert run["steps"] == 2
 
 

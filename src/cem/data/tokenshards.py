@@ -37,7 +37,8 @@ from cem.data.corpora import load_corpus, prepare_target
 from cem.data.corpus import SPLITS
 from cem.data.shards import TokenSplit, build_split, encode_pieces, piece_batches, token_dtype
 from cem.data.stream import open_streams
-from cem.data.tokenizers import Tokenizer, get_tokenizer, load_tokenizer
+from cem.data.chunking import pieces
+from cem.data.tokenizers import META_FILE, Tokenizer, bpe_from_texts, get_tokenizer, load_tokenizer
 from cem.io import atomic_write, atomic_write_json, refuse_link
 
 FORMAT = "cem-token-shards/1"
@@ -45,6 +46,7 @@ MANIFEST = "manifest.json"
 TOKENIZER_DIR = "tokenizer"
 SHARD_TOKENS = 100_000_000  # tokens per shard (200 MB as uint16)
 TASK_CHARS = 2_000_000  # characters of documents handed to a worker per task
+BPE_SAMPLE_CHARS = 50_000_000  # `--tokenizer bpe:N` is trained on the leading training documents up to this size
 TASKS_PER_WORKER = 2  # tasks in flight per worker: what bounds the memory
 HELD_OUT_FRACTION = 0.01  # with --tokens N, valid and test take at most this fraction of N (at least 1M) each
 MIN_HELD_OUT_TOKENS = 1_000_000
@@ -90,23 +92,31 @@ def prepare_shards(
     `tokens`: train tokens to write (None: the whole train stream; an hf: source needs a number);
     `held_out_tokens`: at most this many for valid and for test each (default: HELD_OUT_FRACTION of
     `tokens`, at least MIN_HELD_OUT_TOKENS; the whole split without `tokens`). `workers`: tokenising
-    processes (default: the CPU count; 0 tokenises in this process). A folder holding an unfinished
-    prepare of the same settings is continued; one of other settings is refused.
+    processes (default: the CPU count; 0 tokenises in this process). `tokenizer_spec` "bpe:N" trains a
+    BPE on the leading training documents (BPE_SAMPLE_CHARS characters) and keeps it in the folder. A
+    folder holding an unfinished prepare of the same settings is continued; one of other settings is refused.
     """
     if tokens is None and source.startswith("hf:"):
         raise ValueError(f"{source}: say how many training tokens to prepare (--tokens N, e.g. 2.7e9)")
     if shard_tokens < 1:
         raise ValueError(f"shard_tokens must be positive, got {shard_tokens}")
-    if re.fullmatch(r"bpe:\d+", tokenizer_spec):
-        raise ValueError(f"--tokenizer {tokenizer_spec}: a BPE trained on the corpus is not supported for token shards; "
-                         "train one on a sample (cem train --tokenizer bpe:N on a small corpus saves it in the run folder) "
-                         "and pass that folder, or use a pretrained tokenizer")
     if not source.startswith("hf:"):  # a local corpus is named by its absolute path (as `cem train` records it)
         source = str(Path(source).expanduser().resolve())
     if held_out_tokens is None and tokens is not None:
         held_out_tokens = max(MIN_HELD_OUT_TOKENS, int(HELD_OUT_FRACTION * tokens))
     out = refuse_link(Path(out) if out is not None else shard_dir(source, tokenizer_spec, data_dir))
-    tokenizer = get_tokenizer(tokenizer_spec)
+    manifest = _read_manifest(out)
+    if manifest is None and out.is_dir() and any(out.iterdir()):
+        raise ValueError(f"{out} is not empty and holds no token shards; choose a new or empty folder (--out)")
+    documents = None
+    bpe = re.fullmatch(r"bpe:(\d+)", tokenizer_spec)
+    if bpe and manifest is not None and (out / TOKENIZER_DIR / META_FILE).is_file():
+        tokenizer = load_tokenizer(out / TOKENIZER_DIR)  # trained by the prepare this one continues
+    elif bpe:
+        documents = open_streams(source, encoding)
+        tokenizer = bpe_from_texts(_sample(documents("train"), BPE_SAMPLE_CHARS), int(bpe.group(1)))
+    else:
+        tokenizer = get_tokenizer(tokenizer_spec)
     settings = {
         "format": FORMAT,
         "source": source,
@@ -118,8 +128,8 @@ def prepare_shards(
         "shard_tokens": shard_tokens,
         "tokens": {"train": tokens, "valid": held_out_tokens, "test": held_out_tokens},
         "encoding": encoding,
+        "bpe_sample_chars": BPE_SAMPLE_CHARS if bpe else None,
     }
-    manifest = _read_manifest(out)
     if manifest is not None and manifest["settings"] != settings:
         changed = sorted(k for k in settings if manifest["settings"].get(k) != settings[k])
         raise ValueError(f"{out} holds token shards prepared with other settings ({', '.join(changed)} differ); "
@@ -127,10 +137,8 @@ def prepare_shards(
     if manifest is not None and manifest["complete"]:
         _say(progress, f"{out} already holds these token shards")
         return out
-    documents = open_streams(source, encoding)  # a source that cannot be read is refused before anything is written
+    documents = documents or open_streams(source, encoding)  # a source that cannot be read is refused before anything is written
     if manifest is None:
-        if out.is_dir() and any(out.iterdir()):
-            raise ValueError(f"{out} is not empty and holds no token shards; choose a new or empty folder (--out)")
         manifest = {"settings": settings, "splits": {}, "complete": False}
         atomic_write_json(out / MANIFEST, manifest)  # first: from now on the folder is a prepare's own
     tokenizer.save(refuse_link(out / TOKENIZER_DIR))
@@ -149,6 +157,17 @@ def prepare_shards(
     sizes = ", ".join(f"{s} {sum(x['n_tokens'] for x in st['shards']):,}" for s, st in manifest["splits"].items())
     _say(progress, f"token shards of {source} ready in {out}: {sizes} tokens")
     return out
+
+
+def _sample(docs: Iterable[str], max_chars: int) -> list[str]:
+    """Pieces (`chunking.pieces`) of the leading documents, until `max_chars` characters are taken."""
+    texts, size = [], 0
+    for doc in docs:
+        texts += pieces(doc)
+        size += len(doc)
+        if size >= max_chars:
+            break
+    return texts
 
 
 def _write_split(out: Path, manifest: dict, split: str, docs: Iterator[str], tokenizer: Tokenizer,
