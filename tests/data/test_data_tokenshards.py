@@ -97,7 +97,7 @@ def test_a_bpe_trained_on_the_leading_documents(stream_corpus, tmp_path, monkeyp
     assert splits["valid"].tokens.tolist() == _expected(str(stream_corpus), "valid", tokenizer)[0]
     sample = tokenshards._sample(open_streams(str(stream_corpus))("train"), 20_000)
     assert 20_000 <= sum(map(len, sample)) < 21_000  # the leading documents until 20,000 characters
-    assert bpe_from_texts(sample, 300).name == tokenizer.name  # the BPE of those documents
+    assert bpe_from_texts(sample, 300, "the sample").name == tokenizer.name  # the BPE of those documents
 
 
 def _small_corpus(folder: Path):
@@ -153,6 +153,8 @@ def test_split_files_and_hf_datasets(tmp_path):
 def test_bad_requests(stream_corpus, tmp_path):
     with pytest.raises(ValueError, match="--tokens N"):
         prepare_shards("hf:some/corpus", "byte", tmp_path / "o", progress=False)
+    with pytest.raises(ValueError, match="held_out_tokens must be positive, got 0"):
+        prepare_shards(str(stream_corpus), "byte", tmp_path / "o", held_out_tokens=0, progress=False)
     with pytest.raises(ValueError, match="need at least 257 symbols"):
         prepare_shards(str(stream_corpus), "bpe:200", tmp_path / "o", progress=False)
     with pytest.raises(FileNotFoundError, match="does not exist"):

@@ -184,17 +184,17 @@ def train_bpe(corpus: Corpus | None, vocab_size: int, cache_dir: str | Path | No
     if (directory / META_FILE).is_file():
         return load_tokenizer(directory)
     texts = [piece for doc in corpus.splits["train"] for piece in pieces(doc)]
-    print(f"training a {vocab_size}-symbol BPE tokenizer on {corpus.name}/train ({len(texts):,} pieces); "
-          f"cached in {directory}", file=sys.stderr)
-    tokenizer = bpe_from_texts(texts, vocab_size)
+    tokenizer = bpe_from_texts(texts, vocab_size, f"{corpus.name}/train; cached in {directory}")
     tokenizer.save(directory)
     return tokenizer
 
 
-def bpe_from_texts(texts: Sequence[str], vocab_size: int) -> HFTokenizer:
-    """Byte-level BPE of at most `vocab_size` symbols (end-of-text included) trained on `texts`."""
+def bpe_from_texts(texts: Sequence[str], vocab_size: int, source: str) -> HFTokenizer:
+    """Byte-level BPE of at most `vocab_size` symbols (end-of-text included) trained on `texts` (`source`
+    says what they are, in the message announcing the training)."""
     if vocab_size < 257:
         raise ValueError(f"bpe:{vocab_size}: need at least 257 symbols (256 bytes + {EOT_TOKEN})")
+    print(f"training a {vocab_size}-symbol BPE tokenizer on {source} ({len(texts):,} pieces)", file=sys.stderr)
     backend = hf.Tokenizer(hf.models.BPE())
     backend.pre_tokenizer = hf.pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = hf.decoders.ByteLevel()

@@ -98,8 +98,9 @@ def prepare_shards(
     """
     if tokens is None and source.startswith("hf:"):
         raise ValueError(f"{source}: say how many training tokens to prepare (--tokens N, e.g. 2.7e9)")
-    if shard_tokens < 1:
-        raise ValueError(f"shard_tokens must be positive, got {shard_tokens}")
+    for name, value in (("tokens", tokens), ("held_out_tokens", held_out_tokens), ("shard_tokens", shard_tokens)):
+        if value is not None and value < 1:
+            raise ValueError(f"{name} must be positive, got {value}")
     if not source.startswith("hf:"):  # a local corpus is named by its absolute path (as `cem train` records it)
         source = str(Path(source).expanduser().resolve())
     if held_out_tokens is None and tokens is not None:
@@ -114,7 +115,8 @@ def prepare_shards(
         tokenizer = load_tokenizer(out / TOKENIZER_DIR)  # trained by the prepare this one continues
     elif bpe:
         documents = open_streams(source, encoding)
-        tokenizer = bpe_from_texts(_sample(documents("train"), BPE_SAMPLE_CHARS), int(bpe.group(1)))
+        sample = _sample(documents("train"), BPE_SAMPLE_CHARS)
+        tokenizer = bpe_from_texts(sample, int(bpe.group(1)), f"the first {BPE_SAMPLE_CHARS:,} characters of {source}'s training documents")
     else:
         tokenizer = get_tokenizer(tokenizer_spec)
     settings = {
