@@ -348,7 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = data_sub.add_parser("prepare", help="fetch a named corpus into the data directory (Hugging Face datasets or its canonical file), "
                             "or with --tokenizer write the token shards of a corpus of any size")
     p.add_argument("name", help=f"the corpus: {', '.join(PREPARABLE)}; with --tokenizer: hf:NAME[:CONFIG] or a local file or folder")
-    p.add_argument("--tokenizer", help="write token shards with this tokenizer (byte, a tokenizer folder or Hugging Face name)")
+    p.add_argument("--tokenizer", help="write token shards with this tokenizer (byte, bpe:N trained on the corpus' first 50M characters, a tokenizer folder or Hugging Face name)")
     p.add_argument("--tokens", help="token shards: training tokens to write, e.g. 2.7e9 (default: the whole corpus; hf: needs it)")
     p.add_argument("--held-out-tokens", dest="held_out_tokens", help="token shards: at most this many valid and test tokens each "
                    "(default: 1%% of --tokens, at least 1e6)")
