@@ -196,6 +196,39 @@ def test_interrupted_prepare_continues_to_the_same_bytes(tokenizer, stream_corpu
     assert _files(tmp_path / "cut") == _files(whole)
 
 
+def test_an_hf_prepare_resumes_from_the_dataset_position(tmp_path, monkeypatch):
+    """An interrupted prepare of an hf: dataset reopens its train split where the last shard's batch began
+    (datasets' IterableDataset.load_state_dict), instead of reading the documents before it again."""
+    import datasets
+
+    rng = random.Random(3)
+    (tmp_path / "ds").mkdir()
+    for name, n in (("train-0", 300), ("train-1", 300), ("train-2", 300), ("validation", 40), ("test", 40)):
+        with open(tmp_path / "ds" / f"{name}.jsonl", "w", encoding="utf-8") as f:
+            f.writelines(json.dumps({"text": d}) + "\n" for d in _docs(rng, n))
+    monkeypatch.setattr(tokenshards, "TASK_CHARS", 2000)
+    source, kw = f"hf:{tmp_path / 'ds'}", dict(tokens=10**6, shard_tokens=9000, workers=0, progress=False)
+    whole = prepare_shards(source, "byte", tmp_path / "whole", **kw)
+    assert not (whole / "resume.json").exists()
+    real_record, real_load, loaded = tokenshards._record, datasets.IterableDataset.load_state_dict, []
+
+    def record_then_stop(*args):
+        real_record(*args)
+        if len(args[1]["splits"]["train"]["shards"]) == 6:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(tokenshards, "_record", record_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        prepare_shards(source, "byte", tmp_path / "cut", **kw)
+    position = json.loads((tmp_path / "cut" / "resume.json").read_text())["train"]
+    assert position["doc"] > 300 and position["position"] is not None  # in the second file
+    monkeypatch.setattr(tokenshards, "_record", real_record)
+    monkeypatch.setattr(datasets.IterableDataset, "load_state_dict", lambda self, state: loaded.append(state) or real_load(self, state))
+    prepare_shards(source, "byte", tmp_path / "cut", **kw)
+    assert loaded == [position["position"]]
+    assert _files(tmp_path / "cut") == _files(whole)
+
+
 KILL_SCRIPT = """
 import sys
 from cem.data.tokenshards import prepare_shards

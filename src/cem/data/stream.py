@@ -6,7 +6,9 @@ file or folder of them. Splits follow `load_corpus` where they are named (train/
 folder; a dataset's "train", "validation"/"valid"/"dev" and "test"); otherwise, since a stream cannot be
 ranked as a whole, each document goes to a split by the hash of its key (`splitting.split_of`: about 1%
 valid, 1% test), and a dataset with one held-out split gives its even-numbered documents to valid and
-its odd-numbered ones to test. `documents(split)` starts a fresh stream each call, always in the same order.
+its odd-numbered ones to test. `documents(split)` starts a fresh stream each call, always in the same order;
+`documents(split, resume=stream.position())` continues a stream where it stood (a dataset split read
+directly, through `datasets`' `IterableDataset.state_dict`: whole files already read are not read again).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from cem.data.hub import held_out_names, open_hf, texts
 from cem.data.local import SUFFIXES, split_files, iter_documents, split_text
@@ -21,7 +24,26 @@ from cem.data.splitting import split_of
 
 VALID_FRAC = TEST_FRAC = 0.01
 
-DocumentStreams = Callable[[str], Iterator[str]]
+
+
+class Stream:
+    """The documents of one split, one at a time; `position()` says where the stream stands (after the
+    documents taken so far) as JSON-able data to resume from, or None where the source cannot say."""
+
+    def __init__(self, docs: Iterator[str], position: Callable[[], Any] | None = None) -> None:
+        self._docs, self._position = docs, position
+
+    def __iter__(self) -> Stream:
+        return self
+
+    def __next__(self) -> str:
+        return next(self._docs)
+
+    def position(self) -> Any:
+        return None if self._position is None else self._position()
+
+
+DocumentStreams = Callable[..., Stream]  # documents(split, resume=None)
 
 
 def open_streams(spec: str, encoding: str = "utf-8") -> DocumentStreams:
@@ -43,7 +65,7 @@ def _local_streams(path: Path, encoding: str) -> DocumentStreams:
     if path.is_dir():
         named = split_files(path)
         if named:
-            return lambda split: iter_documents(named[split], encoding)
+            return lambda split, resume=None: Stream(iter_documents(named[split], encoding))
         files = sorted(p for p in path.rglob("*") if p.suffix in SUFFIXES and p.is_file())
         if not files:
             raise ValueError(f"{path}: directory holds no {', '.join(SUFFIXES)} files")
@@ -58,21 +80,24 @@ def _local_streams(path: Path, encoding: str) -> DocumentStreams:
                 docs = iter(split_text(next(docs)))
             yield from ((f"{rel}#{i}", doc) for i, doc in enumerate(docs))
 
-    return lambda split: _hashed(keyed, split)
+    return lambda split, resume=None: Stream(_hashed(keyed, split))
 
 
 def _hf_streams(spec: str) -> DocumentStreams:
     streams = open_hf(spec)
     held_out = held_out_names(streams)
 
-    def documents(split: str) -> Iterator[str]:
+    def documents(split: str, resume: Any = None) -> Stream:
         if len(held_out) == 2 or split == "train" and len(held_out) == 1:
             name = "train" if split == "train" else held_out[("valid", "test").index(split)]
-            return texts(streams[name], f"{spec} {name}")
+            rows = streams[name]
+            if resume is not None:
+                rows.load_state_dict(resume)
+            return Stream(texts(rows, f"{spec} {name}"), getattr(rows, "state_dict", None))
         if held_out:  # one held-out split: even-numbered documents are valid, odd-numbered ones test
             only = texts(streams[held_out[0]], f"{spec} {held_out[0]}")
-            return itertools.islice(only, 0 if split == "valid" else 1, None, 2)
+            return Stream(itertools.islice(only, 0 if split == "valid" else 1, None, 2))
         keyed = lambda: ((str(i), doc) for i, doc in enumerate(texts(streams["train"], f"{spec} train")))  # noqa: E731
-        return _hashed(keyed, split)
+        return Stream(_hashed(keyed, split))
 
     return documents

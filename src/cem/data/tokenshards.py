@@ -10,6 +10,9 @@ Each shard is written atomically, then recorded in the manifest (atomically) wit
 stands after it: (documents consumed, tokens of the next document already written). A rerun after a kill
 starts from the last recorded shard and writes the same bytes as an uninterrupted prepare, since the
 stream's order, the tokenisation of a document and the shard boundaries do not depend on when it stopped.
+It skips the documents already consumed by reading them again, except where the source can say where it
+stands (`Stream.position`, a Hugging Face dataset split): then `resume.json` holds such a position at
+most one task before the last shard's end, and the rerun reopens the source there.
 
 The trainer reads a prepared split as one token stream through memory maps (`ShardedTokens`): windows
 may cross shard boundaries, so the shards behave exactly as one `.bin` of the whole split would.
@@ -29,6 +32,7 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import Executor, ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from tqdm import tqdm
@@ -36,13 +40,14 @@ from tqdm import tqdm
 from cem.data.corpora import load_corpus, prepare_target
 from cem.data.corpus import SPLITS
 from cem.data.shards import TokenSplit, build_split, encode_pieces, piece_batches, token_dtype
-from cem.data.stream import open_streams
+from cem.data.stream import DocumentStreams, Stream, open_streams
 from cem.data.chunking import pieces
 from cem.data.tokenizers import META_FILE, Tokenizer, bpe_from_texts, get_tokenizer, load_tokenizer
 from cem.io import atomic_write, atomic_write_json, refuse_link
 
 FORMAT = "cem-token-shards/1"
 MANIFEST = "manifest.json"
+RESUME = "resume.json"  # per split, where a rerun can reopen the source (removed when the prepare is done)
 TOKENIZER_DIR = "tokenizer"
 SHARD_TOKENS = 100_000_000  # tokens per shard (200 MB as uint16)
 TASK_CHARS = 2_000_000  # characters of documents handed to a worker per task
@@ -146,16 +151,18 @@ def prepare_shards(
     tokenizer.save(refuse_link(out / TOKENIZER_DIR))
     _remove_stale_temporaries(out)
     workers = (os.cpu_count() or 1) if workers is None else workers
+    resume = json.loads((out / RESUME).read_text(encoding="utf-8")) if (out / RESUME).is_file() else {}
     with _executor(workers, out / TOKENIZER_DIR, encoding) as pool:
         for split in SPLITS:
             state = manifest["splits"].setdefault(split, {"shards": [], "end": [0, 0], "n_bytes": 0, "done": False})
             if not state["done"]:
-                _write_split(out, manifest, split, documents(split), tokenizer, pool, max(workers, 1), progress)
+                _write_split(out, manifest, resume, split, documents, tokenizer, pool, max(workers, 1), progress)
     for split, state in manifest["splits"].items():
         if not state["shards"]:
             raise ValueError(f"{source}: the {split} split has no text")
     manifest["complete"] = True
     atomic_write_json(out / MANIFEST, manifest)
+    (out / RESUME).unlink(missing_ok=True)
     sizes = ", ".join(f"{s} {sum(x['n_tokens'] for x in st['shards']):,}" for s, st in manifest["splits"].items())
     _say(progress, f"token shards of {source} ready in {out}: {sizes} tokens")
     return out
@@ -172,7 +179,7 @@ def _sample(docs: Iterable[str], max_chars: int) -> list[str]:
     return texts
 
 
-def _write_split(out: Path, manifest: dict, split: str, docs: Iterator[str], tokenizer: Tokenizer,
+def _write_split(out: Path, manifest: dict, resume: dict, split: str, documents: DocumentStreams, tokenizer: Tokenizer,
                  pool: Executor | None, workers: int, progress: bool) -> None:
     """Tokenise `split` from where its manifest entry stands, shard after shard, recording each."""
     settings, state = manifest["settings"], manifest["splits"][split]
@@ -181,12 +188,18 @@ def _write_split(out: Path, manifest: dict, split: str, docs: Iterator[str], tok
     doc_index, skip = state["end"]  # the next document to read, and its tokens already in a shard
     written = sum(s["n_tokens"] for s in state["shards"])
     n_bytes = state["n_bytes"]  # bytes of the documents wholly before `doc_index`
-    tasks = _tasks(itertools.islice(docs, doc_index, None))
+    start = resume.get(split, {"doc": 0, "position": None})  # a position at or before `doc_index`, where known
+    if start["position"] is None or start["doc"] > doc_index:
+        start = {"doc": 0, "position": None}
+    docs = documents(split, start["position"])
+    for _ in itertools.islice(docs, doc_index - start["doc"]):  # documents already in shards
+        pass
+    tasks = _tasks(docs, start["position"] if doc_index == start["doc"] else docs.position())
     writer = None
     bar = tqdm(total=limit, initial=written, unit="tok", unit_scale=True, desc=f"{split} tokens", file=sys.stderr,
                disable=not progress, delay=2.0)
     try:
-        for ids, doc_tokens, doc_bytes in _in_order(pool, tasks, TASKS_PER_WORKER * workers):
+        for (ids, doc_tokens, doc_bytes), position in _in_order(pool, tasks, TASKS_PER_WORKER * workers):
             ends = np.cumsum(doc_tokens)
             pos, skip = skip, 0
             while pos < len(ids):
@@ -202,14 +215,15 @@ def _write_split(out: Path, manifest: dict, split: str, docs: Iterator[str], tok
                     done_bytes = n_bytes + int(doc_bytes[:whole].sum())
                     if written == limit and offset:  # the last document is cut: its bytes in proportion
                         done_bytes += round(int(doc_bytes[whole]) * offset / int(doc_tokens[whole]))
-                    _record(out, manifest, split, writer.close(), [doc_index + whole, offset], done_bytes, written == limit)
+                    resume[split] = {"doc": doc_index, "position": position}  # where this batch began
+                    _record(out, manifest, resume, split, writer.close(), [doc_index + whole, offset], done_bytes, written == limit)
                     writer = None
                     if written == limit:
                         return
             n_bytes += int(doc_bytes.sum())
             doc_index += len(doc_tokens)
         if writer is not None:
-            _record(out, manifest, split, writer.close(), [doc_index, 0], n_bytes, True)
+            _record(out, manifest, resume, split, writer.close(), [doc_index, 0], n_bytes, True)
         else:
             state["done"] = True
             atomic_write_json(out / MANIFEST, manifest)
@@ -221,12 +235,14 @@ def _write_split(out: Path, manifest: dict, split: str, docs: Iterator[str], tok
         bar.close()
 
 
-def _record(out: Path, manifest: dict, split: str, shard: dict, end: list[int], n_bytes: int, done: bool) -> None:
-    """Add a written shard to the manifest with where the stream stands after it, and save the manifest."""
+def _record(out: Path, manifest: dict, resume: dict, split: str, shard: dict, end: list[int], n_bytes: int, done: bool) -> None:
+    """Add a written shard to the manifest with where the stream stands after it, and save the manifest,
+    then the resume positions (a kill between the two leaves an older position: more to skip, still right)."""
     state = manifest["splits"][split]
     state["shards"].append(shard)
     state.update(end=end, n_bytes=n_bytes, done=done)
     atomic_write_json(out / MANIFEST, manifest)
+    atomic_write_json(out / RESUME, resume)
 
 
 class _ShardWriter:
@@ -253,35 +269,38 @@ class _ShardWriter:
         self._stack.__exit__(*sys.exc_info())
 
 
-def _tasks(docs: Iterable[str]) -> Iterator[list[str]]:
-    """Consecutive groups of documents of about TASK_CHARS characters."""
+def _tasks(docs: Stream, position: Any) -> Iterator[tuple[list[str], Any]]:
+    """Consecutive groups of documents of about TASK_CHARS characters, each with the stream's position
+    before its first document (`position` for the first group)."""
     group, size = [], 0
     for doc in docs:
         group.append(doc)
         size += len(doc)
         if size >= TASK_CHARS:
-            yield group
-            group, size = [], 0
+            yield group, position
+            group, size, position = [], 0, docs.position()
     if group:
-        yield group
+        yield group, position
 
 
-def _in_order(pool: Executor | None, tasks: Iterator[list[str]], window: int) -> Iterator[tuple]:
-    """`_encode(task)` of each task, in order, with at most `window` tasks submitted and not yet taken
-    (`Executor.map` would submit them all at once); in this process without a pool."""
+def _in_order(pool: Executor | None, tasks: Iterator[tuple[list[str], Any]], window: int) -> Iterator[tuple[tuple, Any]]:
+    """(`_encode(group)`, position) of each task, in order, with at most `window` tasks submitted and not yet
+    taken (`Executor.map` would submit them all at once); in this process without a pool."""
     if pool is None:
-        yield from map(_encode, tasks)
+        yield from ((_encode(group), position) for group, position in tasks)
         return
     pending = deque()
     try:
-        for task in tasks:
-            pending.append(pool.submit(_encode, task))
+        for group, position in tasks:
+            pending.append((pool.submit(_encode, group), position))
             if len(pending) >= window:
-                yield pending.popleft().result()
+                future, position = pending.popleft()
+                yield future.result(), position
         while pending:
-            yield pending.popleft().result()
+            future, position = pending.popleft()
+            yield future.result(), position
     finally:
-        for future in pending:
+        for future, _ in pending:
             future.cancel()
 
 
