@@ -150,7 +150,7 @@ def _check_tokenizer(model, tokenizer, run, what: str) -> None:
 
 
 def cmd_eval(args) -> int:
-    from .data import build_split, load_corpus
+    from .data.tokenshards import token_split
     from .model import parameter_breakdown
     from .device import autocast_for, pick_device
     from .training.evaluate import evaluate
@@ -163,7 +163,7 @@ def cmd_eval(args) -> int:
     if args.batch_size is not None and args.batch_size < 1:
         raise ValueError(f"batch_size (--batch-size) must be >= 1, got {args.batch_size}")
     e = run.eval_settings(model.config.context, args.data, args.data_dir, args.seq_len, args.batch_size)
-    split = build_split(load_corpus(e.data, e.data_dir, encoding=e.encoding), tokenizer, args.split)
+    split = token_split(e.data, tokenizer, e.tokenizer, args.split, e.data_dir, e.encoding)
     metrics = evaluate(model.to(device), split, e.seq_len, e.batch_size, device, args.max_batches, autocast_for(e.precision, device),
                        progress=not args.json, desc=f"{e.data} {args.split}")
     metrics = {"data": e.data, "split": args.split, **metrics, "parameters": parameter_breakdown(model)}
@@ -244,9 +244,14 @@ def cmd_info(args) -> int:
 
 def cmd_data_prepare(args) -> int:
     from .data.prepare import prepare
+    from .data.tokenshards import parse_tokens, prepare_shards
 
-    root = prepare(args.name, args.data_dir, source=args.source, force=args.force)
-    print(root)
+    if args.tokenizer is None:
+        print(prepare(args.name, args.data_dir, source=args.source, force=args.force))
+        return 0
+    tokens = {k: parse_tokens(getattr(args, k)) for k in ("tokens", "held_out_tokens", "shard_tokens")}
+    print(prepare_shards(args.name, args.tokenizer, args.out, tokens=tokens["tokens"], held_out_tokens=tokens["held_out_tokens"],
+                         shard_tokens=tokens["shard_tokens"], workers=args.workers, data_dir=args.data_dir))
     return 0
 
 
@@ -363,8 +368,16 @@ def build_parser() -> argparse.ArgumentParser:
     data_sub = p.add_subparsers(dest="data_command", required=True)
     from .data.prepare import PREPARABLE
 
-    p = data_sub.add_parser("prepare", help="fetch a named corpus into the data directory (Hugging Face datasets or its canonical file)")
-    p.add_argument("name", choices=PREPARABLE, help="the corpus")
+    p = data_sub.add_parser("prepare", help="fetch a named corpus into the data directory (Hugging Face datasets or its canonical file), "
+                            "or with --tokenizer write the token shards of a corpus of any size")
+    p.add_argument("name", help=f"the corpus: {', '.join(PREPARABLE)}; with --tokenizer: hf:NAME[:CONFIG] or a local file or folder")
+    p.add_argument("--tokenizer", help="write token shards with this tokenizer (byte, bpe:N trained on the corpus' first 50M characters, a tokenizer folder or Hugging Face name)")
+    p.add_argument("--tokens", help="token shards: training tokens to write, e.g. 2.7e9 (default: the whole corpus; hf: needs it)")
+    p.add_argument("--held-out-tokens", dest="held_out_tokens", help="token shards: at most this many valid and test tokens each "
+                   "(default: 1%% of --tokens, at least 1e6)")
+    p.add_argument("--shard-tokens", dest="shard_tokens", default="1e8", help="token shards: tokens per shard file (default 1e8)")
+    p.add_argument("--workers", type=int, help="token shards: tokenising processes (default: the CPU count)")
+    p.add_argument("--out", help="token shards: the folder (default: <data dir>/shards/<corpus>--<tokenizer>-<hash>, where cem train finds them)")
     p.add_argument("--data-dir", dest="data_dir", help="where to put it (default $CEM_DATA_DIR, else ~/.cache/cem/data, where every command looks)")
     p.add_argument("--from", dest="source", help="copy the files from this local folder (same layout) instead of downloading")
     p.add_argument("--force", action="store_true", help="fetch again even if the corpus is already there")

@@ -69,10 +69,9 @@ def test_cli_copies_a_local_copy_into_the_default_and_train_finds_it(shared_data
     assert load_corpus("tinyshakespeare").name == "tinyshakespeare"  # no --data-dir needed
 
 
-def test_unknown_corpus(tmp_path):
-    with pytest.raises(SystemExit) as info:
-        main(["data", "prepare", "python-stdlib", "--data-dir", str(tmp_path)])
-    assert info.value.code == 2
+def test_unknown_corpus(tmp_path, capsys):
+    assert main(["data", "prepare", "python-stdlib", "--data-dir", str(tmp_path)]) == 2
+    assert "cannot prepare 'python-stdlib'" in capsys.readouterr().err
     with pytest.raises(ValueError, match="embedded"):
         prep.prepare("python-stdlib", tmp_path)
 

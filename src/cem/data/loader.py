@@ -5,14 +5,20 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
 
 from cem.data.shards import TokenSplit
+
+if TYPE_CHECKING:  # torch is imported where batches are made, so that the data layer's tokenising
+    import torch  # worker processes (`cem data prepare`) do not load it
 
 
 def _windows(tokens: np.ndarray, starts: np.ndarray, length: int) -> torch.Tensor:
     """Rows tokens[s : s + length] for each start s, as a (len(starts), length) int64 tensor."""
+    import torch
+
     return torch.from_numpy(np.stack([np.asarray(tokens[s : s + length], dtype=np.int64) for s in starts]))
 
 
@@ -124,5 +130,7 @@ def _eval_batches(
         yield rows[:, :-1], rows[:, 1:]
     tail_start = n_full * seq_len
     if tail_start < len(tokens) - 1:
+        import torch
+
         tail = torch.from_numpy(np.array(tokens[tail_start:], dtype=np.int64))[None]
         yield tail[:, :-1], tail[:, 1:]

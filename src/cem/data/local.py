@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 from cem.data.corpus import SPLITS, Corpus
@@ -46,51 +47,61 @@ def split_text(text: str) -> list[str]:
 def read_documents(path: Path, encoding: str = "utf-8") -> list[str]:
     """Documents of one file; raises ValueError for an unsupported suffix, text that does not decode, or a
     file without text."""
-    if path.suffix == ".txt":
-        docs = [_decode(path, path.read_bytes(), encoding)]
-    elif path.suffix == ".jsonl":
-        docs = _read_jsonl(path, encoding)
-    elif path.suffix == ".parquet":
-        docs = _read_parquet(path)
-    else:
-        raise ValueError(f"{path}: unsupported file type {path.suffix!r} (use one of {', '.join(SUFFIXES)})")
+    docs = list(iter_documents(path, encoding))
     if not any(docs):
         raise ValueError(f"{path} is empty (no text)")
     return docs
 
 
-def _read_jsonl(path: Path, encoding: str = "utf-8") -> list[str]:
+def iter_documents(path: Path, encoding: str = "utf-8") -> Iterator[str]:
+    """The documents of one file, one at a time: a `.txt` file whole, a `.jsonl` file's `text` per line,
+    a `.parquet` file's `text` column in record batches (memory bounded by the batch, not the file)."""
+    if path.suffix == ".txt":
+        yield _decode(path, path.read_bytes(), encoding)
+    elif path.suffix == ".jsonl":
+        yield from _iter_jsonl(path, encoding)
+    elif path.suffix == ".parquet":
+        yield from _iter_parquet(path)
+    else:
+        raise ValueError(f"{path}: unsupported file type {path.suffix!r} (use one of {', '.join(SUFFIXES)})")
+
+
+def _iter_jsonl(path: Path, encoding: str = "utf-8") -> Iterator[str]:
     """The `text` field of every non-blank line of a JSON-lines file."""
-    docs = []
-    for lineno, raw in enumerate(path.read_bytes().split(b"\n"), 1):
-        line = _decode(f"{path}:{lineno}", raw, encoding)
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{lineno}: not JSON ({e.msg} at column {e.colno})") from None
-        except RecursionError:
-            raise ValueError(f"{path}:{lineno}: a JSON value nested too deeply to read") from None
-        if not isinstance(row, dict) or not isinstance(row.get("text"), str):
-            raise ValueError(f"{path}:{lineno}: expected a JSON object with a string field 'text'")
-        docs.append(row["text"])
-    return docs
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            line = _decode(f"{path}:{lineno}", raw.rstrip(b"\n"), encoding)
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{lineno}: not JSON ({e.msg} at column {e.colno})") from None
+            except RecursionError:
+                raise ValueError(f"{path}:{lineno}: a JSON value nested too deeply to read") from None
+            if not isinstance(row, dict) or not isinstance(row.get("text"), str):
+                raise ValueError(f"{path}:{lineno}: expected a JSON object with a string field 'text'")
+            yield row["text"]
 
 
-def _read_parquet(path: Path) -> list[str]:
-    """The `text` column of a parquet file."""
+PARQUET_BATCH_ROWS = 1024
+
+
+def _iter_parquet(path: Path) -> Iterator[str]:
+    """The `text` column of a parquet file, read in record batches."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
-        schema = pq.read_schema(path)
+        file = pq.ParquetFile(path)
+        schema = file.schema_arrow
         if "text" not in schema.names:
             raise ValueError(f"{path}: no 'text' column (columns: {schema.names})")
         kind = schema.field("text").type
         if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
             raise ValueError(f"{path}: the 'text' column holds {kind}, not strings")
-        return [t or "" for t in pq.read_table(path, columns=["text"]).column("text").to_pylist()]
+        for batch in file.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=["text"]):
+            yield from (t or "" for t in batch.column("text").to_pylist())
     except (pa.ArrowException, OSError) as e:
         raise ValueError(f"{path}: not a readable parquet file ({e})") from None
 
@@ -98,9 +109,9 @@ def _read_parquet(path: Path) -> list[str]:
 def load_local(path: Path, encoding: str = "utf-8") -> Corpus:
     """Corpus from a file or directory; splits from train/valid/test files, else hashed 98/1/1 by document."""
     if path.is_dir():
-        split_files = _split_files(path)
-        if split_files:
-            return Corpus(str(path), {s: read_documents(f, encoding) for s, f in split_files.items()}, encoding=encoding)
+        named = split_files(path)
+        if named:
+            return Corpus(str(path), {s: read_documents(f, encoding) for s, f in named.items()}, encoding=encoding)
         files = sorted(p for p in path.rglob("*") if p.suffix in SUFFIXES and p.is_file())
         if not files:
             raise ValueError(f"{path}: directory holds no {', '.join(SUFFIXES)} files")
@@ -118,7 +129,7 @@ def load_local(path: Path, encoding: str = "utf-8") -> Corpus:
     return Corpus(str(path), {s: [docs[i] for i in parts[s]] for s in SPLITS}, encoding=encoding)
 
 
-def _split_files(directory: Path) -> dict[str, Path]:
+def split_files(directory: Path) -> dict[str, Path]:
     """The train/valid/test files directly in `directory`, or {} when it has none of them."""
     found: dict[str, list[Path]] = {s: [] for s in SPLITS}
     for file in directory.iterdir():

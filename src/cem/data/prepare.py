@@ -124,7 +124,7 @@ def prepare(name: str, data_dir: str | Path | None = None, source: str | Path | 
     from cem.data.corpora import load_corpus, prepare_target
 
     if name not in FILES:
-        raise ValueError(f"cannot prepare {name!r}: choose one of {', '.join(PREPARABLE)} (python-stdlib is embedded)")
+        raise ValueError(f"cannot prepare {name!r}: choose one of {', '.join(PREPARABLE)} (python-stdlib is embedded), or give --tokenizer to write the token shards of hf:NAME[:CONFIG] or a local folder")
     root = prepare_target(data_dir)
     source = None if source is None else Path(source).expanduser()
     if _present(root, name, source) and not force:

@@ -6,7 +6,7 @@ import hashlib
 import itertools
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,7 +94,6 @@ def _cached_meta(meta_path: Path, bin_path: Path, expected: dict) -> dict | None
 
 def _write_tokens(f, corpus: Corpus, tokenizer: Tokenizer, split: str) -> int:
     """Encode the split batch by batch into the open binary file `f`; returns the token count."""
-    dtype = token_dtype(tokenizer.vocab_size)
     docs = corpus.splits[split]
     n_tokens = 0
     with tqdm(
@@ -105,22 +104,30 @@ def _write_tokens(f, corpus: Corpus, tokenizer: Tokenizer, split: str) -> int:
         file=sys.stderr,
         delay=2.0,
     ) as progress:
-        for batch, ends_doc in _piece_batches(docs):
-            ids = tokenizer.encode_batch(batch)
-            flat = itertools.chain.from_iterable(
-                (*piece_ids, tokenizer.eot_id) if end else piece_ids for piece_ids, end in zip(ids, ends_doc)
-            )
-            array = np.fromiter(flat, dtype=np.int64)
-            if array.size and (array.min() < 0 or array.max() >= tokenizer.vocab_size):
-                bound = tokenizer.vocab_size
-                raise ValueError(f"tokenizer {tokenizer.name!r} produced ids outside [0, {bound})")
-            f.write(array.astype(dtype).tobytes())
+        for batch, ends_doc in piece_batches(docs):
+            array, _ = encode_pieces(tokenizer, batch, ends_doc)
+            f.write(array.tobytes())
             n_tokens += array.size
             progress.update(sum(map(len, batch)))
     return n_tokens
 
 
-def _piece_batches(docs: list[str]) -> Iterator[tuple[list[str], list[bool]]]:
+def encode_pieces(tokenizer: Tokenizer, batch: list[str], ends_doc: list[bool]) -> tuple[np.ndarray, np.ndarray]:
+    """Token ids of the pieces, end-of-text after each document's last piece (`ends_doc`), as one array in
+    `token_dtype`, and the number of ids each piece gave (its end-of-text included); ValueError for an
+    id outside the vocabulary."""
+    ids = tokenizer.encode_batch(batch)
+    flat = itertools.chain.from_iterable(
+        (*piece_ids, tokenizer.eot_id) if end else piece_ids for piece_ids, end in zip(ids, ends_doc)
+    )
+    array = np.fromiter(flat, dtype=np.int64)
+    if array.size and (array.min() < 0 or array.max() >= tokenizer.vocab_size):
+        raise ValueError(f"tokenizer {tokenizer.name!r} produced ids outside [0, {tokenizer.vocab_size})")
+    lengths = np.array([len(piece_ids) + end for piece_ids, end in zip(ids, ends_doc)], dtype=np.int64)
+    return array.astype(token_dtype(tokenizer.vocab_size)), lengths
+
+
+def piece_batches(docs: Iterable[str]) -> Iterator[tuple[list[str], list[bool]]]:
     """Batches of document pieces of about BATCH_CHARS characters, flagging each document's last piece."""
     batch: list[str] = []
     ends_doc: list[bool] = []

@@ -30,3 +30,12 @@ def hash_split(
         "valid": sorted(order[n_test : n_test + n_valid]),
         "test": sorted(order[:n_test]),
     }
+
+
+def split_of(key: str, valid_frac: float, test_frac: float) -> str:
+    """The split of one document of a stream too long to rank (`hash_split` ranks all keys): its key's
+    sha256 read as a fraction u in [0, 1) puts it in test when u < test_frac, valid when u < test_frac +
+    valid_frac, else train. The same key always lands in the same split; the split sizes are then about,
+    not exactly, the fractions."""
+    u = int.from_bytes(hashlib.sha256(key.encode("utf-8")).digest()[:8], "big") / 2**64
+    return "test" if u < test_frac else "valid" if u < test_frac + valid_frac else "train"

@@ -171,6 +171,14 @@ def get_tokenizer(spec: str, corpus: Corpus | None = None, cache_dir: str | Path
 MAX_BPE_VOCAB = 1 << 20  # symbols of a trained BPE (the paper's Llama tokenizer has 32,000)
 
 
+def check_bpe_size(vocab_size: int) -> None:
+    """ValueError unless a BPE of `vocab_size` symbols can be trained: 257 (bytes + end-of-text) to MAX_BPE_VOCAB."""
+    if vocab_size < 257:
+        raise ValueError(f"bpe:{vocab_size}: need at least 257 symbols (256 bytes + {EOT_TOKEN})")
+    if vocab_size > MAX_BPE_VOCAB:  # the tokenizers library aborts the process (no exception) far above this
+        raise ValueError(f"bpe:{vocab_size}: at most {MAX_BPE_VOCAB:,} symbols")
+
+
 def train_bpe(corpus: Corpus | None, vocab_size: int, cache_dir: str | Path | None = None) -> HFTokenizer:
     """Byte-level BPE of at most `vocab_size` symbols trained on the corpus's train split, cached by fingerprint.
 
@@ -179,14 +187,22 @@ def train_bpe(corpus: Corpus | None, vocab_size: int, cache_dir: str | Path | No
     """
     if corpus is None:
         raise ValueError(f"bpe:{vocab_size} is trained on a corpus; pass corpus=")
-    if vocab_size < 257:
-        raise ValueError(f"bpe:{vocab_size}: need at least 257 symbols (256 bytes + {EOT_TOKEN})")
-    if vocab_size > MAX_BPE_VOCAB:  # the tokenizers library aborts the process (no exception) far above this
-        raise ValueError(f"bpe:{vocab_size}: at most {MAX_BPE_VOCAB:,} symbols")
+    check_bpe_size(vocab_size)
     root = Path(cache_dir) if cache_dir is not None else cache_root() / "tokenizers"
     directory = root / f"bpe{vocab_size}-{corpus.fingerprint()[:16]}"
     if (directory / META_FILE).is_file():
         return load_tokenizer(directory)
+    texts = [piece for doc in corpus.splits["train"] for piece in pieces(doc)]
+    tokenizer = bpe_from_texts(texts, vocab_size, f"{corpus.name}/train; cached in {directory}")
+    tokenizer.save(directory)
+    return tokenizer
+
+
+def bpe_from_texts(texts: Sequence[str], vocab_size: int, source: str) -> HFTokenizer:
+    """Byte-level BPE of at most `vocab_size` symbols (end-of-text included) trained on `texts` (`source`
+    says what they are, in the message announcing the training)."""
+    check_bpe_size(vocab_size)
+    print(f"training a {vocab_size}-symbol BPE tokenizer on {source} ({len(texts):,} pieces)", file=sys.stderr)
     backend = hf.Tokenizer(hf.models.BPE())
     backend.pre_tokenizer = hf.pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = hf.decoders.ByteLevel()
@@ -196,14 +212,9 @@ def train_bpe(corpus: Corpus | None, vocab_size: int, cache_dir: str | Path | No
         initial_alphabet=hf.pre_tokenizers.ByteLevel.alphabet(),
         show_progress=sys.stderr.isatty(),  # the Rust trainer's own bar (a terminal only)
     )
-    texts = [piece for doc in corpus.splits["train"] for piece in pieces(doc)]
-    print(f"training a {vocab_size}-symbol BPE tokenizer on {corpus.name}/train ({len(texts):,} pieces); "
-          f"cached in {directory}", file=sys.stderr)
     backend.train_from_iterator(tqdm(texts, desc="BPE: reading", unit="piece", file=sys.stderr, delay=2.0, leave=False), trainer, length=len(texts))
     eot_id = backend.token_to_id(EOT_TOKEN)
-    tokenizer = HFTokenizer(backend, eot_id, _content_name(f"bpe{vocab_size}", backend, eot_id))
-    tokenizer.save(directory)
-    return tokenizer
+    return HFTokenizer(backend, eot_id, _content_name(f"bpe{vocab_size}", backend, eot_id))
 
 
 def _load_pretrained(spec: str) -> Tokenizer:

@@ -12,7 +12,8 @@ import torch
 
 from ..device import pick_device
 from ..io import atomic_write_json
-from ..data import build_split, iter_eval_batches, load_corpus, load_tokenizer
+from ..data import iter_eval_batches, load_tokenizer
+from ..data.tokenshards import token_split
 from ..layers.steps import DescentLayer
 from ..model.flops import forward_flops_per_token
 from ..training import RunDir
@@ -26,10 +27,15 @@ def load_run(run_dir: Path, data_dir: str | None = None, device: str = "auto"):
     run = RunDir(run_dir)
     model, state = run.load_checkpoint()
     train = state["run"]["train"]
-    tokenizer = load_tokenizer(run.tokenizer_dir)
-    corpus = load_corpus(train["data"], data_dir or train.get("data_dir"))
-    split = build_split(corpus, tokenizer, "test")
+    split = run_split(run, train, "test", data_dir)
     return model.to(pick_device(device)).eval(), split, train["seq_len"] or model.config.context
+
+
+def run_split(run: RunDir, train: dict, split: str, data_dir: str | None = None):
+    """A split of a run's corpus in the run's tokenizer (`train`: its training settings), from the run's
+    token shards where it has some."""
+    return token_split(train["data"], load_tokenizer(run.tokenizer_dir), train["tokenizer"], split,
+                       data_dir or train.get("data_dir"), train.get("data_encoding", "utf-8"))
 
 
 def flops_at(cfg, seq_len: int, attn_steps: float, mlp_steps: float) -> float:
@@ -299,7 +305,7 @@ def context_use(run_dir: Path, data_dir: str | None = None, device: str = "auto"
     run = RunDir(run_dir)
     model, state = run.load_checkpoint()
     train = state["run"]["train"]
-    split = build_split(load_corpus(train["data"], data_dir or train.get("data_dir")), load_tokenizer(run.tokenizer_dir), "valid")
+    split = run_split(run, train, "valid", data_dir)
     seq_len = train["seq_len"] or model.config.context
     losses = position_losses(model.to(pick_device(device)).eval(), split.tokens, seq_len, device=device)
     a, b = SHORT_CONTEXT

@@ -17,7 +17,11 @@ The test split is read once per run, at its end, and never chooses anything.
   protocol, position-matched controls; see docs/experiments.md for what it costs.
 - `gpu`: WikiText-2 with a BPE of 8,192 symbols, presets `small` and `medium` (base); see
   docs/experiments.md for the expected time per figure on one H100/H200.
-- `paper`: the paper's presets, SlimPajama and the Llama tokenizer, 2,048 context, batch 128.
+- `paper`: the paper's presets, SlimPajama and the Llama tokenizer, 2,048 context, batch 128. Its runs
+  train on token shards prepared once for every size (`cem data prepare hf:cerebras/SlimPajama-627B
+  --tokenizer hf-internal-testing/llama-tokenizer --tokens 3.3e9`, `cem.data.tokenshards`), which the
+  trainer finds by corpus and tokenizer; without them a run is refused (its 7-13 GB of text would be
+  held in memory).
 """
 
 from __future__ import annotations

@@ -92,6 +92,7 @@ class EvalSettings:
     seq_len: int
     batch_size: int
     precision: str
+    tokenizer: str = "byte"  # the run's tokenizer spec: which token shards of `data` are its own
 
 
 class RunLockedError(ValueError):
@@ -287,6 +288,7 @@ class RunDir:
             data=data or saved.get("data", _TRAIN_DEFAULTS["data"]),
             data_dir=data_dir or (saved.get("data_dir") if data is None else None),
             encoding=saved.get("data_encoding", _TRAIN_DEFAULTS["data_encoding"]),
+            tokenizer=saved.get("tokenizer", _TRAIN_DEFAULTS["tokenizer"]),
             seq_len=seq_len or saved.get("seq_len") or context,
             batch_size=batch_size or saved.get("batch_size", EVAL_BATCH_SIZE),
             precision=saved.get("precision", _TRAIN_DEFAULTS["precision"]),

@@ -20,6 +20,7 @@ from torch.distributed.checkpoint.state_dict import (
 from tqdm import tqdm
 
 from ..data import SequenceSampler, TokenSplit, build_split, get_tokenizer, load_corpus
+from ..data.tokenshards import find_shards, fingerprint, load_shards
 from ..device import autocast_for, device_name, peak_flops, pick_device
 from ..layers import CEMAttention
 from ..model import LanguageModel, ModelConfig, parameter_breakdown
@@ -138,11 +139,11 @@ def _train(run: RunConfig, rundir: RunDir, resume: bool, progress: bool, stop_at
     """The recipe: data, run directory, model, resume, optimiser, loop, final evaluation."""
     started = time.perf_counter()
     t = run.train
-    corpus, tokenizer, splits = _load_data(run, info)
+    data_fingerprint, tokenizer, splits = _load_data(run, info)
     cfg = run.model(tokenizer.vocab_size)
     seq_len = t.seq_len or cfg.context
     budget = Budget.of(t, cfg, seq_len, info.world_size)
-    identity = run_identity(run, cfg, tokenizer.name, corpus.fingerprint())
+    identity = run_identity(run, cfg, tokenizer.name, data_fingerprint)
     status = _claim_run_dir(rundir, identity, run, budget.steps, tokenizer, resume, info)
     if status == "finished":
         if progress:
@@ -176,9 +177,14 @@ def _train(run: RunConfig, rundir: RunDir, resume: bool, progress: bool, stop_at
 
 
 def _load_data(run: RunConfig, info: DistInfo):
-    """Corpus, tokenizer and token splits. The main process trains a BPE / tokenises first and writes the
-    caches; the barrier keeps the others from racing it, and they then read those caches."""
+    """The data's fingerprint, tokenizer and token splits: prepared token shards where there are some
+    (`tokenshards.find_shards`), else the corpus loaded whole. The main process trains a BPE / tokenises
+    first and writes the caches; the barrier keeps the others from racing it, and they then read those caches."""
     t = run.train
+    shards = find_shards(t.data, t.tokenizer, t.data_dir, hf_bytes_for_budget(run, info.world_size))
+    if shards is not None:
+        manifest, tokenizer, splits = load_shards(shards)
+        return fingerprint(manifest), tokenizer, splits
 
     def load():
         tokenizer = get_tokenizer(t.tokenizer, corpus)
@@ -190,7 +196,7 @@ def _load_data(run: RunConfig, info: DistInfo):
     barrier(info)
     if not info.is_main:
         tokenizer, splits = load()
-    return corpus, tokenizer, splits
+    return corpus.fingerprint(), tokenizer, splits
 
 
 def _claim_run_dir(rundir: RunDir, identity: dict, run: RunConfig, steps_total: int, tokenizer, resume: bool, info: DistInfo) -> str:
