@@ -75,6 +75,20 @@ def test_stale_or_truncated_shard_is_rebuilt(tiny_corpus, tmp_path):
     assert rebuilt.tokens.tolist() == _expected_tokens(changed, tok, "train")
 
 
+@pytest.mark.parametrize("damage", ["zeroed", "meta not JSON", "meta a list"])
+def test_a_damaged_cache_of_the_right_size_is_rebuilt(tiny_corpus, tmp_path, damage):
+    """A `.bin` zeroed (or edited) in place keeps its size: its checksum, not its size, tells; a damaged
+    `.json` is a cache miss, not an error."""
+    tok = get_tokenizer("byte")
+    expected = build_split(tiny_corpus, tok, "train", cache_dir=tmp_path).tokens.tolist()
+    if damage == "zeroed":
+        size = (tmp_path / "train.bin").stat().st_size
+        (tmp_path / "train.bin").write_bytes(bytes(size))
+    else:
+        (tmp_path / "train.json").write_text("{" if damage == "meta not JSON" else "[]")
+    assert build_split(tiny_corpus, tok, "train", cache_dir=tmp_path).tokens.tolist() == expected
+
+
 def test_interrupted_build_leaves_nothing_behind(tiny_corpus, tmp_path, monkeypatch):
     tok = get_tokenizer("byte")
     calls = []

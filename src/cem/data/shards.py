@@ -16,7 +16,7 @@ from tqdm import tqdm
 from cem.data.chunking import pieces
 from cem.data.corpus import SPLITS, Corpus
 from cem.data.fsutil import cache_root
-from cem.io import atomic_write
+from cem.io import atomic_write, read_json, sha256_file
 from cem.data.tokenizers import Tokenizer
 
 FORMAT_VERSION = 1
@@ -55,7 +55,8 @@ def build_split(
 
     Documents are concatenated, each followed by `tokenizer.eot_id`, without padding. The
     `.bin` is written atomically before its `.json`, and a shard is trusted only when the
-    `.json` matches the corpus fingerprint, the tokenizer name and the `.bin` size.
+    `.json` matches the corpus fingerprint, the tokenizer name, the `.bin` size and its SHA-256 (else it
+    is rebuilt).
     """
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; expected one of {list(SPLITS)}")
@@ -73,7 +74,7 @@ def build_split(
     if meta is None:
         with atomic_write(bin_path) as f:
             n_tokens = _write_tokens(f, corpus, tokenizer, split)
-        meta = {**expected, "n_tokens": n_tokens, "n_bytes": corpus.n_bytes(split)}
+        meta = {**expected, "n_tokens": n_tokens, "n_bytes": corpus.n_bytes(split), "sha256": sha256_file(bin_path)}
         with atomic_write(meta_path) as f:
             f.write(json.dumps(meta, indent=2).encode("utf-8"))
     tokens = np.memmap(bin_path, dtype=meta["dtype"], mode="r", shape=(meta["n_tokens"],))
@@ -84,10 +85,15 @@ def _cached_meta(meta_path: Path, bin_path: Path, expected: dict) -> dict | None
     """The shard's metadata if the cached files match `expected` and each other, else None."""
     if not (meta_path.is_file() and bin_path.is_file()):
         return None
-    meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    if any(meta.get(k) != v for k, v in expected.items()):
+    try:
+        meta = read_json(meta_path)
+    except ValueError:  # a damaged cache is rebuilt
+        return None
+    if any(meta.get(k) != v for k, v in expected.items()) or not isinstance(meta.get("n_tokens"), int):
         return None
     if bin_path.stat().st_size != meta["n_tokens"] * np.dtype(meta["dtype"]).itemsize:
+        return None
+    if meta.get("sha256") != sha256_file(bin_path):  # e.g. zeroed or edited in place at the right size
         return None
     return meta
 
