@@ -104,3 +104,50 @@ def test_a_copy_cut_short_is_never_trusted(tmp_path, monkeypatch):
     dest.symlink_to(victim)
     prep.prepare("tinyshakespeare", tmp_path / "d", source=shared_data)
     assert victim.read_text() == "keep" and not dest.is_symlink() and dest.read_bytes() == whole
+
+
+def test_kill_9_at_random_moments_of_a_copy_then_rerun(tmp_path):
+    """The crash test of `cem data prepare --from` (as for training): a prepare killed with SIGKILL at random
+    moments, five times in a row on one data directory, then run to the end, leaves the corpus byte for
+    byte equal to its source, and never a file at the corpus's name that is not whole. The copy is slowed
+    (a sleep per 64 KiB), and each kill comes at a random moment after a copy has started."""
+    import random
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    shared = tmp_path / "shared" / "wikitext-2"
+    shared.mkdir(parents=True)
+    rng = random.Random(0)
+    for split, n in (("train", 40), ("valid", 8), ("test", 8)):
+        (shared / f"{split}.txt").write_text("".join(f" = Article {i} = \n {rng.random()} energy falls \n" * 300 for i in range(n)))
+    data = tmp_path / "data"
+    script = (
+        "import shutil, sys, time\n"
+        "from cem.data import prepare as prep\n"
+        "def slow(src, dst, length=0):\n"
+        "    while block := src.read(1 << 16):\n"
+        "        dst.write(block); time.sleep(0.05)\n"
+        "prep.shutil.copyfileobj = slow\n"
+        f"prep.prepare('wikitext-2', {str(data)!r}, source={str(shared.parent)!r})\n"
+    )
+    mid_copy = 0
+    for kill in range(5):
+        left = set(data.glob("wikitext-2/.*.tmp"))  # what earlier kills left behind
+        proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 120
+        while not set(data.glob("wikitext-2/.*.tmp")) - left and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)  # until a copy has started (a new temp file next to the corpus's name)
+        mid_copy += bool(set(data.glob("wikitext-2/.*.tmp")) - left)
+        time.sleep(rng.uniform(0.0, 0.3))  # then a random moment inside it
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        for split in ("train", "valid", "test"):  # a file at the corpus's name is always whole
+            path = data / "wikitext-2" / f"{split}.txt"
+            assert not path.exists() or path.read_bytes() == (shared / f"{split}.txt").read_bytes(), (kill, split)
+    assert mid_copy == 5  # every kill landed inside a copy
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    for split in ("train", "valid", "test"):
+        assert (data / "wikitext-2" / f"{split}.txt").read_bytes() == (shared / f"{split}.txt").read_bytes()
