@@ -334,6 +334,7 @@ CASES = [
     ("--resume with --overwrite", [*TRAIN, *STEP, "--resume", "--overwrite"], None, "give one of them"),
     ("--data empty", [*TRAIN, *STEP, "--data", ""], None, "data must name something"),
     ("--tokenizer empty", [*TRAIN, *STEP, "--tokenizer", " "], None, "tokenizer must name something"),
+    ("activation checkpointing unknown", [*TRAIN, *STEP, "activation_checkpointing=block"], None, "unknown activation_checkpointing 'block'"),
     ("--out empty", [*TRAIN, *STEP, "--out", ""], None, "--out is empty"),
     ("experiment --jobs 0", ["experiment", "fig2a", "--scale", "smoke", "--jobs", "0", "--results", "{tmp}/r"], None, "jobs must be an integer >= 1"),
     # -- damaged run files and odd values (issue 20: messages that name the problem)

@@ -82,7 +82,8 @@ def _run_config(args, base=None):
         data=args.data,
         data_dir=args.data_dir,
         tokenizer=args.tokenizer,
-        **{k: getattr(args, k, None) for k in ("seed", "max_steps", "tokens", "batch_size", "grad_accum", "lr", "seq_len", "device", "compile")},
+        **{k: getattr(args, k, None) for k in ("seed", "max_steps", "tokens", "batch_size", "grad_accum", "lr", "seq_len", "device", "compile",
+                                               "activation_checkpointing")},
     )
 
 
@@ -321,6 +322,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seq-len", type=int, dest="seq_len", help="training sequence length (default: the model's context)")
     p.add_argument("--device", help=f"{DEVICE_HELP} (default: auto)")
     p.add_argument("--compile", action="store_const", const=True, help="run the model under torch.compile")
+    p.add_argument("--activation-checkpointing", dest="activation_checkpointing", choices=("none", "layer", "step"),
+                   help="recompute activations in the backward pass: layer (each block) or step (each recursion step of a "
+                   "CEM sublayer, memory independent of T); default none")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint, with the settings it recorded (an error if the folder holds no run)")
     p.add_argument("--overwrite", action="store_true", help="remove what --out holds (run.json, checkpoints, metrics, results) and start again")
     p.add_argument("--stop-at", type=int, dest="stop_at", help="stop after this step with a checkpoint (schedule unchanged)")

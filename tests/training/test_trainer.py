@@ -41,6 +41,20 @@ def test_resume_is_exact(tiny_args, tmp_path, arch):
     assert a["test_loss"] == b["test_loss"]
 
 
+def test_activation_checkpointing_trains_the_same_run(tiny_args, tmp_path):
+    """The `activation_checkpointing` setting changes memory, not the run: the same losses step for step
+    (recomputation repeats the same float operations), and a run may resume with another mode."""
+    plain = run_cfg(tiny_args, max_steps=4, arch="cem-t2")
+    train(plain, tmp_path / "none", progress=False)
+    for mode in ("layer", "step"):
+        train(run_cfg(tiny_args, max_steps=4, arch="cem-t2", activation_checkpointing=mode), tmp_path / mode, progress=False)
+        assert losses(tmp_path / mode) == losses(tmp_path / "none")
+    stopped = run_cfg(tiny_args, max_steps=4, arch="cem-t2", activation_checkpointing="step")
+    train(stopped, tmp_path / "switch", progress=False, stop_at=2)
+    train(plain, tmp_path / "switch", resume=True, progress=False)
+    assert losses(tmp_path / "switch") == losses(tmp_path / "none")
+
+
 def test_resume_with_different_model_is_refused(tiny_args, tmp_path):
     train(run_cfg(tiny_args, max_steps=2), tmp_path / "r", progress=False, stop_at=1)
     with pytest.raises(ValueError, match="different run \\(model differs\\)"):

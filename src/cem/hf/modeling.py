@@ -91,7 +91,9 @@ class CEMPreTrainedModel(PreTrainedModel):
     base_model_prefix = "model"
     main_input_name = "input_ids"
     _no_split_modules = ["Block"]
-    supports_gradient_checkpointing = False
+    # gradient_checkpointing_enable() / activation_checkpointing_enable() set `Block.gradient_checkpointing`:
+    # cem's own per-block checkpointing (`LanguageModel.set_activation_checkpointing("layer")`)
+    supports_gradient_checkpointing = True
 
     @torch.no_grad()
     def _init_weights(self, module) -> None:

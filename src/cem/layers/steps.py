@@ -35,6 +35,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
+import torch.utils.checkpoint
 from torch import Tensor, nn
 
 from ..checks import check_choice, check_finite, check_nonnegative_int, check_positive_int, check_tolerance
@@ -116,6 +117,7 @@ class DescentLayer(nn.Module):
         self.adaptive_tol: float | None = None
         self.guard = 0
         self.last_steps_used: Tensor | None = None
+        self.checkpoint_steps = False  # recompute each step in the backward pass (`LanguageModel.set_activation_checkpointing`)
         self.reset_steps_used()
 
     @property
@@ -202,12 +204,19 @@ class DescentLayer(nn.Module):
         steps = self.depth()
         if self.adaptive_tol is not None or self.guard:
             return self._descend_checked(x, u, steps, direction)
+        checkpointed = self.checkpoint_steps and torch.is_grad_enabled()
         for t in range(steps):
-            if t > 0 or u is None:
-                u = self.norm(x)
-            x = x + self.eta(t, steps) * direction(u)
+            u_t = u if t == 0 else None
+            if checkpointed:  # only x^(t) is kept; the step's activations are recomputed in the backward pass
+                x = torch.utils.checkpoint.checkpoint(self._step, x, u_t, t, steps, direction, use_reentrant=False)
+            else:
+                x = self._step(x, u_t, t, steps, direction)
         self._count(steps * x.shape[:-1].numel(), x.shape[:-1].numel())
         return x
+
+    def _step(self, x: Tensor, u: Tensor | None, t: int, steps: int, direction) -> Tensor:
+        """x^(t+1) = x^(t) + η_t direction(u^(t)), with u^(t) = norm(x^(t)) unless given."""
+        return x + self.eta(t, steps) * direction(self.norm(x) if u is None else u)
 
     def _descend_checked(self, x: Tensor, u: Tensor | None, steps: int, direction) -> Tensor:
         """The recursion with `adaptive_tol` and / or `guard` (module docstring): per-position steps."""

@@ -6,11 +6,12 @@ import hashlib
 from contextlib import ExitStack, contextmanager
 
 import torch
+import torch.utils.checkpoint
 from torch import Tensor, nn
 
 from ..layers import ATTENTION_KINDS, CEMMLP, MLP_KINDS, CEMAttention, Reuse, RMSNorm
 from ..layers.precond import Preconditioner
-from ..checks import check_nonnegative_int, check_positive_int, check_tolerance
+from ..checks import check_choice, check_nonnegative_int, check_positive_int, check_tolerance
 from ..layers.steps import DescentLayer
 from .cache import Cache
 from .config import MAX_GUARD, MAXIMA, ModelConfig
@@ -30,15 +31,28 @@ def build_mlp(cfg: ModelConfig) -> nn.Module:
 
 
 class Block(nn.Module):
-    """h -> mlp(attn(h)); each sublayer carries its own norm and residual (Alg. 1, main block)."""
+    """h -> mlp(attn(h)); each sublayer carries its own norm and residual (Alg. 1, main block).
+
+    With `gradient_checkpointing` (the name `transformers` sets through `gradient_checkpointing_enable`),
+    a forward that records gradients keeps only the block's input and recomputes the rest in the backward
+    pass (`torch.utils.checkpoint`, non-reentrant)."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.attn = build_attention(cfg)
         self.mlp = build_mlp(cfg)
+        self.gradient_checkpointing = False
 
     def forward(self, h: Tensor, cache=None) -> Tensor:
+        if self.gradient_checkpointing and cache is None and torch.is_grad_enabled():
+            return torch.utils.checkpoint.checkpoint(self._forward, h, use_reentrant=False)
+        return self._forward(h, cache)
+
+    def _forward(self, h: Tensor, cache=None) -> Tensor:
         return self.mlp(self.attn(h, cache=cache))
+
+
+CHECKPOINTING = ("none", "layer", "step")  # activation checkpointing: off, per block, per recursion step
 
 
 def parameter_generator(seed: int, name: str) -> torch.Generator:
@@ -180,6 +194,19 @@ class LanguageModel(nn.Module):
         """Change the recursion depth T of CEM layers on a built or trained model (no retraining)."""
         for m, t in self._depths(steps, attn_steps, mlp_steps).items():
             m.steps = t
+
+    def set_activation_checkpointing(self, mode: str) -> None:
+        """Recompute activations in the backward pass instead of keeping them (`CHECKPOINTING`): "layer"
+        keeps each block's input only; "step" keeps the input of each recursion step of every CEM sublayer
+        (`DescentLayer.checkpoint_steps`), so a layer's activation memory no longer grows with T (Llama
+        sublayers, which have no steps, are then not checkpointed); "none" keeps everything. Gradients are
+        unchanged (up to float rounding)."""
+        check_choice("activation_checkpointing", mode, CHECKPOINTING)
+        for module in self.modules():
+            if isinstance(module, Block):
+                module.gradient_checkpointing = mode == "layer"
+            if isinstance(module, DescentLayer):
+                module.checkpoint_steps = mode == "step"
 
     def set_inference(self, adaptive_tol: float | None = None, guard: int = 0) -> None:
         """Set the inference options of every CEM layer (`cem.layers.steps`), exactly as given: adaptive

@@ -17,6 +17,7 @@ from ..device import PRECISIONS
 from ..checks import check_choice, check_finite, check_positive_int
 from ..data.tokenizers import ByteTokenizer
 from ..model import ModelConfig, model_config
+from ..model.lm import CHECKPOINTING
 
 PARALLEL = ("ddp", "fsdp")
 LLAMA_VOCAB = 32_000  # the paper's Llama tokenizer: the guess for a pretrained tokenizer not loaded yet
@@ -57,6 +58,7 @@ class TrainConfig:
     precision: str = "auto"  # "auto" (bf16 autocast where supported on GPU), "bf16", "fp32"
     compile: bool | None = None  # None: `compile_by_default` (on for CUDA; on the CPU only for long runs)
     parallel: str = "ddp"  # with torchrun: "ddp" or "fsdp" (FSDP2, fully_shard)
+    activation_checkpointing: str = "none"  # "none", "layer" (each block) or "step" (each recursion step): memory for compute
     wandb: bool = False
     wandb_project: str = "cem"
     tensorboard: bool = True  # when TensorBoard is installed (the `tensorboard` extra); said once in the log otherwise
@@ -99,6 +101,7 @@ class TrainConfig:
             if not isinstance(value, str) or not value.strip():
                 raise ValueError(f"{name} must name something, got {value!r}")
         check_choice("parallel", self.parallel, PARALLEL)
+        check_choice("activation_checkpointing", self.activation_checkpointing, CHECKPOINTING)
         check_choice("precision", self.precision, PRECISIONS)
         try:
             "".encode(self.data_encoding)

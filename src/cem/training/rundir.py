@@ -36,7 +36,8 @@ from .config import RunConfig, TrainConfig
 # training settings that may change between a run and its resumption without making it a different run
 RUNTIME_KEYS = frozenset(
     {"device", "compile", "eval_every", "eval_batches", "log_every", "save_every", "wandb", "wandb_project",
-     "tensorboard", "data_dir", "parallel", "diverge_factor", "diverge_warmup", "final_eval_tokens"}
+     "tensorboard", "data_dir", "parallel", "diverge_factor", "diverge_warmup", "final_eval_tokens",
+     "activation_checkpointing"}
 )  # fmt: skip
 # the training budget: a finished run asked for more steps is extended (the rule in `RunDir.claim`)
 BUDGET_KEYS = frozenset({"max_steps", "tokens"})

@@ -154,6 +154,7 @@ def _train(run: RunConfig, rundir: RunDir, resume: bool, progress: bool, stop_at
 
     torch.manual_seed(t.seed)  # the global generator: random depths and anything else drawn in training
     model = LanguageModel(cfg, init_seed=t.seed).to(device)  # weights keyed by (seed, name): common random numbers
+    model.set_activation_checkpointing(t.activation_checkpointing)  # before compile / DDP / FSDP2 wrap it
     _announce_backend(model, device, progress)
     sampler = SequenceSampler(splits["train"], seq_len, seed=t.seed, rank=info.rank, world_size=info.world_size)
     if t.batch_size > sampler.n_windows:
