@@ -86,6 +86,6 @@ def test_readme_walkthrough(stranger, capsys):
     pipe = transformers.pipeline("text-generation", model="export/llama", tokenizer="export/llama")
     assert pipe("OPHELIA:", max_new_tokens=5, do_sample=False)[0]["generated_text"].startswith("OPHELIA:")
     assert main(["export", "runs/cem-micro", "--format", "llama", "export/x"]) == 2  # not a plain Llama
-    assert main(["export", "runs/cem-micro", "--no-remote-code", "export/plain"]) == 0
-    assert not (stranger / "work/export/plain/modeling_cem.py").exists() and (stranger / "work/export/cem/modeling_cem.py").exists()
-    assert "auto_map" not in json.loads((stranger / "work/export/plain/config.json").read_text())
+    assert main(["export", "runs/cem-micro", "--remote-code", "export/shim"]) == 0
+    assert (stranger / "work/export/shim/modeling_cem.py").exists() and not (stranger / "work/export/cem/modeling_cem.py").exists()
+    assert "auto_map" not in json.loads((stranger / "work/export/cem/config.json").read_text())

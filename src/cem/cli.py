@@ -208,7 +208,7 @@ def cmd_export(args) -> int:
     if run.holds(args.out) is not None:
         raise ValueError(f"cannot export into {args.out}: it is, or lies in, {run.holds(args.out)} of the run being exported; choose another output folder")
     out = export_hf(model, args.out, tokenizer=tokenizer, format="llama" if args.format == "llama" else "auto", remote_code=args.remote_code)
-    kind = "LlamaForCausalLM format" if is_plain_llama(model) else "CEM format: import cem.hf first"
+    kind = "LlamaForCausalLM format" if is_plain_llama(model) else "CEM format: the model loads after `import cem.hf`"
     print(f"exported {run.path} to {out} ({kind}); load it with AutoTokenizer / AutoModelForCausalLM.from_pretrained")
     return 0
 
@@ -363,8 +363,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", default="hf", choices=("hf", "llama"),
                    help="hf: LlamaForCausalLM for a plain Llama, else the CEM format (needs cem-transformers where it is "
                    "loaded); llama: LlamaForCausalLM, an error for other models")
-    p.add_argument("--no-remote-code", dest="remote_code", action="store_false",
-                   help="CEM format: write no modeling_cem.py shim (then it loads only after `import cem.hf`, never through trust_remote_code)")
+    p.add_argument("--remote-code", dest="remote_code", action="store_true",
+                   help="CEM format: also write a modeling_cem.py shim and auto_map, for `trust_remote_code=True` without "
+                   "`import cem.hf` (then AutoTokenizer asks to run that code too); default: no code in the folder")
     p.add_argument("out", help="output directory")
     p.set_defaults(func=cmd_export)
 

@@ -404,14 +404,36 @@ def test_export_replaces_a_planted_link_and_never_writes_through_it(tmp_path):
     (tmp_path / "m").mkdir()
     (tmp_path / "victim").write_text("keep")
     (tmp_path / "m" / "modeling_cem.py").symlink_to(tmp_path / "victim")
-    out = ch.export_hf(tiny("cem-t2"), tmp_path / "m")
+    out = ch.export_hf(tiny("cem-t2"), tmp_path / "m", remote_code=True)
     assert (tmp_path / "victim").read_text() == "keep"
     assert not (out / "modeling_cem.py").is_symlink() and "from cem.hf.modeling import" in (out / "modeling_cem.py").read_text()
 
 
+def test_the_exported_tokenizer_loads_with_stock_transformers(tmp_path):
+    """Issue 21: AutoTokenizer on a CEM-format export stopped at "Do you wish to run the custom code?" (it
+    reads config.json, whose auto_map pointed at the shim). By default an export holds no code: a fresh
+    process without cem loads the tokenizer, with the run's ids and the model's context as its length."""
+    from cem.data.tokenizers import ByteTokenizer
+
+    out = ch.export_hf(tiny("cem"), tmp_path / "m", tokenizer=ByteTokenizer())
+    code = (
+        "import sys\n"
+        "from transformers import AutoTokenizer\n"
+        f"t = AutoTokenizer.from_pretrained({str(out)!r})\n"
+        "assert not any(m.startswith('cem') for m in sys.modules)\n"
+        "print(t('energy')['input_ids'], t.model_max_length)\n"
+    )
+    env = dict(os.environ, HF_MODULES_CACHE=str(tmp_path / "modules"), HF_HUB_OFFLINE="1")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120, stdin=subprocess.DEVNULL)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split("]")[0] + "]" == str(ByteTokenizer().encode("energy"))
+    assert int(run.stdout.split()[-1]) == tiny("cem").config.context
+
+
 def test_trust_remote_code_loads_without_importing_cem_hf(tmp_path):
     model = tiny("cem-t2")
-    out = ch.export_hf(model, tmp_path / "m")
+    assert not (ch.export_hf(model, tmp_path / "plain") / "modeling_cem.py").exists()  # no code unless asked
+    out = ch.export_hf(model, tmp_path / "m", remote_code=True)
     assert (out / "modeling_cem.py").is_file()
     assert json.loads((out / "config.json").read_text())["auto_map"]["AutoModelForCausalLM"] == "modeling_cem.CEMForCausalLM"
     code = (

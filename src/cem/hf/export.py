@@ -15,7 +15,7 @@ from ..io import atomic_write_text, fix_modes
 from ..model import LanguageModel
 from .llama_export import export_llama, is_plain_llama
 from .modeling import to_hf
-from .tokenizer import special_token_ids, transformers_tokenizer
+from .tokenizer import save_tokenizer, special_token_ids, transformers_tokenizer
 
 REMOTE_CODE_FILE = "modeling_cem.py"
 AUTO_MAP = {
@@ -36,7 +36,7 @@ def export_hf(
     *,
     tokenizer=None,
     format: str = "auto",
-    remote_code: bool = True,
+    remote_code: bool = False,
     bos_token_id: int | None = None,
     eos_token_id: int | None = None,
     pad_token_id: int | None = None,
@@ -44,8 +44,9 @@ def export_hf(
     """Write `model` to `out_dir` as a Hugging Face checkpoint; returns the directory.
 
     format: "auto" (Llama format for a plain Llama, else CEM), "llama" (ValueError if not a plain Llama)
-    or "cem". remote_code: for the CEM format, also write `modeling_cem.py` and `auto_map` so that
-    `trust_remote_code=True` loads it without an explicit `import cem.hf`. The tokenizer, when given, is
+    or "cem". remote_code (off by default): for the CEM format, also write `modeling_cem.py` and `auto_map`
+    so that `trust_remote_code=True` loads it without `import cem.hf`; off, the folder holds no code, and
+    `AutoTokenizer` loads its tokenizer with stock `transformers` (with `auto_map` it asks to run code). The tokenizer, when given, is
     saved alongside and its special token ids fill the ids not given; a cem tokenizer (a run's, e.g.
     `RunDir(run).load_tokenizer()`) is converted with `hf.tokenizer.to_transformers_tokenizer` so that
     `AutoTokenizer` loads the directory.
@@ -68,5 +69,5 @@ def export_hf(
     if remote_code:
         atomic_write_text(out / REMOTE_CODE_FILE, _SHIM)  # a planted link is replaced, not written through
     if tokenizer is not None:
-        tokenizer.save_pretrained(out)
+        save_tokenizer(tokenizer, out, model.config.context)
     return out

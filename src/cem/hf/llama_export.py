@@ -33,7 +33,7 @@ from transformers import GenerationConfig, LlamaConfig
 from ..io import fix_modes
 from ..layers import ATTENTION_KINDS, MLP_KINDS, GatedMLP, LlamaAttention
 from ..model import LanguageModel, ModelConfig
-from .tokenizer import special_token_ids, transformers_tokenizer
+from .tokenizer import save_tokenizer, special_token_ids, transformers_tokenizer
 
 DEFAULT_ROPE_THETA = 10000.0  # the only theta ModelConfig builds (LlamaAttention's default)
 
@@ -167,7 +167,7 @@ def export_llama(
     save_file(state, out / "model.safetensors", metadata={"format": "pt"})
     fix_modes(out)
     if tokenizer is not None:
-        tokenizer.save_pretrained(out)
+        save_tokenizer(tokenizer, out, model.config.context)
     return out
 
 

@@ -12,6 +12,14 @@ def transformers_tokenizer(tokenizer):
     return to_transformers_tokenizer(tokenizer) if isinstance(tokenizer, Tokenizer) else tokenizer
 
 
+def save_tokenizer(tokenizer, out, context: int) -> None:
+    """Save a `transformers` tokenizer next to a model whose context is `context`: a tokenizer that states no
+    maximum length (transformers' 1e30 sentinel) gets the context, so that truncation and pipelines know it."""
+    if tokenizer.model_max_length > 1e20:
+        tokenizer.model_max_length = context
+    tokenizer.save_pretrained(out)
+
+
 def special_token_ids(tokenizer, bos_token_id: int | None, eos_token_id: int | None, pad_token_id: int | None) -> dict:
     """bos / eos / pad token ids: those given, the tokenizer's for the others (None without a tokenizer;
     cem models have no special tokens of their own)."""
