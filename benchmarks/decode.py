@@ -1,6 +1,6 @@
 """Decoding with the cache: cache bytes per token and single-token decode speed for Llama (keys and
-values cached) against CEM (keys only, for every key-query diagonal: the diagonal term is read from the
-keys through W_K^{-1}), after a prefill of L tokens; ratios to Llama at the same context.
+values cached) against CEM (keys only; with a key-query diagonal the normalised context ĥ only, read once
+per step by queries moved to ĥ's space), after a prefill of L tokens; ratios to Llama at the same context.
 
     python benchmarks/decode.py [--device auto|cpu|cuda] [--out FILE.md] [--preset 134M]
         [--contexts 2048 8192 32768] [--steps N] [--warmup N] [--batch 1] [--dtype auto|fp32|bf16|fp16]
@@ -134,8 +134,8 @@ def main(argv: list[str] | None = None) -> Report:
             "ms/token: median time of one decode step (one new token per sequence; on the CPU process CPU time, one thread "
             "unless --threads) over the steps after a prefill of `context` tokens, all models stepped round-robin; "
             "tokens/s = batch / ms. tok/s ×Llama: per round, Llama's step time / the model's, median [min-max].",
-            "Llama caches keys and values; CEM caches keys only, also with a key-query diagonal (ĥ_j·(d∘u) = "
-            "k_j·(W_K^{-T}(d∘u)), one solve per step on the query side), unless W_K is badly conditioned (then ĥ too).",
+            "Llama caches keys and values; CEM caches keys only, or with a key-query diagonal ĥ only (the same bytes): "
+            "a decode step reads it once, head k's logit being ĥ_j·(W_K^kᵀ q^k + d_k∘u) (CEMAttention.query_side).",
         ],
     )
     report.emit(args.out)

@@ -192,8 +192,10 @@ def test_greedy_generate_matches_cem(arch, extra):
     cfg = model.config
     if arch == "llama":  # keys and values
         per_layer = {"k": cfg.dim, "v": cfg.dim}
-    else:  # CEM: keys only, the shared key-query diagonal read from them through W_K^{-1}
+    elif cfg.kq_diag == "none":  # CEM: keys only (they are the values)
         per_layer = {"k": cfg.dim}
+    else:  # CEM with a key-query diagonal: the context ĥ only (the keys are recomputed or read through it)
+        per_layer = {"hn": cfg.dim}
     assert cache.bytes_per_token() == cfg.n_layers * sum(per_layer.values()) * 4
     for name in cache._slots:
         assert set(cache.slot(name).buffers) == set(per_layer)

@@ -151,7 +151,7 @@ def test_folded_preconditioner_equals_per_head_form(rand, kq_diag, precond):
             layer.precond.v.normal_(0, 0.1)  # off the zero init, so the low-rank part matters
     h = torch.randn(B, J, D, dtype=torch.float64)
 
-    def per_head(u, k, hn, q_start=0, w_out=None, key_solve=None, with_energy=False):
+    def per_head(u, k, hn, q_start=0, w_out=None, with_energy=False):
         o = layer._attend(layer._heads(layer.w_q(u)), k, layer._diagonal(u, hn), q_start, None)
         y = torch.einsum("bkjd,kdD->bjkD", o, layer.w_q.weight.view(K, D // K, D))
         return layer.precond(y).sum(dim=2)

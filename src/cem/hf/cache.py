@@ -1,7 +1,7 @@
 """cem's own decoding cache, carried through Hugging Face `generate()` as `past_key_values`.
 
-`HFCache` *is* a `cem.model.Cache` (a subclass): CEM attention stores keys only (plus the normalised context ĥ
-only when a key-query diagonal is used and W_K is badly conditioned), Llama attention keys and values, exactly as in `LanguageModel.generate`.
+`HFCache` *is* a `cem.model.Cache` (a subclass): CEM attention stores keys only (with a key-query diagonal
+the normalised context ĥ only, the same bytes), Llama attention keys and values, exactly as in `LanguageModel.generate`.
 It adds the few things `transformers.generate` asks of a cache object:
 
 * `get_seq_length()` — how many positions are cached (read by `generate` before the prefill);

@@ -5,7 +5,7 @@ maths here. Through it a cem model gets `save_pretrained` / `AutoModelForCausalL
 (safetensors), the `transformers` generation API, and anything built on them (lm-evaluation-harness's HFLM).
 
 `generate()` runs on cem's own cache (`cem.hf.cache.HFCache`, a `cem.model.Cache`): keys only for CEM
-attention (with a key-query diagonal too, unless W_K is badly conditioned), keys and values for Llama attention. The forward pass creates it
+attention (with a key-query diagonal ĥ only, the same bytes), keys and values for Llama attention. The forward pass creates it
 on the first call of a `generate` (with `use_cache=True`), returns it as `past_key_values`, and `generate` hands
 it back on every later step; the class opts out of `transformers`' default `DynamicCache`
 (`_supports_default_dynamic_cache`), the route `transformers` keeps for models that bring their own cache.

@@ -63,6 +63,7 @@ __all__ = [
     "diag_scores",
     "fold_diagonal",
     "resolve_backend",
+    "softmax_values",
     "triton_self_check",
 ]
 
@@ -119,10 +120,14 @@ def cem_attention_energy(
 ) -> tuple[Tensor, Tensor]:
     """`cem_attention_eager`'s output and, from the same logits, the interaction energy of every query,
     ε_i = -τ Σ_k logsumexp_j(logit_kij) (eq. 1), shape (B, Jq): the energy costs one logsumexp."""
-    logits = cem_logits(q, k, diag, positions, q_start)
+    o, lse = softmax_values(cem_logits(q, k, diag, positions, q_start), k if v is None else v)
+    return o, -math.sqrt(q.shape[-1]) * lse.sum(dim=1)
+
+
+def softmax_values(logits: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
+    """softmax(logits) @ values and the logits' log-sum-exp over the keys (B, K, Jq): the energy's share."""
     lse = torch.logsumexp(logits, dim=-1, keepdim=True)
-    o = torch.exp(logits - lse) @ (k if v is None else v)
-    return o, -math.sqrt(q.shape[-1]) * lse.squeeze(-1).sum(dim=1)
+    return torch.exp(logits - lse) @ values, lse.squeeze(-1)
 
 
 def cem_attention_sdpa(

@@ -10,13 +10,13 @@ softmax-weighted keys o^k come from the attention core (`attention_core`, backen
 from __future__ import annotations
 
 import math
-import warnings
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..checks import check_choice, check_heads, check_residual, check_same_shape
-from .attention_core import Diagonal, cem_attention, cem_attention_energy, cem_logits, check_backend, resolve_backend
+from .attention_core import Diagonal, cem_attention, cem_attention_energy, cem_logits, check_backend, resolve_backend, softmax_values
 from .position import ALIBI_SLOPES, Positions
 from .norm import RMSNorm
 from .precond import PRECONDITIONERS, make_preconditioner
@@ -24,12 +24,10 @@ from .steps import DescentLayer, Recursion
 from .kinds import ATTENTION_KINDS, SublayerKind
 
 KQ_DIAGONALS = ("none", "shared", "per_head")
-# A decoding cache reads the diagonal term from the keys through W_K^{-1} (computed in float32 or better)
-# while cond(W_K) is at most this for the dtype of the cached keys; beyond, it stores ĥ as well (twice the
-# bytes). The keys' rounding error reaches the diagonal term amplified by up to cond(W_K): measured on the
-# small preset, float32 decoding stays within 1e-5 of float64 up to cond ~3e3 and 2e-4 at 2.5e4; in bf16 the
-# error is about cond / 150 times bf16's own (random init has cond 200-2500 at D = 128: ĥ is kept).
-KEYS_ONLY_MAX_COND = {torch.float64: 1e6, torch.float32: 1e4, torch.bfloat16: 64.0, torch.float16: 64.0}
+# With a key-query diagonal the decoding cache holds ĥ only (as many numbers per token as the keys): k = W_K ĥ
+# is exact from it in any dtype, while ĥ read back from rounded keys through W_K^{-1} is off by up to
+# cond(W_K) (1e4-3e4 at 134M) times the dtype's rounding. A step of few new tokens reads the cache once
+# through queries moved to ĥ's space (`CEMAttention.query_side`); a long chunk recomputes its keys from ĥ.
 
 
 class CEMAttention(DescentLayer):
@@ -94,15 +92,12 @@ class CEMAttention(DescentLayer):
         parameter object, which a kept reference would miss."""
         return Positions(self.alibi, self.n_heads, self.self_bias)
 
-    def _diagonal(self, u: Tensor, hn: Tensor | None, key_solve: Tensor | None = None) -> Diagonal | None:
+    def _diagonal(self, u: Tensor, hn: Tensor | None) -> Diagonal | None:
         """The diagonal term's factors d ∘ u ((B, J, D) shared, (B, K, J, D) per head) and ĥ, None without a
-        diagonal. With `key_solve` = W_K^{-1}, `hn` holds the keys and d ∘ u becomes W_K^{-T}(d ∘ u), since
-        ĥ_j·a = k_j·(W_K^{-T} a)."""
+        diagonal."""
         if self.kq_diag is None:
             return None
         qd = u * self.kq_diag if self.kq_diag.dim() == 1 else u.unsqueeze(1) * self.kq_diag[None, :, None, :]
-        if key_solve is not None:
-            qd = (qd.to(key_solve.dtype) @ key_solve).to(u.dtype)
         return Diagonal(qd, hn)
 
     def _attend(self, q: Tensor, k: Tensor, diag: Diagonal | None, q_start: int, v: Tensor | None) -> Tensor:
@@ -130,39 +125,66 @@ class CEMAttention(DescentLayer):
     def direction(
         self,
         u: Tensor,
-        k: Tensor,
+        k: Tensor | None,
         hn: Tensor | None,
         q_start: int = 0,
         w_out: Tensor | None = None,
-        key_solve: Tensor | None = None,
         with_energy: bool = False,
     ):
         """The descent direction Σ_k P_k (W_Q^kᵀ o^k [+ d_k ∘ Σ_j p_kij ĥ_j]) = -P ∇_u ε at u (B, J, D);
         `with_energy=True` returns (direction, ε(u)) with ε (B, J) from the same logits (eager form).
 
-        `w_out` is `output_weight()` when the forward has folded the preconditioner already; with
-        `key_solve` = W_K^{-1}, `hn` holds the keys (B, Jk, D) instead of ĥ (the keys-only cache)."""
+        `w_out` is `output_weight()` when the forward has folded the preconditioner already; `k` None (a
+        cached step of few tokens, see `context`) reads the context ĥ (B, Jk, D) through `query_side`."""
         q = self._heads(self.w_q(u))
         value_diag = self._value_diag
-        diag = self._diagonal(u, hn, key_solve)
-        v = torch.cat([k, hn.unsqueeze(1).expand(-1, self.n_heads, -1, -1)], dim=-1) if value_diag else None
-        energy = None
-        if with_energy:
-            o, energy = cem_attention_energy(q, k, diag, self.positions, q_start, v)
+        energy = o_hn = None
+        if k is None:
+            o, o_hn, energy = self.query_side(q, u, hn, q_start, with_energy)
+            o_hn = o_hn if value_diag else None
         else:
-            o = self._attend(q, k, diag, q_start, v)
-        y = self._project(o, value_diag, w_out, key_solve)
+            diag = self._diagonal(u, hn)
+            v = torch.cat([k, hn.unsqueeze(1).expand(-1, self.n_heads, -1, -1)], dim=-1) if value_diag else None
+            if with_energy:
+                o, energy = cem_attention_energy(q, k, diag, self.positions, q_start, v)
+            else:
+                o = self._attend(q, k, diag, q_start, v)
+            if value_diag:
+                o, o_hn = o[..., : self.head_dim], o[..., self.head_dim :]
+        y = self._project(o, o_hn, w_out)
         return (y, energy) if with_energy else y
 
-    def _project(self, o: Tensor, value_diag: bool, w_out: Tensor | None, key_solve: Tensor | None) -> Tensor:
-        """Σ_k P_k (W_Q^kᵀ o^k [+ d_k ∘ o_ĥ^k]) from the attention outputs o (B, K, J, d [+ D])."""
-        o, o_hn = (o[..., : self.head_dim], o[..., self.head_dim :]) if value_diag else (o, None)
-        if not value_diag:
+    def query_side(self, q: Tensor, u: Tensor, hn: Tensor, q_start: int, with_energy: bool = False):
+        """The attention core read from the context ĥ (B, Jk, D) alone, in one pass for every head: head k's
+        logit is k_j^k·q^k + ĥ_j·(d_k∘u) = ĥ_j·(W_K^kᵀ q^k + d_k∘u), so the K·J queries moved to ĥ's space
+        attend as one head of width D over ĥ (values ĥ), and o^k = W_K^k Σ_j p_kj ĥ_j. Exact in any dtype (no
+        W_K^{-1}); K times the multiply-adds of the per-head form, the same bytes read.
+
+        Returns (o (B, K, J, d), Σ_j p_kj ĥ_j (B, K, J, D), ε (B, J) if `with_energy` else None)."""
+        b, n_heads, j, _ = q.shape
+        w = self.w_k.weight.view(n_heads, self.head_dim, self.dim)
+        query = torch.einsum("bkjd,kdD->bkjD", q, w)
+        diag = self._diagonal(u, hn)
+        if diag is not None:
+            query = query + (diag.qd.unsqueeze(1) if diag.qd.dim() == 3 else diag.qd)
+        bias = self.positions.bias(q_start, j, hn.shape[-2], q.dtype, q.device)  # (K, J, Jk)
+        query, bias, ctx = query.reshape(b, 1, n_heads * j, self.dim), bias.reshape(1, 1, n_heads * j, -1), hn.unsqueeze(1)
+        energy = None
+        if with_energy:
+            out, lse = softmax_values(query @ ctx.transpose(-1, -2) / math.sqrt(self.head_dim) + bias, ctx)
+            energy = -math.sqrt(self.head_dim) * lse.view(b, n_heads, j).sum(dim=1)
+        else:
+            out = F.scaled_dot_product_attention(query, ctx, ctx, attn_mask=bias, scale=1.0 / math.sqrt(self.head_dim))
+        out = out.view(b, n_heads, j, self.dim)
+        return torch.einsum("bkjD,kdD->bkjd", out, w), out, energy
+
+    def _project(self, o: Tensor, o_hn: Tensor | None, w_out: Tensor | None) -> Tensor:
+        """Σ_k P_k (W_Q^kᵀ o^k [+ d_k ∘ o_ĥ^k]) from the attention outputs o (B, K, J, d) and, for the exact
+        gradient's value-side term, o_ĥ = Σ_j p_kj ĥ_j (B, K, J, D)."""
+        if o_hn is None:
             if w_out is None:
                 w_out = self.output_weight()
             return o.transpose(1, 2).flatten(2) @ (self.w_q.weight if w_out is None else w_out)  # one matmul
-        if key_solve is not None:  # Σ_j p ĥ_j = W_K^{-1} Σ_j p k_j
-            o_hn = (o_hn.to(key_solve.dtype) @ key_solve.transpose(0, 1)).to(o.dtype)
         w = self.w_q.weight.view(self.n_heads, self.head_dim, self.dim)
         y = torch.einsum("bkjd,kdD->bjkD", o, w)  # per-head W_Q^kᵀ o^k, (B, J, K, D)
         diag = self.kq_diag if self.kq_diag.dim() == 2 else self.kq_diag.expand(self.n_heads, -1)
@@ -171,42 +193,27 @@ class CEMAttention(DescentLayer):
             y = self.precond(y)
         return y.sum(dim=2)
 
-    def key_solve(self, cache) -> Tensor | None:
-        """W_K^{-1} (D, D, float32 or better) when `cache` (a `CacheSlot`) reads the diagonal term from the
-        keys, else None. Decided when the slot is first used: keys only while cond(W_K) <= KEYS_ONLY_MAX_COND
-        of the weight's dtype, else ĥ is cached too, with a one-line notice."""
-        if cache is None or self.kq_diag is None:
-            return None
-        if "key_solve" not in cache.state:
-            w = self.w_k.weight.detach()
-            cond = torch.linalg.cond(w.double()).item()
-            solve = None
-            limit = KEYS_ONLY_MAX_COND.get(w.dtype, 0.0)
-            if cond <= limit:
-                work = torch.float64 if w.dtype == torch.float64 else torch.float32
-                solve = torch.linalg.inv(w.double()).to(work)
-            else:
-                warnings.warn(f"cond(W_K) = {cond:.3g} > {limit:g} ({w.dtype}): this cache stores ĥ besides the keys", stacklevel=3)
-            cache.state["key_solve"] = solve
-        return cache.state["key_solve"]
+    def reads_query_side(self, n_new: int) -> bool:
+        """Whether a cached step of `n_new` tokens reads ĥ through `query_side` (its extra (K-1)·n_new·D
+        multiply-adds per cached token cost less than recomputing the keys, D² per cached token)."""
+        return 2 * n_new * (self.n_heads - 1) <= self.dim
 
-    def context(self, h: Tensor, cache=None) -> tuple[Tensor, Tensor | None, Tensor, int]:
-        """Normalised input ĥ, keys k = W_K ĥ (B, K, J, d) and context ĥ (only if a diagonal needs it).
+    def context(self, h: Tensor, cache=None) -> tuple[Tensor, Tensor | None, Tensor | None, int]:
+        """Normalised input ĥ, keys k = W_K ĥ (B, K, J, d), context ĥ (only if a diagonal needs it) and the
+        absolute position of the first new token.
 
-        With a cache (one `CacheSlot`) the new keys are appended and the whole context is returned, with the absolute position of the first new token. With a keys-only
-        cache (`key_solve`) the returned context is the keys (B, L, D) in place of ĥ.
-        """
+        With a cache (one `CacheSlot`) the new tokens are appended and the whole context is returned. Without
+        a diagonal the cache holds the keys (they are the values); with one it holds ĥ (as many numbers), and
+        the keys are recomputed from it, or, for a step of few tokens (`reads_query_side`), are None: the
+        step reads ĥ once through `query_side`."""
         hn = self.norm(h)
-        k = self._heads(self.w_k(hn))
-        ctx = hn if self.kq_diag is not None else None
         if cache is None:
-            return hn, k, ctx, 0
+            return hn, self._heads(self.w_k(hn)), (hn if self.kq_diag is not None else None), 0
         q_start = cache.length
-        store_hn = ctx is not None and self.key_solve(cache) is None
-        stored = cache.update(k=k, **({"hn": ctx} if store_hn else {}))  # keys by head: contiguous for the core
-        keys = stored["k"]
-        if ctx is not None:  # ĥ, or the keys side by side (B, L, D) for the keys-only diagonal term
-            ctx = stored["hn"] if store_hn else keys.transpose(1, 2).flatten(2)
+        if self.kq_diag is None:
+            return hn, cache.update(k=self._heads(self.w_k(hn)))["k"], None, q_start  # keys by head: contiguous
+        ctx = cache.update(hn=hn)["hn"]
+        keys = None if self.reads_query_side(h.shape[1]) else self._heads(self.w_k(ctx))
         return hn, keys, ctx, q_start
 
     def forward(self, h: Tensor, cache=None) -> Tensor:
@@ -214,8 +221,8 @@ class CEMAttention(DescentLayer):
         The preconditioner is folded into the output weight once for all steps (`output_weight`)."""
         check_residual(h, self.dim, "CEMAttention", self.norm.weight.dtype)
         hn, k, ctx, q_start = self.context(h, cache)
-        w_out, solve = self.output_weight(), self.key_solve(cache)
-        return self.descend(h, hn, lambda u, with_energy=False: self.direction(u, k, ctx, q_start, w_out, solve, with_energy))
+        w_out = self.output_weight()
+        return self.descend(h, hn, lambda u, with_energy=False: self.direction(u, k, ctx, q_start, w_out, with_energy))
 
     def energy(self, u: Tensor, h: Tensor) -> Tensor:
         """ε(u_i | ĥ_{1:i}) for every position i, shape (B, J): the energy the forward pass descends."""

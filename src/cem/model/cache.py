@@ -1,9 +1,10 @@
 """The decoding cache: per attention application, the tensors of past tokens that later queries read.
 
-Llama attention stores keys and values. CEM attention stores keys once (they are the values); with a key-query diagonal the term ĥ_j·(d∘u) is read from the keys through
-W_K^{-1} (`CEMAttention.key_solve`), and ĥ is stored as well only when W_K is badly conditioned. Buffers
-are allocated once for the whole generation (`max_len` positions) and filled in place; `state` holds
-per-slot values that are not per token (such as W_K^{-1}).
+Llama attention stores keys and values. CEM attention stores keys once (they are the values); with a
+key-query diagonal it stores the normalised context ĥ instead (as many numbers), from which the keys and
+the diagonal term are exact (`CEMAttention.context`, `CEMAttention.query_side`). Buffers are allocated
+once for the whole generation (`max_len` positions) and filled in place; `state` holds per-slot values
+that are not per token.
 """
 
 from __future__ import annotations
