@@ -68,8 +68,18 @@ def run_config(spec: RunSpec, scale: Scale, data_dir: str | None):
     return load_run_config(None, {**{f"train.{k}": v for k, v in train.items()}, **{f"model.{k}": v for k, v in spec.model}})
 
 
-def _run_one(args) -> dict:
+_STOP = None  # in a worker of a parallel sweep: the sweep's stop event (`_init_worker`)
+
+
+def _init_worker(stop) -> None:
+    global _STOP
+    _STOP = stop
+
+
+def _run_one(args) -> dict | None:
     spec, scale, data_dir, root, threads = args
+    if _STOP is not None and _STOP.is_set():
+        return None  # the sweep is stopping: a run already handed to this worker's queue does not start
     import torch
 
     from ..training import Interrupted, train
@@ -96,12 +106,17 @@ def run_sweep(specs: list[RunSpec], scale: Scale, root: Path, data_dir: str | No
     args = [(s, scale, data_dir, str(root), threads) for s in todo]
     progress = _Progress(len(todo))
     if jobs > 1 and len(todo) > 1:
-        pool = ProcessPoolExecutor(jobs, mp_context=get_context("spawn"))
+        context = get_context("spawn")
+        stop = context.Event()
+        pool = ProcessPoolExecutor(jobs, mp_context=context, initializer=_init_worker, initargs=(stop,))
         try:
             futures = {pool.submit(_run_one, a): a[0] for a in args}
             for fut in as_completed(futures):
                 progress.done(futures[fut], fut.result())
-        finally:  # a run that failed or was interrupted (Ctrl-C saves its checkpoint) stops the sweep: no new runs start
+        except BaseException:  # a run failed or was interrupted (its checkpoint is saved), or this process was
+            stop.set()  # stopped (Ctrl-C, SIGTERM): no new run starts, not even those already queued to a worker
+            raise
+        finally:
             pool.shutdown(wait=True, cancel_futures=True)
     else:
         for a in args:
