@@ -24,9 +24,18 @@ def default_mode(directory: bool = False) -> int:
     """The permissions `open`/`mkdir` would give a new file (0o666) or folder (0o777) under the process's
     umask. Temporary files and folders are created 0o600/0o700; atomic writes set this mode before the
     rename, so group-shared run folders keep working."""
+    return (0o777 if directory else 0o666) & ~_umask()
+
+
+def _umask() -> int:
+    """The process's umask, read without changing it where Linux tells it (/proc/self/status): setting it
+    to read it back is process-wide, and a file another thread created in between would get mode 0o666."""
+    with contextlib.suppress(OSError, ValueError, StopIteration):
+        status = Path("/proc/self/status").read_text()
+        return int(next(line for line in status.splitlines() if line.startswith("Umask:")).split()[1], 8)
     umask = os.umask(0)
     os.umask(umask)
-    return (0o777 if directory else 0o666) & ~umask
+    return umask
 
 
 def fix_modes(folder: str | os.PathLike, pattern: str = "*.safetensors") -> None:
