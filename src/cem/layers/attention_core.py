@@ -307,15 +307,17 @@ def triton_self_check(device: torch.device | str) -> bool:
     if torch.compiler.is_compiling():
         return _TRITON_OK.get(key, True)
     if key not in _TRITON_OK:
-        g = torch.Generator(device=device).manual_seed(0)
-        B, K, J, d = 2, 3, 37, 16
+        # the check is its own computation: the caller's inference mode, no_grad or autocast (under which the
+        # eager reference would run in bf16 and the kernel in float32) must not reach it
+        with torch.inference_mode(False), torch.enable_grad(), torch.autocast(torch.device(device).type, enabled=False):
+            g = torch.Generator(device=device).manual_seed(0)
+            B, K, J, d = 2, 3, 37, 16
 
-        def rand(*shape):
-            return torch.randn(*shape, generator=g, device=device).requires_grad_(True)
+            def rand(*shape):
+                return torch.randn(*shape, generator=g, device=device).requires_grad_(True)
 
-        q, k, qd, hn = rand(B, K, J, d), rand(B, K, J, d), rand(B, J, K * d), rand(B, J, K * d)
-        positions = Positions("standard", K, rand(K))
-        with torch.enable_grad():
+            q, k, qd, hn = rand(B, K, J, d), rand(B, K, J, d), rand(B, J, K * d), rand(B, J, K * d)
+            positions = Positions("standard", K, rand(K))
             outs = []
             for fn in (cem_attention_triton, cem_attention_eager):
                 o = fn(q, k, Diagonal(qd, hn), positions)
