@@ -145,10 +145,17 @@ def test_bfloat16_close_to_reference(device, B, K, Jq, Jk, d, D, diag, q_start):
         pytest.param(KernelConfig(block_m=64, block_n=64, block_dd=64), id="single-tile"),
     ],
 )
-@pytest.mark.parametrize("diag", ["shared", "head"])
+@pytest.mark.parametrize("diag", ["shared", "shared-in-kernel", "head"])
 def test_tilings_and_head_groups(config, diag):
     """Head groups (diagonal tile recomputed per group, qd/ĥ gradients from several programs) and tile
-    sizes other than the default all give the same result."""
+    sizes other than the default all give the same result. The shared diagonal runs both ways: as a score
+    matrix (its Σ_heads dS summed over head groups outside the kernels) and tile by tile over D inside them."""
+    import dataclasses
+
+    if diag == "shared-in-kernel":
+        config, diag = dataclasses.replace(config, diag_scores=False), "shared"
+    else:
+        config = dataclasses.replace(config, diag_scores=True)
     inputs = make_inputs(2, 3, 29, 29, 24, 72, diag, seed=11)
     out, grads = run(kernel, inputs, 0, config=config)
     ref, ref_grads = run(cem_attention_eager, inputs, 0)
@@ -281,16 +288,18 @@ def test_imports_without_triton():
 def test_kernels_compile_for_sm90():
     """No GPU needed: the default-tile kernels lower all the way to sm_90 machine code (catches what the
     interpreter does not check: layouts of the 3-D dots, reshapes/permutes, constexpr typing), run in a
-    subprocess without TRITON_INTERPRET (set, it makes triton's own library uncompilable)."""
+    subprocess without TRITON_INTERPRET (set, it makes triton's own library uncompilable). The float
+    arguments are typed fp64, as torch.compile's inductor passes them: on the first GPU run that made the
+    loop-carried softmax statistics fp64 and the compiled CEM model failed to build."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     cmd = [sys.executable, "-m", "cem.kernels.compile_check", "--heads", "3", "--head-dim", "24",
-           "--diag", "shared", "head"]
+           "--diag", "shared", "scores", "head", "--scalar", "fp64"]
     res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     if res.returncode != 0 and ("no ptxas" in res.stderr or "No module named 'triton.backends.nvidia'" in res.stderr):
         pytest.skip("this triton build cannot compile for NVIDIA targets")
     assert res.returncode == 0, res.stderr[-3000:]
     lines = [line for line in res.stdout.splitlines() if "registers=" in line]
-    assert len(lines) == 6, res.stdout
+    assert len(lines) == 9, res.stdout
 
 
 def test_triton_self_check(monkeypatch):
@@ -305,3 +314,34 @@ def test_triton_self_check(monkeypatch):
     monkeypatch.setattr(core, "triton_cem_attention", broken)
     with pytest.warns(UserWarning, match="disagrees with the eager path"):
         assert not core.triton_self_check("cpu")
+
+
+@pytest.mark.parametrize("context", ["inference_mode", "no_grad", "autocast"])
+def test_triton_self_check_inside_callers_context(monkeypatch, context):
+    """"auto" runs the self-check on first use, inside whatever the caller runs under: decoding under
+    inference_mode (the check's tensors were inference tensors: "cannot be saved for backward"), no_grad, or
+    bf16 autocast (the eager reference ran in bf16, the kernel in float32: "Float did not match BFloat16").
+    Both broke `auto` on the first GPU run; the check is its own float32 computation with gradients."""
+    monkeypatch.setattr(core, "_TRITON_OK", {})
+    ctx = {"inference_mode": torch.inference_mode(), "no_grad": torch.no_grad(), "autocast": torch.autocast("cpu", dtype=torch.bfloat16)}[context]
+    with ctx:
+        assert core.triton_self_check("cpu")
+
+
+def test_shared_diagonal_scores_only_while_they_fit(monkeypatch):
+    """The shared diagonal is read as a (B, Jq, Jk) score matrix only while it (and Σ_heads dS in the
+    backward) fits DIAG_SCORES_MAX_BYTES; beyond it the kernels compute it over D (O(L) memory), and both
+    give the eager result."""
+    from cem.kernels import triton_attention as ta
+
+    inputs = make_inputs(1, 2, 20, 20, 16, 32, "shared", seed=5)
+    q, k, diag, _ = inputs
+    assert ta._Launch(q, k, diag.qd, diag.hn, 0, None, backward=True).scores
+    monkeypatch.setattr(ta, "DIAG_SCORES_MAX_BYTES", 20 * 20 * 4)  # the scores fit, Σ dS per group does not
+    assert ta._Launch(q, k, diag.qd, diag.hn, 0, None).scores
+    assert not ta._Launch(q, k, diag.qd, diag.hn, 0, None, backward=True).scores
+    out, grads = run(kernel, inputs, 0)  # forward with scores, backward over D
+    ref, ref_grads = run(cem_attention_eager, inputs, 0)
+    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+    for g, rg in zip(grads, ref_grads):
+        torch.testing.assert_close(g, rg, atol=2e-4, rtol=2e-4)

@@ -85,9 +85,9 @@ def _diag_scores(qd_ptr, hn_ptr, heads, offs_m, offs_n, K, Jq, Jk, D,
 @triton.jit
 def _logits2(q, kt, qd_ptr, hn_ptr, heads, offs_m, offs_n, slopes2, sb2,
              K, Jq, Jk, D, q_start, scale2,
-             s_qd_h, s_qd_m, s_qd_d, s_hn_n, s_hn_d,
+             s_qd_h, s_qd_m, s_qd_d, s_hn_n, s_hn_d, bias_ptr, s_bias_m, s_bias_n,
              G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DD: tl.constexpr,
-             HAS_DIAG: tl.constexpr, PER_HEAD: tl.constexpr, HAS_SB: tl.constexpr,
+             HAS_DIAG: tl.constexpr, PER_HEAD: tl.constexpr, HAS_SB: tl.constexpr, HAS_BIAS: tl.constexpr,
              PREC: tl.constexpr, UPCAST: tl.constexpr):
     """Base-2 logits [G, M, N] of one tile, -inf where masked (causal, or key beyond Jk).
 
@@ -99,6 +99,10 @@ def _logits2(q, kt, qd_ptr, hn_ptr, heads, offs_m, offs_n, slopes2, sb2,
         s += _diag_scores(qd_ptr, hn_ptr, heads, offs_m, offs_n, K, Jq, Jk, D,
                           s_qd_h, s_qd_m, s_qd_d, s_hn_n, s_hn_d,
                           G, BLOCK_M, BLOCK_N, BLOCK_DD, PER_HEAD, PREC, UPCAST)
+    if HAS_BIAS:  # the shared diagonal's scores ĥ_j·qd_i, computed outside as one matrix product
+        bias = tl.load(bias_ptr + offs_m[:, None] * s_bias_m + offs_n[None, :] * s_bias_n,
+                       mask=(offs_m[:, None] < Jq) & (offs_n[None, :] < Jk), other=0.0)
+        s += tl.expand_dims(bias.to(tl.float32), 0)
     rel = (q_start + offs_m)[:, None] - offs_n[None, :]
     s = s * scale2 - slopes2[:, None, None] * rel.to(tl.float32)[None, :, :]
     if HAS_SB:
@@ -115,12 +119,13 @@ def cem_fwd_kernel(
     s_k_b, s_k_h, s_k_n, s_k_d,
     s_qd_b, s_qd_h, s_qd_m, s_qd_d,
     s_hn_b, s_hn_n, s_hn_d,
+    bias_ptr, s_bias_b, s_bias_m, s_bias_n,
     s_o_b, s_o_h, s_o_m, s_o_d,
     s_l_b, s_l_h, s_l_m,
     K, Jq, Jk, d, D, q_start, scale2,
     G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_DH: tl.constexpr, BLOCK_DD: tl.constexpr,
-    HAS_DIAG: tl.constexpr, PER_HEAD: tl.constexpr, HAS_SB: tl.constexpr,
+    HAS_DIAG: tl.constexpr, PER_HEAD: tl.constexpr, HAS_SB: tl.constexpr, HAS_BIAS: tl.constexpr,
     PREC: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """One program: batch b, head group, BLOCK_M queries; loops over the causal key blocks.
@@ -128,6 +133,9 @@ def cem_fwd_kernel(
     Online softmax (FlashAttention-2) on a [G, BLOCK_M, BLOCK_DH] accumulator. Each key tile is loaded
     once and used as key (score) and as value (output); the diagonal term once per tile for all heads.
     """
+    # float scalars as float32: torch.compile's inductor passes Python floats as fp64, which turned the
+    # loop-carried softmax statistics into fp64 and failed to compile
+    scale2 = tl.cast(scale2, tl.float32)
     pid_m = tl.program_id(0)
     pid_bg = tl.program_id(1)
     n_groups = (K + G - 1) // G
@@ -141,6 +149,7 @@ def cem_fwd_kernel(
     k_ptr += b * s_k_b
     qd_ptr += b * s_qd_b
     hn_ptr += b * s_hn_b
+    bias_ptr += b * s_bias_b
 
     q = _load_heads(q_ptr, s_q_h, s_q_m, s_q_d, heads, offs_m, offs_dh, K, Jq, d)
     slopes2 = tl.load(slopes_ptr + heads, mask=h_ok, other=0.0).to(tl.float32) * LOG2E
@@ -159,8 +168,8 @@ def cem_fwd_kernel(
         kt = _load_heads(k_ptr, s_k_h, s_k_n, s_k_d, heads, offs_n, offs_dh, K, Jk, d)  # keys = values
         s2, rel = _logits2(q, kt, qd_ptr, hn_ptr, heads, offs_m, offs_n, slopes2, sb2,
                            K, Jq, Jk, D, q_start, scale2,
-                           s_qd_h, s_qd_m, s_qd_d, s_hn_n, s_hn_d,
-                           G, BLOCK_M, BLOCK_N, BLOCK_DD, HAS_DIAG, PER_HEAD, HAS_SB, PREC, UPCAST)
+                           s_qd_h, s_qd_m, s_qd_d, s_hn_n, s_hn_d, bias_ptr, s_bias_m, s_bias_n,
+                           G, BLOCK_M, BLOCK_N, BLOCK_DD, HAS_DIAG, PER_HEAD, HAS_SB, HAS_BIAS, PREC, UPCAST)
         # key 0 is visible to every row, so m_new is finite from the first block on
         m_new = tl.maximum(m_i, _max(s2, 2))
         alpha = tl.exp2(m_i - m_new)
@@ -186,14 +195,16 @@ def cem_bwd_dq_kernel(
     s_k_b, s_k_h, s_k_n, s_k_d,
     s_qd_b, s_qd_h, s_qd_m, s_qd_d,
     s_hn_b, s_hn_n, s_hn_d,
+    bias_ptr, s_bias_b, s_bias_m, s_bias_n,
     s_do_b, s_do_h, s_do_m, s_do_d,
     s_l_b, s_l_h, s_l_m,
     s_dq_b, s_dq_h, s_dq_m, s_dq_d,
     s_dqd_b, s_dqd_h, s_dqd_m, s_dqd_d,
+    ds_ptr, s_ds_b, s_ds_g, s_ds_m, s_ds_n,
     K, Jq, Jk, d, D, q_start, scale2, scale,
     G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_DH: tl.constexpr, BLOCK_DD: tl.constexpr,
-    HAS_DIAG: tl.constexpr, PER_HEAD: tl.constexpr, HAS_SB: tl.constexpr,
+    HAS_DIAG: tl.constexpr, PER_HEAD: tl.constexpr, HAS_SB: tl.constexpr, HAS_BIAS: tl.constexpr,
     PREC: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """Query-side backward: dq (registers), dqd (fp32 atomics, D-wide) and d self_bias (atomics).
@@ -201,6 +212,10 @@ def cem_bwd_dq_kernel(
     Same grid and key loop as the forward; P is recomputed from the stored lse, dS = P (dP - Δ) with
     dP = dO · k (values are keys, so the same k tile gives dP and dq).
     """
+    # float scalars as float32: torch.compile's inductor passes Python floats as fp64, which turned the
+    # loop-carried softmax statistics into fp64 and failed to compile
+    scale2 = tl.cast(scale2, tl.float32)
+    scale = tl.cast(scale, tl.float32)
     pid_m = tl.program_id(0)
     pid_bg = tl.program_id(1)
     n_groups = (K + G - 1) // G
@@ -216,6 +231,7 @@ def cem_bwd_dq_kernel(
     k_ptr += b * s_k_b
     qd_ptr += b * s_qd_b
     hn_ptr += b * s_hn_b
+    bias_ptr += b * s_bias_b
     do_ptr += b * s_do_b
     dqd_ptr += b * s_dqd_b
 
@@ -238,8 +254,8 @@ def cem_bwd_dq_kernel(
         kt = _load_heads(k_ptr, s_k_h, s_k_n, s_k_d, heads, offs_n, offs_dh, K, Jk, d)
         s2, rel = _logits2(q, kt, qd_ptr, hn_ptr, heads, offs_m, offs_n, slopes2, sb2,
                            K, Jq, Jk, D, q_start, scale2,
-                           s_qd_h, s_qd_m, s_qd_d, s_hn_n, s_hn_d,
-                           G, BLOCK_M, BLOCK_N, BLOCK_DD, HAS_DIAG, PER_HEAD, HAS_SB, PREC, UPCAST)
+                           s_qd_h, s_qd_m, s_qd_d, s_hn_n, s_hn_d, bias_ptr, s_bias_m, s_bias_n,
+                           G, BLOCK_M, BLOCK_N, BLOCK_DD, HAS_DIAG, PER_HEAD, HAS_SB, HAS_BIAS, PREC, UPCAST)
         p = tl.exp2(s2 - lse2[:, :, None])
         dp = _dot(do, tl.permute(kt, (0, 2, 1)), PREC, UPCAST)
         ds = p * (dp - delta[:, :, None])  # d loss / d logit
@@ -266,6 +282,10 @@ def cem_bwd_dq_kernel(
                     dqd_p = dqd_ptr + offs_m[:, None] * s_dqd_m + dd[None, :] * s_dqd_d
                     msk = (offs_m[:, None] < Jq) & (dd[None, :] < D)
                     tl.atomic_add(dqd_p, contrib, mask=msk, sem="relaxed")
+        if HAS_BIAS:  # shared diagonal as a score matrix: Σ_heads dS of the tile out; dqd, dĥ are matmuls outside
+            ds_p = (ds_ptr + b * s_ds_b + (pid_bg % n_groups) * s_ds_g + offs_m[:, None] * s_ds_m
+                    + offs_n[None, :] * s_ds_n)
+            tl.store(ds_p, _sum(ds, 0).to(ds_ptr.dtype.element_ty), mask=(offs_m[:, None] < Jq) & (offs_n[None, :] < Jk))
 
     dq = dq * scale
     dq_p = (dq_ptr + b * s_dq_b + heads[:, None, None] * s_dq_h + offs_m[None, :, None] * s_dq_m
@@ -283,6 +303,7 @@ def cem_bwd_dk_kernel(
     s_k_b, s_k_h, s_k_n, s_k_d,
     s_qd_b, s_qd_h, s_qd_m, s_qd_d,
     s_hn_b, s_hn_n, s_hn_d,
+    bias_ptr, s_bias_b, s_bias_m, s_bias_n,
     s_do_b, s_do_h, s_do_m, s_do_d,
     s_l_b, s_l_h, s_l_m,
     s_dk_b, s_dk_h, s_dk_n, s_dk_d,
@@ -290,7 +311,7 @@ def cem_bwd_dk_kernel(
     K, Jq, Jk, d, D, q_start, scale2, scale,
     G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_DH: tl.constexpr, BLOCK_DD: tl.constexpr,
-    HAS_DIAG: tl.constexpr, PER_HEAD: tl.constexpr, HAS_SB: tl.constexpr,
+    HAS_DIAG: tl.constexpr, PER_HEAD: tl.constexpr, HAS_SB: tl.constexpr, HAS_BIAS: tl.constexpr,
     PREC: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """Key-side backward: one program per (batch, head group, BLOCK_N keys), looping over the query
@@ -298,6 +319,10 @@ def cem_bwd_dk_kernel(
     (scale · dSᵀ q) and its value part (Pᵀ dO) in one [G, BLOCK_N, BLOCK_DH] accumulator. dĥ (D wide)
     is accumulated with fp32 atomics, dS summed over heads first when qd is shared.
     """
+    # float scalars as float32: torch.compile's inductor passes Python floats as fp64, which turned the
+    # loop-carried softmax statistics into fp64 and failed to compile
+    scale2 = tl.cast(scale2, tl.float32)
+    scale = tl.cast(scale, tl.float32)
     pid_n = tl.program_id(0)
     pid_bg = tl.program_id(1)
     n_groups = (K + G - 1) // G
@@ -312,6 +337,7 @@ def cem_bwd_dk_kernel(
     k_ptr += b * s_k_b
     qd_ptr += b * s_qd_b
     hn_ptr += b * s_hn_b
+    bias_ptr += b * s_bias_b
     do_ptr += b * s_do_b
     dhn_ptr += b * s_dhn_b
 
@@ -335,8 +361,8 @@ def cem_bwd_dk_kernel(
         delta = tl.load(delta_ptr + l_off, mask=row_ok, other=0.0)
         s2, rel = _logits2(q, kt, qd_ptr, hn_ptr, heads, offs_m, offs_n, slopes2, sb2,
                            K, Jq, Jk, D, q_start, scale2,
-                           s_qd_h, s_qd_m, s_qd_d, s_hn_n, s_hn_d,
-                           G, BLOCK_M, BLOCK_N, BLOCK_DD, HAS_DIAG, PER_HEAD, HAS_SB, PREC, UPCAST)
+                           s_qd_h, s_qd_m, s_qd_d, s_hn_n, s_hn_d, bias_ptr, s_bias_m, s_bias_n,
+                           G, BLOCK_M, BLOCK_N, BLOCK_DD, HAS_DIAG, PER_HEAD, HAS_SB, HAS_BIAS, PREC, UPCAST)
         p = tl.exp2(s2 - lse2[:, :, None])
         dp = _dot(do, tl.permute(kt, (0, 2, 1)), PREC, UPCAST)
         ds = p * (dp - delta[:, :, None])

@@ -32,8 +32,10 @@ def _ptxas(arch: int) -> Path:
     raise FileNotFoundError(f"no ptxas under {bindir}")
 
 
-def compile_kernel(name: str, dtype: str, diag: str | None, cfg, head_dim: int, arch: int = 90):
-    """triton.compile one kernel with the given KernelConfig; returns the CompiledKernel."""
+def compile_kernel(name: str, dtype: str, diag: str | None, cfg, head_dim: int, arch: int = 90, scalar: str = "fp32"):
+    """triton.compile one kernel with the given KernelConfig; returns the CompiledKernel. diag: "shared",
+    "head", "scores" (the shared diagonal read as a score matrix) or None; scalar: the type of the float
+    arguments (torch.compile's inductor passes Python floats as fp64)."""
     import triton
     from triton.backends.compiler import GPUTarget
 
@@ -44,7 +46,7 @@ def compile_kernel(name: str, dtype: str, diag: str | None, cfg, head_dim: int, 
     consts = dict(
         G=cfg.heads_per_program, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         BLOCK_DH=max(16, _next_pow2(head_dim)), BLOCK_DD=cfg.block_dd,
-        HAS_DIAG=diag is not None, PER_HEAD=diag == "head", HAS_SB=True,
+        HAS_DIAG=diag in ("shared", "head"), PER_HEAD=diag == "head", HAS_SB=True, HAS_BIAS=diag == "scores",
         PREC="ieee" if dtype == "fp32" and not cfg.allow_tf32 else "tf32", UPCAST=False,
     )
     fp32_ptrs = {"slopes_ptr", "sb_ptr", "lse_ptr", "delta_ptr", "dqd_ptr", "dhn_ptr", "dsb_ptr"}
@@ -55,7 +57,7 @@ def compile_kernel(name: str, dtype: str, diag: str | None, cfg, head_dim: int, 
         elif arg.endswith("_ptr"):
             sig[arg] = "*fp32" if arg in fp32_ptrs else ptr
         elif arg in ("scale", "scale2"):
-            sig[arg] = "fp32"
+            sig[arg] = scalar
         else:
             sig[arg] = "i32"
     src = triton.compiler.ASTSource(fn=kernel, signature=sig, constexprs=consts)
@@ -88,7 +90,9 @@ def main(argv=None) -> None:
     p.add_argument("--model-dim", type=int, default=None, help="D (default heads * head-dim)")
     p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
     p.add_argument("--arch", type=int, default=90)
-    p.add_argument("--diag", nargs="+", choices=["shared", "head", "none"], default=["shared", "head", "none"])
+    p.add_argument("--diag", nargs="+", choices=["shared", "scores", "head", "none"], default=["shared", "scores", "head", "none"])
+    p.add_argument("--scalar", choices=["fp32", "fp64"], default="fp32",
+                   help="type of the float arguments (fp64: as torch.compile's inductor passes them)")
     a = p.parse_args(argv)
     D = a.model_dim or a.heads * a.head_dim
     tdtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[a.dtype]
@@ -97,9 +101,9 @@ def main(argv=None) -> None:
         for diag in [None if x == "none" else x for x in a.diag]:
             cfg = default_config(a.heads, a.head_dim, D, tdtype, torch.device("cuda"),
                                  backward=name != "cem_fwd_kernel", diag=diag)
-            c = compile_kernel(name, a.dtype, diag, cfg, a.head_dim, a.arch)
+            c = compile_kernel(name, a.dtype, diag, cfg, a.head_dim, a.arch, a.scalar)
             regs, spill = resources(c, a.arch)
-            print(f"{name:18s} diag={diag!s:6s} G={cfg.heads_per_program:<2d} M={cfg.block_m:<2d} N={cfg.block_n:<2d} "
+            print(f"{name:18s} diag={diag!s:7s} G={cfg.heads_per_program:<2d} M={cfg.block_m:<2d} N={cfg.block_n:<2d} "
                   f"DD={cfg.block_dd:<2d} warps={cfg.num_warps}: registers={regs} spill={spill}B "
                   f"shared={c.metadata.shared}B", flush=True)
 

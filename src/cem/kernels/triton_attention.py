@@ -58,6 +58,14 @@ class KernelConfig:
     num_warps: int = 4
     num_stages: int = 1
     allow_tf32: bool = False
+    diag_scores: bool | None = None  # shared diagonal as a (B, Jq, Jk) score matrix (None: when it fits, see _Launch)
+
+
+# The shared diagonal's scores ĥ_j·qd_i as one (B, Jq, Jk) matrix product (cuBLAS) that the kernels read as a
+# bias tile, and its backward as Σ_heads dS written by the query-side kernel, then dqd = dS ĥ and dĥ = dSᵀ qd:
+# no D-wide work or fp32 atomics inside the kernels. Used while the matrices (scores, and dS per head group)
+# take at most this many bytes; beyond, the kernels compute the term tile by tile over D (O(L) memory).
+DIAG_SCORES_MAX_BYTES = 2**30
 
 
 def uses_interpreter(device: torch.device) -> bool:
@@ -77,16 +85,18 @@ def _footprint(g, m, n, dh, dd, elem, diag, backward):
     tiles in fp32, operand tiles weighted by `elem` (0.5 for 16-bit, 2.5 for fp32 (ieee dots run on FMA units and hold more)).
     """
     diag_tile = 0
-    if diag == "shared":
+    if diag == "scores":  # a [BLOCK_M, BLOCK_N] tile of the score matrix
+        diag_tile = m * n * (1 + elem)
+    elif diag == "shared":
         diag_tile = m * n + elem * (m + n) * dd
     elif diag == "head":
         diag_tile = g * m * n + elem * (g * m + n) * dd
     fwd = g * m * dh + 2 * g * m * n + elem * (g * m * dh + g * n * dh) + diag_tile
     if not backward:
         return fwd
-    contrib_q = 0 if diag is None else (g * m * dd if diag == "head" else m * dd)
+    contrib_q = {None: 0, "scores": m * n, "head": g * m * dd, "shared": m * dd}[diag]
     dq = g * m * dh + 4 * g * m * n + elem * (2 * g * m * dh + g * n * dh) + diag_tile + contrib_q
-    dk = g * n * dh + 4 * g * m * n + elem * (g * n * dh + 2 * g * m * dh) + diag_tile + (0 if diag is None else n * dd)
+    dk = g * n * dh + 4 * g * m * n + elem * (g * n * dh + 2 * g * m * dh) + diag_tile + (0 if diag in (None, "scores") else n * dd)
     return max(dq, dk)
 
 
@@ -101,7 +111,7 @@ def default_config(
 ) -> KernelConfig:
     """Heuristic tiles (not autotuned: no GPU was available to time them, see docs/kernels.md).
 
-    diag is "shared", "head" or None. GPU: the most heads per program (G), then the largest tiles and
+    diag is "shared", "head", "scores" (shared, read as a score matrix) or None. GPU: the most heads per program (G), then the largest tiles and
     the fewest warps whose estimated register footprint (`_footprint`) stays under `_REG_LIMIT` a thread,
     so the whole head set shares one diagonal tile whenever that fits. Checked to compile for sm_90
     without spills for the shapes in docs/kernels.md; their speed is unmeasured. Interpreter: small
@@ -161,7 +171,16 @@ class _Launch:
         self.q_start = int(q_start)
         self.interpret = uses_interpreter(q.device)
         diag = None if qd is None else ("head" if qd.dim() == 4 else "shared")
+        wanted = None if config is None else config.diag_scores
         cfg = config or default_config(K, d, self.D, q.dtype, q.device, backward=backward, diag=diag)
+        if diag == "shared" and wanted is not False:
+            scores_cfg = config or default_config(K, d, self.D, q.dtype, q.device, backward=backward, diag="scores")
+            groups = -(-K // min(scores_cfg.heads_per_program or _next_pow2(K), _next_pow2(K)))
+            # the score matrix, and in the backward Σ_heads dS per head group
+            need = B * Jq * self.Jk * q.element_size() * (1 + (groups if backward else 0))
+            if wanted or need <= DIAG_SCORES_MAX_BYTES:
+                diag, cfg = "scores", scores_cfg
+        self.scores = diag == "scores"
         g = cfg.heads_per_program or _next_pow2(K)
         if g & (g - 1):
             raise ValueError(f"heads_per_program must be a power of two, got {g}")
@@ -174,7 +193,8 @@ class _Launch:
             BLOCK_N=cfg.block_n,
             BLOCK_DH=max(16, _next_pow2(d)),
             BLOCK_DD=cfg.block_dd,
-            HAS_DIAG=qd is not None,
+            HAS_DIAG=qd is not None and not self.scores,
+            HAS_BIAS=self.scores,
             PER_HEAD=qd is not None and qd.dim() == 4,
             PREC="tf32" if (cfg.allow_tf32 or q.dtype != torch.float32) else "ieee",
             UPCAST=self.interpret,
@@ -192,6 +212,14 @@ class _Launch:
     def sizes(self):
         return (self.K, self.Jq, self.Jk, self.d, self.D, self.q_start)
 
+    def diag_scores(self, qd, hn):
+        """(scores tensor, its (batch, row, col) strides): ĥ_j·qd_i as one batched matrix product in the
+        input dtype (float32 accumulation), or a dummy pointer with zero strides outside the scores mode."""
+        if not self.scores:
+            return qd if qd is not None else hn, (0, 0, 0)
+        scores = torch.bmm(qd, hn.transpose(1, 2))
+        return scores, scores.stride()
+
 
 class _CEMAttention(torch.autograd.Function):
     @staticmethod
@@ -203,14 +231,17 @@ class _CEMAttention(torch.autograd.Function):
         qd_arg = qd if qd is not None else q  # dummy pointer, never read (HAS_DIAG=False)
         hn_arg = hn if qd is not None else q
         sb_arg = self_bias if self_bias is not None else slopes
+        scores, scores_strides = L.diag_scores(qd, hn)
         mod.cem_fwd_kernel[L.grid_q()](
             q, k, qd_arg, hn_arg, slopes, sb_arg, o, lse,
             *q.stride(), *k.stride(), *_qd_strides(qd),
             *(hn.stride() if qd is not None else (0, 0, 0)),
+            scores if scores is not None else q, *scores_strides,
             *o.stride(), *lse.stride(),
             *L.sizes(), L.scale2,
             HAS_SB=self_bias is not None, **L.consts, **L.launch_opts,
         )
+        del scores  # recomputed in the backward (one matrix product) rather than kept: O(L) memory between passes
         ctx.save_for_backward(q, k, qd, hn, slopes, self_bias, o, lse)
         ctx.q_start, ctx.config = int(q_start), config
         return o
@@ -226,28 +257,39 @@ class _CEMAttention(torch.autograd.Function):
         dq = torch.empty_like(q)
         dk = torch.empty_like(k)
         has_diag = qd is not None
-        dqd = torch.zeros(qd.shape, dtype=torch.float32, device=q.device) if has_diag else None
-        dhn = torch.zeros(hn.shape, dtype=torch.float32, device=q.device) if has_diag else None
+        in_kernel = has_diag and not L.scores  # dqd, dĥ accumulated by the kernels (fp32 atomics)
+        dqd = torch.zeros(qd.shape, dtype=torch.float32, device=q.device) if in_kernel else None
+        dhn = torch.zeros(hn.shape, dtype=torch.float32, device=q.device) if in_kernel else None
+        scores, scores_strides = L.diag_scores(qd, hn)
+        # Σ_heads dS per head group; tiles the causal loop skips stay zero
+        ds = torch.zeros((L.B, L.n_groups, L.Jq, L.Jk), dtype=q.dtype, device=q.device) if L.scores else None
         dsb = torch.zeros(L.K, dtype=torch.float32, device=q.device)
         qd_arg = qd if has_diag else q
         hn_arg = hn if has_diag else q
         sb_arg = self_bias if self_bias is not None else slopes
         hn_strides = hn.stride() if has_diag else (0, 0, 0)
         common = (q, k, qd_arg, hn_arg, slopes, sb_arg, do, lse, delta)
-        strides = (*q.stride(), *k.stride(), *_qd_strides(qd), *hn_strides, *do.stride(), *lse.stride())
+        strides = (*q.stride(), *k.stride(), *_qd_strides(qd), *hn_strides, scores if scores is not None else q,
+                   *scores_strides, *do.stride(), *lse.stride())
         assert delta.stride() == lse.stride()
         mod.cem_bwd_dq_kernel[L.grid_q()](
-            *common, dq, dqd if has_diag else dsb, dsb,
+            *common, dq, dqd if in_kernel else dsb, dsb,
             *strides, *dq.stride(), *_qd_strides(dqd),
+            ds if ds is not None else dsb, *(ds.stride() if ds is not None else (0, 0, 0, 0)),
             *L.sizes(), L.scale2, L.scale,
             HAS_SB=self_bias is not None, **L.consts, **L.launch_opts,
         )
         mod.cem_bwd_dk_kernel[L.grid_k()](
-            *common, dk, dhn if has_diag else dsb,
-            *strides, *dk.stride(), *(dhn.stride() if has_diag else (0, 0, 0)),
+            *common, dk, dhn if in_kernel else dsb,
+            *strides, *dk.stride(), *(dhn.stride() if in_kernel else (0, 0, 0)),
             *L.sizes(), L.scale2, L.scale,
             HAS_SB=self_bias is not None, **L.consts, **L.launch_opts,
         )
+        if L.scores:  # the diagonal's gradients from Σ_heads dS: two batched matrix products
+            del scores
+            ds = (ds.sum(1, dtype=torch.float32).to(q.dtype) if L.n_groups > 1 else ds[:, 0]) * L.scale
+            dqd = torch.bmm(ds, hn) if ctx.needs_input_grad[2] else None
+            dhn = torch.bmm(ds.transpose(1, 2), qd) if ctx.needs_input_grad[3] else None
         dqd_out = dqd.to(qd.dtype) if has_diag and ctx.needs_input_grad[2] else None
         dhn_out = dhn.to(hn.dtype) if has_diag and ctx.needs_input_grad[3] else None
         dsb_out = dsb.to(self_bias.dtype) if self_bias is not None and ctx.needs_input_grad[5] else None
