@@ -177,8 +177,10 @@ def test_cache_holds_the_context_only_and_reads_it_both_ways(variant):
 def test_cached_decoding_at_134m_width_stays_within_the_dtypes_own_error(dtype, kq_diag, steps):
     """A 134M-shaped attention layer (D = 768, 12 heads) with cond(W_K) = 3e4 (the 134M model's W_K at init
     has 1.2e4-3.1e4, where keys read back through W_K^{-1} lose ĥ), random inputs and diagonal: decoding with the cache in float32 / bf16 is
-    as close to the float64 layer as the full forward in that dtype is (within 1.5× its error). h is small,
-    so the outputs are the attention's steps, not the residual's rounding."""
+    as close to the float64 layer as the full forward in that dtype is: within 4× its error (measured
+    0.8-1.2× on an Intel Xeon, up to 2.1× on an AMD EPYC, whose float32 kernels sum in another order; keys
+    read back through W_K^{-1}, the failure this guards against, were 10^3-10^4× off). h is small, so the
+    outputs are the attention's steps, not the residual's rounding."""
     from cem.layers.cem_attention import CEMAttention
     from cem.layers.steps import Recursion
 
@@ -198,4 +200,4 @@ def test_cached_decoding_at_134m_width_stays_within_the_dtypes_own_error(dtype, 
         cached = torch.cat([low(h[:, t : t + 1].to(dtype), cache=cache) for t in range(16, 24)], dim=1).double()
     assert set(cache.buffers) == {"hn"}
     own = (full - ref).abs().max()
-    assert (cached - ref).abs().max() <= 1.5 * own, ((cached - ref).abs().max(), own)
+    assert (cached - ref).abs().max() <= 4 * own, ((cached - ref).abs().max(), own)
