@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import attention, common, decode, train_throughput  # noqa: E402
+from benchmarks import attention, common, decode, train_memory, train_throughput  # noqa: E402
 
 
 def num(cell: str) -> float:
@@ -153,6 +153,23 @@ def test_train_throughput_smoke(tmp_path):
     assert num(rows["CEM T=2"]["GFLOP/token"]) > num(rows["CEM T=1"]["GFLOP/token"])
     text = check_markdown(out, "Training throughput", train_throughput.COLUMNS)
     assert "measured peak (fp32 matmul)" in text and "## Profile: tiny cem-t2" in text and "self ms" in text
+
+
+def test_train_memory_smoke(tmp_path):
+    """Each cell in its own process: activation memory grows with T without checkpointing, and either
+    checkpointing mode keeps less of it; static memory does not depend on the mode."""
+    out = tmp_path / "memory.md"
+    report = train_memory.main(["--device", "cpu", "--preset", "small", "--seq", "256", "--batch", "4", "--depths", "1", "3",
+                                "--repeats", "1", "--out", str(out)])  # fmt: skip
+    rows = by(report.table.records(), "T", "checkpointing")
+    assert list(rows) == [(t, m) for t in ("1", "3") for m in ("none", "layer", "step")]
+    for r in rows.values():
+        assert r["note"] == "" and num(r["peak MiB"]) >= num(r["static MiB"]) and num(r["step ms"]) > 0, r
+    act = {key: num(r["activations MiB"]) for key, r in rows.items()}
+    assert act[("3", "none")] > 1.5 * act[("1", "none")]
+    assert act[("3", "layer")] < 0.5 * act[("3", "none")] and act[("3", "step")] < 0.5 * act[("3", "none")]
+    assert rows[("1", "none")]["act. ×(T=1, none)"] == "1.00"
+    check_markdown(out, "Training memory", train_memory.COLUMNS)
 
 
 def test_paired_ratios():
