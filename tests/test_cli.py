@@ -382,6 +382,10 @@ CASES = [
     ("no command", [], None, "command"),
     ("info unknown preset", ["info", "--preset", "nope"], None, "preset"),
     ("info bad value", ["info", "lr=nan"], None, "lr"),
+    ("info memory batch zero", ["info", "--memory", "--batch", "0"], None, "batch"),
+    ("info memory vocabulary zero", ["info", "--memory", "--vocab", "0"], None, "vocab_size"),
+    ("info memory several gpus, no parallelism", ["info", "--memory", "--gpus", "2", "--parallel", "none"], None, "parallel"),
+    ("info memory zero gpus", ["info", "--memory", "--gpus", "0"], None, "gpus"),
     ("report of nothing", ["report", "{tmp}/no-results"], None, None),
 ]
 
@@ -454,6 +458,9 @@ def test_cli_train_eval_generate(tiny_args, tmp_path, capsys):
     assert "adaptive_tol" in capsys.readouterr().err
     assert main(["info", "--preset", "134M", "--arch", "cem"]) == 0
     assert "| attention | 28.312M | 14.165M | 0.500 |" in capsys.readouterr().out
+    assert main(["info", "--preset", "small", "--memory", "--batch", "2", "--seq", "64", "--device-gb", "0.5"]) == 0
+    out = capsys.readouterr().out
+    assert "predicted training memory per device: batch 2 x 64 tokens" in out and "peak" in out and "does NOT fit a 0.5 GB device" in out
 
 
 def test_cli_errors_are_one_line(tiny_args, tmp_path, capsys):

@@ -240,6 +240,18 @@ def cmd_info(args) -> int:
             rows[name] = parameter_breakdown(LanguageModel(c))
     print(format_breakdown(rows))
     print(f"training FLOPs per token: {train_flops_per_token(cfg):,}")
+    if args.memory:
+        from .model.memory import format_plan, plan_memory
+
+        batch = args.mem_batch if args.mem_batch is not None else run.train.batch_size
+        seq = args.mem_seq if args.mem_seq is not None else (run.train.seq_len or cfg.context)
+        parallel = args.parallel or ("ddp" if args.gpus > 1 else "none")
+        checkpointing = args.checkpointing or run.train.activation_checkpointing
+        planned = cfg.replace(context=max(cfg.context, seq), vocab_size=cfg.vocab_size if args.mem_vocab is None else args.mem_vocab)
+        plan = plan_memory(planned, batch, seq, args.precision, args.gpus, parallel, checkpointing)
+        print(f"predicted training memory per device: batch {batch} x {seq} tokens, vocabulary {planned.vocab_size:,}, {args.precision}, {args.gpus} device(s), "
+              f"parallel {parallel}, checkpointing {checkpointing} (cem.model.memory)")
+        print(format_plan(plan, args.device_gb))
     return 0
 
 
@@ -413,6 +425,17 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("info", help="print the resolved config and the parameter breakdown")
     _add_run_args(p)
     p.add_argument("--keys", action="store_true", help="list every setting with its default")
+    m = p.add_argument_group("memory planner (--memory): predicted peak training memory per device")
+    m.add_argument("--memory", action="store_true", help="also print the predicted training memory per device and whether it fits")
+    m.add_argument("--batch", type=int, default=None, dest="mem_batch", help="sequences per micro-batch and device (default: the run's batch_size)")
+    m.add_argument("--seq", type=int, default=None, dest="mem_seq", help="tokens per sequence (default: the run's seq_len, else the context)")
+    m.add_argument("--vocab", type=int, default=None, dest="mem_vocab",
+                   help="vocabulary size to plan for (default: the tokenizer's; 32000 for the paper's Llama tokenizer)")
+    m.add_argument("--precision", default="bf16", choices=["bf16", "fp32"], help="bf16 autocast (default, the GPU recipe) or fp32")
+    m.add_argument("--gpus", type=int, default=1, help="devices (default 1)")
+    m.add_argument("--parallel", default=None, choices=["none", "ddp", "fsdp"], help="default: ddp with several devices, else none")
+    m.add_argument("--checkpointing", default=None, choices=["none", "layer", "step"], help="default: the run's activation_checkpointing")
+    m.add_argument("--device-gb", type=float, default=40.0, help="device memory in GB to check the fit against (default 40: the paper's A100)")
     p.set_defaults(func=cmd_info, seed=None, max_steps=None, tokens=None, batch_size=None, grad_accum=None, lr=None, seq_len=None, device=None, compile=None)
     return parser
 
