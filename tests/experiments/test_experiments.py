@@ -318,3 +318,81 @@ def test_report_marks_findings_about_a_size_at_ngram_level():
     assert "† CEM attention close to Llama at cpu64" in text and "† recursion" in text
     assert "above n-gram level: 0 held, 1 not held, 0 inconclusive" in text
     assert below_regime(small, fig, {}) is False  # no regime check (micro, smoke): nothing is marked
+
+
+def _sweep_in_a_process(corpus, tmp_path):
+    """A parallel sweep (2 workers, two long runs) in its own process, SIGTERM handled as `cem experiment` does
+    (a KeyboardInterrupt), once both runs are training: the process, the workers' pids and the run directories."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    code = (
+        "import signal, sys\nfrom dataclasses import replace\nfrom pathlib import Path\n"
+        "from cem.cli import _raise_terminated\nsignal.signal(signal.SIGTERM, _raise_terminated)\n"
+        "from cem.experiments import RunSpec, get_scale\nfrom cem.experiments.sweep import run_sweep\n"
+        f"s = replace(get_scale('smoke', data={str(corpus)!r}), max_steps=10**6, eval_steps=())\n"
+        "run_sweep([RunSpec.make('micro', 'llama', seed=i) for i in (0, 1)], s, Path(sys.argv[1]), jobs=2)\n"
+    )
+    env = {**os.environ, "CEM_CACHE_DIR": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "res")], env=env, stderr=subprocess.PIPE, text=True)
+    runs = [tmp_path / "res" / "runs" / RunSpec.make("micro", "llama", seed=i).slug for i in (0, 1)]
+    deadline = time.time() + 120
+    while not all((r / "metrics.jsonl").exists() for r in runs):
+        assert proc.poll() is None and time.time() < deadline, proc.stderr.read() if proc.poll() is not None else "runs did not start"
+        time.sleep(0.5)
+    children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+    workers = [int(p) for p in children if "spawn_main" in open(f"/proc/{p}/cmdline").read().replace("\0", " ")]
+    assert len(workers) == 2, children
+    return proc, workers, runs
+
+
+def _gone(pids, seconds):
+    import os
+    import time
+
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        alive = []
+        for pid in pids:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    if f.read().split(") ")[1][0] != "Z":
+                        alive.append(pid)
+            except FileNotFoundError:
+                pass
+        if not alive:
+            return True
+        time.sleep(0.5)
+    return False
+
+
+@pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="pgrep, /proc and PR_SET_PDEATHSIG are Linux's")
+def test_a_stopped_sweep_stops_its_running_runs_with_checkpoints(corpus, tmp_path):
+    """SIGTERM to a parallel sweep's process (what `kill` or a scheduler sends): the running runs save their
+    checkpoints and stop, and the process exits, instead of waiting for them to finish (hours at the cpu
+    scale); the next run of the command resumes them."""
+    import signal
+
+    proc, workers, runs = _sweep_in_a_process(corpus, tmp_path)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=120)
+    assert proc.returncode == 1  # the sweep stopped its workers, waited for their checkpoints, and raised
+    assert "Terminated" in proc.stderr.read()
+    assert _gone(workers, 30)
+    assert all((r / "ckpt").is_dir() and not (r / "results.json").exists() for r in runs)
+
+
+@pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="pgrep, /proc and PR_SET_PDEATHSIG are Linux's")
+def test_a_killed_sweep_takes_its_workers_with_it(corpus, tmp_path):
+    """SIGKILL to the sweep's process: its workers get SIGTERM from the kernel (PR_SET_PDEATHSIG), save their
+    checkpoints and exit, instead of training on as orphans that hold their run directories' locks (seen
+    on 2026-11-24: the restarted suite stopped at 'run directory ... in use by another process')."""
+    import signal
+
+    proc, workers, runs = _sweep_in_a_process(corpus, tmp_path)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert _gone(workers, 60)
+    assert all((r / "ckpt").is_dir() for r in runs)

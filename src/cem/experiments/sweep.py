@@ -3,7 +3,9 @@ finished and resumed when interrupted; several seeds reduced to mean ± std."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -69,11 +71,33 @@ def run_config(spec: RunSpec, scale: Scale, data_dir: str | None):
 
 
 _STOP = None  # in a worker of a parallel sweep: the sweep's stop event (`_init_worker`)
+_PARENT = None  # and the sweep's pid
 
 
-def _init_worker(stop) -> None:
-    global _STOP
-    _STOP = stop
+def _init_worker(stop, parent: int) -> None:
+    """A worker of a parallel sweep: keep the stop event, and on Linux ask for SIGTERM when the sweep's process
+    dies (even by SIGKILL), so that a run does not train on, orphaned, holding its run directory's lock: the
+    trainer saves a checkpoint at the end of its step and stops."""
+    global _STOP, _PARENT
+    _STOP, _PARENT = stop, parent
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # the sweep died before the request took effect
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _stop_workers(pool: ProcessPoolExecutor) -> None:
+    """SIGTERM to the pool's workers: each running run saves its checkpoint at the end of its step and
+    returns (the trainer's handler only sets a flag, so a second signal, e.g. a Ctrl-C that reached the
+    whole process group too, is harmless)."""
+    for proc in list(getattr(pool, "_processes", {}).values()):
+        with contextlib.suppress(ProcessLookupError, OSError):
+            if proc.is_alive():
+                os.kill(proc.pid, signal.SIGTERM)
 
 
 def _run_one(args) -> dict | None:
@@ -91,6 +115,8 @@ def _run_one(args) -> dict | None:
         return RunDir(out).results()
     res = train(run_config(spec, scale, data_dir), out, resume=True, progress=False)
     if isinstance(res, Interrupted):
+        if _PARENT is not None and os.getppid() != _PARENT:  # the sweep is gone: nobody waits for this worker
+            os._exit(143)
         raise SystemExit(f"interrupted while training {spec.slug}; run the same command again to resume")
     return res
 
@@ -108,13 +134,15 @@ def run_sweep(specs: list[RunSpec], scale: Scale, root: Path, data_dir: str | No
     if jobs > 1 and len(todo) > 1:
         context = get_context("spawn")
         stop = context.Event()
-        pool = ProcessPoolExecutor(jobs, mp_context=context, initializer=_init_worker, initargs=(stop,))
+        pool = ProcessPoolExecutor(jobs, mp_context=context, initializer=_init_worker, initargs=(stop, os.getpid()))
         try:
             futures = {pool.submit(_run_one, a): a[0] for a in args}
             for fut in as_completed(futures):
                 progress.done(futures[fut], fut.result())
-        except BaseException:  # a run failed or was interrupted (its checkpoint is saved), or this process was
-            stop.set()  # stopped (Ctrl-C, SIGTERM): no new run starts, not even those already queued to a worker
+        except BaseException as exc:  # a run failed or was interrupted (its checkpoint is saved), or this process
+            stop.set()  # was stopped (Ctrl-C, SIGTERM): no new run starts, not even those already queued to a worker
+            if not isinstance(exc, Exception):  # stopped: the running runs checkpoint and stop too, not finish
+                _stop_workers(pool)
             raise
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
