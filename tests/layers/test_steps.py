@@ -167,3 +167,35 @@ def test_layer_test_time_is_temporary(rand):
         with pytest.raises(ValueError, match="adaptive_tol"), layer.test_time(steps=4, adaptive_tol=-1.0):
             pass
     assert (layer.steps, layer.adaptive_tol, layer.guard) == (2, None, 0)
+
+
+def test_set_steps_on_a_users_own_model():
+    """`cem.layers.set_steps` sets T on every CEM layer of any module, by kind, checking every value first."""
+    import pydoc
+
+    from torch import nn
+
+    from cem.layers import CEMMLP, CEMAttention, set_steps
+
+    class Mine(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = nn.ModuleList([nn.Sequential(CEMAttention(16, 2), CEMMLP(16, 32)) for _ in range(2)])
+            self.head = nn.Linear(16, 3)
+
+    model = Mine()
+    assert set_steps(model, 3) == 4
+    assert [m.steps for m in model.modules() if isinstance(m, (CEMAttention, CEMMLP))] == [3, 3, 3, 3]
+    assert set_steps(model, 2, mlp_steps=5) == 4
+    assert [(type(m).__name__, m.steps) for m in model.modules() if isinstance(m, (CEMAttention, CEMMLP))] == [
+        ("CEMAttention", 2), ("CEMMLP", 5), ("CEMAttention", 2), ("CEMMLP", 5)]
+    assert set_steps(model, attn_steps=4) == 2
+    with pytest.raises(ValueError, match="mlp_steps"):
+        set_steps(model, 1, mlp_steps=0)
+    assert [m.steps for m in model.modules() if isinstance(m, CEMMLP)] == [5, 5]  # nothing changed
+    assert set_steps(nn.Linear(2, 2), 3) == 0
+    # the constructors' arguments are documented where help() looks
+    for cls, words in ((CEMAttention, ("kq_diag", "backend", "n_heads")), (CEMMLP, ("hidden_dim", "energy"))):
+        text = pydoc.render_doc(cls)
+        assert "Initialize internal Module state" not in text and all(w in cls.__init__.__doc__ for w in words)
+    assert "normalised" in CEMAttention.energy.__doc__ and "raw residual" in CEMAttention.energy.__doc__

@@ -8,7 +8,7 @@ from .cem_mlp import MLP_ENERGIES, CEMMLP, silu_integral
 from .norm import RMSNorm
 from .precond import PRECONDITIONERS, Preconditioner, make_preconditioner
 from .reuse import Reuse
-from .steps import STARTS, STEP_SCHEDULES, Recursion
+from .steps import STARTS, STEP_SCHEDULES, Recursion, set_steps
 
 __all__ = [
     "ALIBI_SLOPES",
@@ -30,5 +30,6 @@ __all__ = [
     "Reuse",
     "SublayerKind",
     "make_preconditioner",
+    "set_steps",
     "silu_integral",
 ]

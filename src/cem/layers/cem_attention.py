@@ -41,6 +41,8 @@ class CEMAttention(DescentLayer):
     holds T, η, the schedule and the start point (`cem.layers.steps.Recursion`).
     """
 
+    sublayer = "attn"
+
     def __init__(
         self,
         dim: int,
@@ -55,6 +57,19 @@ class CEMAttention(DescentLayer):
         backend: str = "auto",
         eps: float = 1e-6,
     ) -> None:
+        """A CEM attention sublayer mapping the residual stream h (B, J, dim) to h' (B, J, dim).
+
+        dim, n_heads: model width D and number of heads K (D divisible by K; head width d = D / K).
+        recursion: T (`steps`), η (`step_size`), the step schedule and the start point x^(0).
+        kq_diag: the diagonal of the key-query matrix A_k = W_Q^kᵀ W_K^k + diag(d_k): "shared" (one d for all
+            heads, the paper's recommendation), "per_head", or "none" (no diagonal; the cache then holds keys only).
+        precond: "identity", "diag" or "diag_lowrank" preconditioner P_k per head (rank `precond_rank`).
+        exact_gradient: keep the value-side diagonal term that Algorithm 1 drops (the exact energy gradient).
+        alibi: ALiBi slopes, "standard" (2^(-8k/K)) or "app-a" (2^(-k), the paper's App. A example).
+        backend: attention implementation, "auto" (decided once per device: the Triton kernel on CUDA, the
+            fused CPU path on the CPU), "eager", "sdpa", "flex", "triton" or "fast" (docs/kernels.md).
+        eps: the RMSNorm epsilon.
+        """
         super().__init__(recursion)
         check_heads(dim, n_heads)
         check_choice("kq_diag", kq_diag, KQ_DIAGONALS)
@@ -225,7 +240,12 @@ class CEMAttention(DescentLayer):
         return self.descend(h, hn, lambda u, with_energy=False: self.direction(u, k, ctx, q_start, w_out, with_energy))
 
     def energy(self, u: Tensor, h: Tensor) -> Tensor:
-        """ε(u_i | ĥ_{1:i}) for every position i, shape (B, J): the energy the forward pass descends."""
+        """ε(u_i | ĥ_{1:i}) for every position i, shape (B, J): the energy the forward pass descends.
+
+        u (B, J, D) is the point the energy is evaluated at: the normalised query point, e.g. `self.norm(x)`
+        for a step's x^(t) (the forward pass starts from u^(0) = norm(h)). h (B, J, D) is the raw residual
+        stream the layer was called with: the context, normalised here (ĥ = norm(h)) as in the forward pass.
+        The step x^(t+1) = x^(t) - η P ∇_u ε moves down this energy (eq. 12)."""
         check_residual(u, self.dim, "CEMAttention.energy")
         check_residual(h, self.dim, "CEMAttention.energy")
         check_same_shape(u, h, "CEMAttention.energy")

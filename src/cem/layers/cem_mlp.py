@@ -46,6 +46,8 @@ class CEMMLP(DescentLayer):
     schedule and the start point (`cem.layers.steps.Recursion`).
     """
 
+    sublayer = "mlp"
+
     def __init__(
         self,
         dim: int,
@@ -57,6 +59,14 @@ class CEMMLP(DescentLayer):
         energy: str = "gated",
         eps: float = 1e-6,
     ) -> None:
+        """A CEM MLP sublayer mapping the residual stream h (B, J, dim) to h' (B, J, dim).
+
+        dim, hidden_dim: model width D and hidden width H of the gate W and the tied up/down projection V.
+        recursion: T (`steps`), η (`step_size`), the step schedule and the start point x^(0).
+        precond: "identity", "diag" or "diag_lowrank" preconditioner P_mlp (rank `precond_rank`).
+        energy: "gated" (the paper's element-wise energy, eq. 13) or "convex" (App. B).
+        eps: the RMSNorm epsilon.
+        """
         super().__init__(recursion)
         check_positive_int("dim", dim)
         check_positive_int("hidden_dim", hidden_dim)
@@ -105,7 +115,11 @@ class CEMMLP(DescentLayer):
         return self.descend(h, hn, lambda u, with_energy=False: self.direction(u, gamma, w_out, with_energy))
 
     def energy(self, u: Tensor, h: Tensor) -> Tensor:
-        """ξ(u_i | ĥ_i) for every position, shape (B, J)."""
+        """ξ(u_i | ĥ_i) for every position, shape (B, J): the energy the forward pass descends.
+
+        u (B, J, D) is the normalised point the energy is evaluated at (e.g. `self.norm(x)` for a step's x^(t));
+        h (B, J, D) is the raw residual stream the layer was called with, normalised here for the gate
+        γ = W norm(h), as in the forward pass (eq. 13)."""
         check_residual(u, self.dim, "CEMMLP.energy")
         check_residual(h, self.dim, "CEMMLP.energy")
         check_same_shape(u, h, "CEMMLP.energy")

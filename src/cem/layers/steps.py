@@ -108,6 +108,8 @@ class DescentLayer(nn.Module):
     `test_time` changes T and them for one `with` block.
     """
 
+    sublayer = ""  # "attn" or "mlp": the kind `set_steps(attn_steps=..., mlp_steps=...)` addresses
+
     def __init__(self, recursion: Recursion) -> None:
         super().__init__()
         self.steps = recursion.steps
@@ -257,3 +259,35 @@ class DescentLayer(nn.Module):
         self.last_steps_used = used  # (B, J): the steps each position took in this (checked) forward
         self._count(used.sum(), used.numel())
         return x
+
+
+def step_depths(
+    module: nn.Module, steps: int | None = None, attn_steps: int | None = None, mlp_steps: int | None = None, high: int | None = None
+) -> dict[DescentLayer, int]:
+    """The new T of every CEM layer inside `module` that the arguments change (a kind's own T wins over
+    `steps`), every value checked first (>= 1, and <= `high` when given)."""
+    for name, value in (("steps", steps), ("attn_steps", attn_steps), ("mlp_steps", mlp_steps)):
+        if value is not None:
+            check_positive_int(name, value, high)
+    own = {"attn": attn_steps, "mlp": mlp_steps}
+    depths = {}
+    for m in module.modules():
+        if isinstance(m, DescentLayer):
+            new = own.get(m.sublayer)
+            new = steps if new is None else new
+            if new is not None:
+                depths[m] = new
+    return depths
+
+
+def set_steps(module: nn.Module, steps: int | None = None, *, attn_steps: int | None = None, mlp_steps: int | None = None) -> int:
+    """Set the recursion depth T of every CEM layer inside any `module` (your own model too): `attn_steps` for
+    the `CEMAttention` layers, `mlp_steps` for the `CEMMLP` layers, `steps` for those not named; all values are
+    checked before any layer changes. Returns how many layers were set.
+
+    This changes the test-time compute, not what the layers learned: a layer trained at T = 2 is usually worse
+    at T = 4 or 8 (docs/experiments.md, the test-time experiment), unless trained for it (random depths)."""
+    depths = step_depths(module, steps, attn_steps, mlp_steps)
+    for m, t in depths.items():
+        m.steps = t
+    return len(depths)

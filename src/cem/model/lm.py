@@ -12,7 +12,7 @@ from torch import Tensor, nn
 from ..layers import ATTENTION_KINDS, CEMMLP, MLP_KINDS, CEMAttention, Reuse, RMSNorm
 from ..layers.precond import Preconditioner
 from ..checks import check_choice, check_nonnegative_int, check_positive_int, check_tolerance
-from ..layers.steps import DescentLayer
+from ..layers.steps import DescentLayer, step_depths
 from .cache import Cache
 from .config import MAX_GUARD, MAXIMA, ModelConfig
 from .loss import next_token_loss
@@ -179,16 +179,7 @@ class LanguageModel(nn.Module):
 
     def _depths(self, steps: int | None, attn_steps: int | None, mlp_steps: int | None) -> dict[DescentLayer, int]:
         """The new T of every CEM layer one of these changes (a kind's own T before `steps`), all checked first."""
-        for name, value in (("steps", steps), ("attn_steps", attn_steps), ("mlp_steps", mlp_steps)):
-            if value is not None:
-                check_positive_int(name, value, MAXIMA["attn_steps"])
-        depths = {}
-        for m in self.descent_layers():
-            new = attn_steps if isinstance(m, CEMAttention) else mlp_steps
-            new = steps if new is None else new
-            if new is not None:
-                depths[m] = new
-        return depths
+        return step_depths(self, steps, attn_steps, mlp_steps, MAXIMA["attn_steps"])
 
     def set_steps(self, steps: int | None = None, attn_steps: int | None = None, mlp_steps: int | None = None) -> None:
         """Change the recursion depth T of CEM layers on a built or trained model (no retraining)."""
