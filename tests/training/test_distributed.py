@@ -57,3 +57,24 @@ def test_sigint_saves_checkpoint_and_exits_cleanly(corpus_dir, tmp_path):
     assert proc.returncode == 128 + signal.SIGINT
     assert "Traceback" not in err and "checkpoint saved" in err, err[-2000:]
     assert (out / "ckpt" / "manifest.json").is_file()
+
+
+def test_ctrl_c_with_the_output_piped_to_a_reader_that_is_gone_still_saves(corpus_dir, tmp_path):
+    """`cem train ... 2>&1 | tee log`, then Ctrl-C: the signal reaches tee too, which exits, and the next
+    progress write hit a dead pipe (BrokenPipeError) before the checkpoint was saved: the run was lost. Here
+    the reader closes the pipe first, then SIGINT: the checkpoint is saved all the same."""
+    env = {**os.environ, "CEM_CACHE_DIR": str(tmp_path / "cache")}
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "cem", "train", "--data", str(corpus_dir), "--preset", "tiny", "--max-steps", "100000",
+           "--out", str(out), "context=32", "log_every=1", "tensorboard=false", "eval_every=0"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.time() + 120
+    while not (out / "metrics.jsonl").exists() or (out / "metrics.jsonl").stat().st_size == 0:
+        assert time.time() < deadline and proc.poll() is None, "the run did not start"
+        time.sleep(0.2)
+    proc.stdout.close()  # the pipe's reader is gone (tee killed by the same Ctrl-C)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=120)
+    assert (out / "ckpt" / "manifest.json").is_file(), f"no checkpoint (exit {proc.returncode})"
+    assert proc.returncode == 128 + signal.SIGINT

@@ -290,7 +290,8 @@ def _loop(s: _Session, stop_at: int | None) -> Interrupted | None:
     stop_signal: list[int] = []
     handlers = _install_signal_handlers(stop_signal)
     s.state.resumed_at = time.perf_counter()
-    bar = tqdm(total=s.budget.steps, initial=s.state.step, disable=not s.progress, unit="step", dynamic_ncols=True, file=sys.stderr)
+    _STDERR.broken = False
+    bar = tqdm(total=s.budget.steps, initial=s.state.step, disable=not s.progress, unit="step", dynamic_ncols=True, file=_STDERR)
     try:
         while s.state.step < s.budget.steps:
             loss, grad_norm, lr = _optimizer_step(s, autocast)
@@ -493,10 +494,46 @@ def _leading(split: TokenSplit, n_tokens: int | None) -> TokenSplit:
     return TokenSplit(split.name, split.tokens[:n_tokens], split.n_bytes * n_tokens / split.n_tokens)
 
 
+class _QuietOnBrokenPipe:
+    """stderr for the progress bar and the loop's messages: a write that fails turns the stream off instead of
+    raising. `cem train ... | tee log` and Ctrl-C: the signal kills tee too, and the next progress write hit
+    the dead pipe (BrokenPipeError) before the checkpoint was saved, losing the run; a message can never cost
+    the checkpoint now."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+        self.broken = False
+
+    @property
+    def stream(self):
+        return sys.stderr if self._stream is None else self._stream
+
+    def write(self, text: str) -> int:
+        if not self.broken:
+            try:
+                return self.stream.write(text)
+            except (OSError, ValueError):  # EPIPE, EIO, or a closed file
+                self.broken = True
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.broken:
+            try:
+                self.stream.flush()
+            except (OSError, ValueError):
+                self.broken = True
+
+    def __getattr__(self, name):  # fileno, isatty, encoding ... for tqdm
+        return getattr(self.stream, name)
+
+
+_STDERR = _QuietOnBrokenPipe(None)  # whatever sys.stderr is at the time of the write (tests capture it)
+
+
 def _say(bar: tqdm, message: str, show: bool) -> None:
-    """A message on stderr that does not break the progress bar."""
+    """A message on stderr that does not break the progress bar (nor the run, if stderr is a dead pipe)."""
     if show:
-        bar.write(message, file=sys.stderr)
+        bar.write(message, file=_STDERR)
 
 
 def _gather(obj, info) -> list:
