@@ -516,3 +516,16 @@ def test_long_run_names_are_cut_with_a_digest():
     b = default_run_dir(_run_config(parse(["train", *many, "beta1=0.8"])))
     assert len(a.name.encode()) <= MAX_NAME_BYTES + 20 and a.name.startswith("cem-small-python-stdlib-s0-")
     assert a.name != b.name  # the digest keeps cut names apart
+
+
+def test_smoke_experiment_ends_with_its_report_and_exit_0(corpus_dir, tmp_path, monkeypatch, capsys):
+    """The smoke scale's runs are a few steps by design: `cem experiment ... --scale smoke` writes the report
+    (first line: not the paper's protocol) and exits 0, instead of exit 2 and 'not trained to the budget'."""
+    monkeypatch.setenv("CEM_CACHE_DIR", str(tmp_path / "cache"))
+    (tmp_path / "data" / "tinyshakespeare").mkdir(parents=True)  # the smoke scale's corpus, made of the test corpus
+    (tmp_path / "data" / "tinyshakespeare" / "input.txt").write_text("".join((corpus_dir / f"{s}.txt").read_text() for s in ("train", "valid", "test")))
+    monkeypatch.setenv("CEM_DATA_DIR", str(tmp_path / "data"))
+    res = tmp_path / "res"
+    assert main(["experiment", "fig2c", "--scale", "smoke", "--results", str(res), "--seeds", "0"]) == 0
+    report = (res / "report.md").read_text()
+    assert report.startswith("> **Not the paper's protocol") and "report:" in capsys.readouterr().out

@@ -113,7 +113,8 @@ def _run_one(args) -> dict | None:
     out = Path(root) / "runs" / spec.slug
     if RunDir(out).results() is not None:
         return RunDir(out).results()
-    res = train(run_config(spec, scale, data_dir), out, resume=True, progress=False)
+    # resume what a previous sweep started; a fresh run starts without the "no checkpoint" notice of --resume
+    res = train(run_config(spec, scale, data_dir), out, resume=RunDir(out).read_run() is not None, progress=False)
     if isinstance(res, Interrupted):
         if _PARENT is not None and os.getppid() != _PARENT:  # the sweep is gone: nobody waits for this worker
             os._exit(143)
