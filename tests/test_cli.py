@@ -453,7 +453,8 @@ def test_cli_train_eval_generate(tiny_args, tmp_path, capsys):
     assert main(["generate", "--ckpt", out, "--prompt", "the ", "--max-new-tokens", "10", "--steps", "2"]) == 0
     assert capsys.readouterr().out.startswith("the ")
     assert main(["generate", "--ckpt", out, "--prompt", "the ", "--max-new-tokens", "5", "--steps", "4", "--adaptive-tol", "1e-3", "--guard", "2"]) == 0
-    assert capsys.readouterr().out.startswith("the ")
+    captured = capsys.readouterr()
+    assert captured.out.startswith("the ") and "adaptive steps:" in captured.err and "at most 4)" in captured.err
     assert main(["generate", "--ckpt", out, "--max-new-tokens", "2", "--adaptive-tol", "-1"]) == 2
     assert "adaptive_tol" in capsys.readouterr().err
     assert main(["info", "--preset", "134M", "--arch", "cem"]) == 0
@@ -529,3 +530,16 @@ def test_smoke_experiment_ends_with_its_report_and_exit_0(corpus_dir, tmp_path, 
     assert main(["experiment", "fig2c", "--scale", "smoke", "--results", str(res), "--seeds", "0"]) == 0
     report = (res / "report.md").read_text()
     assert report.startswith("> **Not the paper's protocol") and "report:" in capsys.readouterr().out
+
+
+def test_stop_at_says_so_and_a_failed_start_leaves_no_folder(tiny_args, tmp_path, capsys):
+    """--stop-at ends with a line saying where the checkpoint is; a run that fails before writing anything
+    leaves no folder holding only `.lock` behind."""
+    out = tmp_path / "run"
+    args = ["train", "--data", tiny_args["data"], "--preset", "tiny", "--arch", "cem", "--max-steps", "6", "--batch-size", "2",
+            "--out", str(out), "--stop-at", "2", "context=32", "tensorboard=false"]
+    assert main(args) == 0
+    assert "stopped at step 2 as asked (--stop-at); checkpoint saved" in capsys.readouterr().err
+    bad = tmp_path / "bad" / "run"
+    assert main(["train", "--data", "no-such-corpus", "--out", str(bad)]) == 2
+    assert not bad.exists()

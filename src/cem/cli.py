@@ -190,9 +190,16 @@ def cmd_generate(args) -> int:
     except UnicodeEncodeError as e:  # argv bytes that are not UTF-8 arrive as lone surrogates
         raise ValueError(f"--prompt is not valid UTF-8 text (character {e.object[e.start:e.end]!r} at {e.start})") from None
     gen = torch.Generator(device).manual_seed(args.seed)
+    model.reset_steps_used()
+    most = args.steps if args.steps is not None else max((m.steps for m in model.descent_layers()), default=0)
     out = model.to(device).generate(torch.tensor(ids, device=device), args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.steps, gen,
                                      adaptive_tol=args.adaptive_tol, guard=args.guard)
     print(tokenizer.decode(out.tolist()))
+    used = model.steps_used()
+    adaptive = args.adaptive_tol if args.adaptive_tol is not None else model.config.adaptive_tol
+    if adaptive is not None and used["all"] is not None:
+        print(f"adaptive steps: {used['all']:.2f} per position and CEM layer on average (attention {used['attn'] or 0:.2f}, "
+              f"MLP {used['mlp'] or 0:.2f}; at most {most})", file=sys.stderr)
     return 0
 
 

@@ -151,3 +151,20 @@ def test_kill_9_at_random_moments_of_a_copy_then_rerun(tmp_path):
     assert done.returncode == 0, done.stderr
     for split in ("train", "valid", "test"):
         assert (data / "wikitext-2" / f"{split}.txt").read_bytes() == (shared / f"{split}.txt").read_bytes()
+
+
+def test_offline_download_error_names_the_local_copy(monkeypatch, tmp_path, capsys):
+    """No network: the error says how to prepare the corpus from a local copy (--from), in one line."""
+    import urllib.error
+
+    def offline(url, dest):
+        raise urllib.error.URLError("[Errno -3] Temporary failure in name resolution")
+
+    monkeypatch.setattr(prep, "download", offline)
+    with pytest.raises(OSError, match="cem data prepare tinyshakespeare --from DIR"):
+        prep.prepare("tinyshakespeare", tmp_path)
+    assert main(["data", "prepare", "tinyshakespeare", "--data-dir", str(tmp_path)]) != 0
+    err = capsys.readouterr().err
+    assert "--from DIR" in err and "Traceback" not in err
+    with pytest.raises(FileNotFoundError, match="--from DIR"):  # a corpus that is missing says so too
+        load_corpus("tinyshakespeare", tmp_path / "empty")

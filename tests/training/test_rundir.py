@@ -171,3 +171,25 @@ def test_run_name():
 
     assert run_name(["a", "b"], ((("k", 1),), (("m", "x/y z"),)), ["s0"]) == "a-b-k=1-m=x_y_z-s0"
     assert run_name(["a"], ((("k", "v" * 20),),), cut=6) == "a-k=vv-" + hashlib.sha1(repr(((("k", "v" * 20),),)).encode()).hexdigest()[:6]
+
+
+def test_tensorboard_notice_is_said_once_and_never_under_quiet(tmp_path, capsys, monkeypatch):
+    """Without TensorBoard the log says so once; `--quiet` (no progress) says nothing."""
+    import builtins
+
+    from cem.training.metrics import MetricsLogger
+
+    real_import = builtins.__import__
+
+    def no_tensorboard(name, *args, **kwargs):
+        if name.startswith("torch.utils.tensorboard"):
+            raise ImportError("No module named 'tensorboard'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_tensorboard)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    MetricsLogger(tmp_path / "a", tensorboard=True).close()
+    assert capsys.readouterr().err.count("TensorBoard is not installed") == 1
+    MetricsLogger(tmp_path / "b", tensorboard=True, notices=False).close()
+    assert "TensorBoard" not in capsys.readouterr().err

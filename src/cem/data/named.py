@@ -19,7 +19,8 @@ ENWIK8_SPLIT_BYTES = (90_000_000, 5_000_000, 5_000_000)
 _WIKITEXT_TITLE = re.compile(r"^ = [^=].* = $", re.MULTILINE)
 _TINYSTORIES_TRAIN = "TinyStories-train-first1000.txt"
 _TINYSTORIES_VALID = "TinyStories-validation-head.txt"
-_DATA_HINT = "`cem data prepare NAME` fetches it (README.md, section 'Data directory')"
+_DATA_HINT = ("`cem data prepare NAME` fetches it, or `cem data prepare NAME --from DIR` copies it from a local folder "
+              "of the same layout when offline (README.md, section 'Data directory')")
 
 
 def _require(data_dir: Path, corpus: str, *candidates: str) -> Path:

@@ -137,7 +137,11 @@ def prepare(name: str, data_dir: str | Path | None = None, source: str | Path | 
         if source is not None:
             _copy(source, root, name)
         else:
-            _FETCH[name](root)
+            try:
+                _FETCH[name](root)
+            except OSError as e:  # no network (URLError is an OSError), a refused connection, a full disk
+                raise OSError(f"could not download {name} into {root} ({e}); offline, copy it from a local folder of the "
+                              f"data-directory layout with `cem data prepare {name} --from DIR`") from None
     corpus = load_corpus(name, root)
     sizes = ", ".join(f"{s} {corpus.n_bytes(s):,} bytes" for s in ("train", "valid", "test"))
     print(f"{name} ready in {root}: {sizes}", file=sys.stderr)

@@ -15,7 +15,8 @@ from .rundir import RunDir
 class MetricsLogger:
     """Append one record per call to every sink (main process only)."""
 
-    def __init__(self, run_dir: Path, tensorboard: bool = True, wandb_project: str | None = None, config: dict | None = None) -> None:
+    def __init__(self, run_dir: Path, tensorboard: bool = True, wandb_project: str | None = None, config: dict | None = None,
+                 notices: bool = True) -> None:
         paths = RunDir(run_dir)
         if tensorboard:
             refuse_link(paths.tensorboard_dir)  # before anything is opened
@@ -28,8 +29,9 @@ class MetricsLogger:
 
                 self.tb = SummaryWriter(str(paths.tensorboard_dir))
             except ImportError:
-                print("TensorBoard is not installed: metrics go to metrics.jsonl and metrics.csv only "
-                      "(pip install 'cem-transformers[tensorboard]', or tensorboard=false to silence this)", file=sys.stderr)
+                if notices:
+                    print("TensorBoard is not installed: metrics go to metrics.jsonl and metrics.csv only "
+                          "(pip install 'cem-transformers[tensorboard]', or tensorboard=false to silence this)", file=sys.stderr)
         self.wandb = None
         if wandb_project:
             try:

@@ -174,6 +174,7 @@ class RunDir:
         """Hold the run directory for this process (an exclusive flock on `.lock`, which records the pid):
         a second writer gets a ValueError naming the holder. The kernel drops the lock when the process
         ends, however it ends, so a crashed run never leaves the directory locked."""
+        created = not self.path.exists()
         self.path.mkdir(parents=True, exist_ok=True)
         fd = open_no_follow(self.lock_file, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -189,7 +190,14 @@ class RunDir:
                 ) from None
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-            yield
+            try:
+                yield
+            finally:
+                if created:  # a run that failed before writing anything leaves no folder holding only `.lock`
+                    with contextlib.suppress(OSError):
+                        if [p.name for p in self.path.iterdir()] == [self.lock_file.name]:
+                            self.lock_file.unlink()
+                            self.path.rmdir()
         finally:
             os.close(fd)  # releases the flock
 

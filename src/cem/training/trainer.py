@@ -285,7 +285,7 @@ def _loop(s: _Session, stop_at: int | None) -> Interrupted | None:
     `Interrupted` when a signal or `stop_at` ends it early (after a checkpoint)."""
     t = s.run.train
     autocast = autocast_for(t.precision, s.device)
-    s.logger = MetricsLogger(s.rundir.path, t.tensorboard, t.wandb_project if t.wandb else None, s.run.to_dict()) if s.info.is_main else None
+    s.logger = MetricsLogger(s.rundir.path, t.tensorboard, t.wandb_project if t.wandb else None, s.run.to_dict(), notices=s.progress) if s.info.is_main else None
     meter = Throughput(train_flops_per_token(s.cfg, s.seq_len), peak_flops(s.device) if s.device.type == "cuda" else None)
     stop_signal: list[int] = []
     handlers = _install_signal_handlers(stop_signal)
@@ -306,6 +306,8 @@ def _loop(s: _Session, stop_at: int | None) -> Interrupted | None:
                 _checkpoint(s)
                 if stop_signal:
                     _say(bar, f"stopped by signal {stop_signal[0]} at step {step}; checkpoint saved in {s.rundir.ckpt_dir}; continue with --resume", s.info.is_main)
+                else:
+                    _say(bar, f"stopped at step {step} as asked (--stop-at); checkpoint saved in {s.rundir.ckpt_dir}; continue with --resume", s.progress)
                 return Interrupted(step, stop_signal[0] if stop_signal else 0, s.rundir.ckpt_dir)
             if t.save_every and step % t.save_every == 0 and step < s.budget.steps:
                 _checkpoint(s)
