@@ -203,6 +203,28 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def cmd_lm_eval(args) -> int:
+    from .device import pick_device
+    from .hf.harness import harness_evaluate
+
+    model, tokenizer, run = _load_run(args.run)
+    _check_tokenizer(model, tokenizer, run, "evaluate")
+    tasks = [t for t in args.tasks.split(",") if t]
+    if not tasks:
+        raise ValueError("--tasks is empty: name one or more lm-eval tasks, e.g. cem_local_text,cem_local_choice")
+    for name, value in (("--limit", args.limit), ("--batch-size", args.batch_size)):
+        if value is not None and value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    device = str(pick_device(args.device))
+    results = harness_evaluate(model, tokenizer, tasks, args.limit, args.batch_size, device, args.num_fewshot)
+    if args.json:
+        print(json.dumps(results, indent=2))
+    else:
+        for task, metrics in results.items():
+            print(f"{task}: " + ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items()))
+    return 0
+
+
 def cmd_export(args) -> int:
     try:
         from .hf import export_hf
@@ -388,6 +410,17 @@ def build_parser() -> argparse.ArgumentParser:
                    "`import cem.hf` (then AutoTokenizer asks to run that code too); default: no code in the folder")
     p.add_argument("out", help="output directory")
     p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("lm-eval", help="score a trained run with lm-evaluation-harness tasks (offline: cem_local_text, cem_local_choice)")
+    p.add_argument("run", help="run directory written by `cem train`")
+    p.add_argument("--tasks", required=True, help="comma-separated lm-eval tasks: the local cem_local_text, cem_local_choice "
+                   "(shipped with cem, offline) or any of lm-eval's (downloaded by lm-eval)")
+    p.add_argument("--limit", type=int, default=None, help="at most this many documents per task")
+    p.add_argument("--num-fewshot", type=int, default=None, dest="num_fewshot", help="few-shot examples (default: the task's)")
+    p.add_argument("--batch-size", type=int, default=8, dest="batch_size", help="sequences per batch (default 8)")
+    p.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda[:N], mps")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.set_defaults(func=cmd_lm_eval)
 
     p = sub.add_parser("data", help="prepare the named corpora")
     data_sub = p.add_subparsers(dest="data_command", required=True)
