@@ -1,4 +1,4 @@
-"""cem's own decoding cache, carried through Hugging Face `generate()` as `past_key_values`.
+"""cem's own decoding cache, carried through Hugging Face `generate()` as `past_key_values` (`cache` since transformers 5.24).
 
 `HFCache` *is* a `cem.model.Cache` (a subclass): CEM attention stores keys only (with a key-query diagonal
 the normalised context ĥ only, the same bytes), Llama attention keys and values, exactly as in `LanguageModel.generate`.
@@ -6,7 +6,7 @@ It adds the few things `transformers.generate` asks of a cache object:
 
 * `get_seq_length()` — how many positions are cached (read by `generate` before the prefill);
 * `is_compileable = False` / `is_croppable = False` — so `generate` never tries to compile around it or to
-  roll it back;
+  roll it back; `is_linear = (False,)` (transformers >= 5.24): it caches positions, not a recurrent state;
 * `reorder_cache(beam_idx)` — picks batch rows, for beam search;
 * buffers that grow (doubling) instead of failing when `generate` runs past the first allocation, because
   `generate` does not tell a model's forward how many tokens it will produce. Growing is capped at the
@@ -59,6 +59,7 @@ class HFCache(Cache):
 
     is_compileable = False
     is_croppable = False
+    is_linear = (False,)  # transformers >= 5.24: a cache of positions (not a recurrent state); inputs are sliced by get_seq_length
 
     def __init__(self, max_len: int, limit: int | None = None) -> None:
         super().__init__(max_len)
@@ -99,6 +100,7 @@ class RowCache(Cache):
 
     is_compileable = False
     is_croppable = False
+    is_linear = (False,)  # transformers >= 5.24: a cache of positions (not a recurrent state); inputs are sliced by get_seq_length
 
     def __init__(self, n_rows: int, max_len: int, limit: int | None = None) -> None:
         super().__init__(max_len)

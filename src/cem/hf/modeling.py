@@ -49,7 +49,7 @@ class CEMConfig(PretrainedConfig):
     """
 
     model_type = MODEL_TYPE
-    keys_to_ignore_at_inference = ["past_key_values"]
+    keys_to_ignore_at_inference = ["past_key_values", "cache"]
     attribute_map = {
         "hidden_size": "dim",
         "num_hidden_layers": "n_layers",
@@ -203,6 +203,8 @@ class CEMForCausalLM(CEMPreTrainedModel, GenerationMixin):
         return_dict: bool | None = None,
         **kwargs,
     ):
+        if past_key_values is None:  # transformers >= 5.24 passes the cache as `cache` (past_key_values deprecated)
+            past_key_values = kwargs.pop("cache", None)
         if inputs_embeds is not None:
             raise ValueError("CEMForCausalLM takes token ids only (input_ids), not inputs_embeds")
         if input_ids is None:
