@@ -47,3 +47,54 @@ def test_hf_exports_follow_the_umask(tmp_path, umask_022, arch):
     model = LanguageModel(model_config("micro", arch, vocab_size=32), init_seed=0)
     out = export_hf(model, tmp_path / "export")
     assert {p.name: mode(p) for p in out.iterdir()} == {p.name: 0o644 for p in out.iterdir()}
+
+
+def test_staged_folder_moves_in_on_success_only(tmp_path, monkeypatch):
+    """What is written into the staged folder reaches the target only when the block ends normally, config.json
+    last; a failure leaves the target as it was, and no temp folder behind."""
+    from cem import io as cio
+
+    target = tmp_path / "model"
+    target.mkdir()
+    (target / "config.json").write_text("old")
+    with pytest.raises(OSError, match="disk full"):
+        with cio.staged_folder(target) as tmp:
+            (tmp / "config.json").write_text("new")
+            raise OSError(28, "disk full")
+    assert (target / "config.json").read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+    moved, real = [], os.replace
+    monkeypatch.setattr(cio.os, "replace", lambda a, b: (moved.append(os.path.basename(b)), real(a, b)))
+    with cio.staged_folder(target) as tmp:
+        for name in ("config.json", "model.safetensors", "tokenizer.json"):
+            (tmp / name).write_text("new " + name)
+    assert moved[-1] == "config.json" and sorted(moved) == ["config.json", "model.safetensors", "tokenizer.json"]
+    assert (target / "config.json").read_text() == "new config.json" and sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+
+
+@pytest.mark.skipif(not hasattr(__import__("resource"), "RLIMIT_FSIZE"), reason="needs RLIMIT_FSIZE")
+def test_an_export_cut_short_by_a_file_size_limit_leaves_the_folder_as_it_was(tmp_path):
+    """`ulimit -f` (or a full disk) in the middle of an export: one line saying so, and the output folder keeps
+    what it held (here: nothing, then an earlier complete export), never a folder without weights."""
+    import resource
+    import subprocess
+    import sys
+
+    pytest.importorskip("transformers")
+    code = (
+        "import sys\nfrom cem.model import LanguageModel, ModelConfig\nfrom cem.hf import export_hf\n"
+        "m = LanguageModel(ModelConfig(vocab_size=300, dim=64, n_layers=2, n_heads=2, context=32))\n"
+        "export_hf(m, sys.argv[1])\n"
+    )
+    out = tmp_path / "export"
+
+    def run(limit=None):
+        pre = (lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))) if limit else None
+        return subprocess.run([sys.executable, "-c", code, str(out)], capture_output=True, text=True, preexec_fn=pre, timeout=300)
+
+    assert run(limit=20_000).returncode != 0
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == []
+    assert run().returncode == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert "model.safetensors" in before and "config.json" in before
+    assert run(limit=20_000).returncode != 0
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before and sorted(p.name for p in tmp_path.iterdir()) == ["export"]

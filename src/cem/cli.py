@@ -236,7 +236,12 @@ def cmd_export(args) -> int:
     _check_tokenizer(model, tokenizer, run, "export")
     if run.holds(args.out) is not None:
         raise ValueError(f"cannot export into {args.out}: it is, or lies in, {run.holds(args.out)} of the run being exported; choose another output folder")
-    out = export_hf(model, args.out, tokenizer=tokenizer, format="llama" if args.format == "llama" else "auto", remote_code=args.remote_code)
+    from safetensors import SafetensorError
+
+    try:
+        out = export_hf(model, args.out, tokenizer=tokenizer, format="llama" if args.format == "llama" else "auto", remote_code=args.remote_code)
+    except (OSError, SafetensorError) as e:  # a full disk, a file size limit, a folder not writable
+        raise OSError(f"could not write the export into {args.out} ({_one_line(e)}); the folder was left as it was") from None
     kind = "LlamaForCausalLM format" if is_plain_llama(model) else "CEM format: the model loads after `import cem.hf`"
     print(f"exported {run.path} to {out} ({kind}); load it with AutoTokenizer / AutoModelForCausalLM.from_pretrained")
     return 0

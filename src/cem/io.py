@@ -9,13 +9,14 @@ import errno
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO, TextIO
 
 __all__ = [
-    "atomic_write", "atomic_write_json", "atomic_write_text", "default_mode", "fix_modes", "make_temp_dir", "open_append", "open_no_follow",
+    "atomic_write", "atomic_write_json", "atomic_write_text", "default_mode", "fix_modes", "make_temp_dir", "open_append", "staged_folder", "open_no_follow",
     "read_json", "refuse_link", "sha256_file",
 ]
 
@@ -52,6 +53,33 @@ def make_temp_dir(parent: str | os.PathLike, prefix: str) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
     os.chmod(tmp, default_mode(directory=True))
     return tmp
+
+
+@contextlib.contextmanager
+def staged_folder(directory: str | os.PathLike, last: tuple[str, ...] = ("config.json",)) -> Iterator[Path]:
+    """Yield a temp folder beside `directory` to write a model folder into; on success move what was written
+    there into `directory` (made if need be) by renames, the files named in `last` after the others (a reader
+    that finds config.json finds the rest), and remove the temp folder. On failure (a full disk, a file size
+    limit, Ctrl-C) only the temp folder is removed: `directory` keeps what it held. Renames replace a planted
+    link at a name instead of writing through it."""
+    directory = Path(directory)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = make_temp_dir(directory.parent, f".{directory.name}.")
+    try:
+        yield tmp
+        _move_into(tmp, directory, last)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _move_into(src: Path, dst: Path, last: tuple[str, ...] = ()) -> None:
+    dst.mkdir(parents=True, exist_ok=True)
+    for entry in sorted(src.iterdir(), key=lambda p: (p.name in last, p.name)):
+        target = dst / entry.name
+        if entry.is_dir() and not entry.is_symlink() and target.is_dir() and not target.is_symlink():
+            _move_into(entry, target)
+        else:
+            os.replace(entry, target)
 
 
 @contextlib.contextmanager

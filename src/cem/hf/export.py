@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..io import atomic_write_text, fix_modes
+from ..io import atomic_write_text, fix_modes, staged_folder
 from ..model import LanguageModel
 from .llama_export import export_llama, is_plain_llama
 from .modeling import to_hf
@@ -54,9 +54,17 @@ def export_hf(
     if format not in ("auto", "llama", "cem"):
         raise ValueError(f"format must be 'auto', 'llama' or 'cem', got {format!r}")
     tokenizer = transformers_tokenizer(tokenizer)
-    if format == "llama" or (format == "auto" and is_plain_llama(model)):
-        return export_llama(model, out_dir, tokenizer=tokenizer, bos_token_id=bos_token_id, eos_token_id=eos_token_id, pad_token_id=pad_token_id)
-    out = Path(out_dir)
+    # written into a temp folder beside out_dir and moved in at the end (config.json last): an export cut short
+    # (a full disk, a file size limit, Ctrl-C) leaves out_dir as it was, not a folder without weights
+    with staged_folder(out_dir) as tmp:
+        if format == "llama" or (format == "auto" and is_plain_llama(model)):
+            export_llama(model, tmp, tokenizer=tokenizer, bos_token_id=bos_token_id, eos_token_id=eos_token_id, pad_token_id=pad_token_id)
+        else:
+            _export_cem(model, tmp, tokenizer, remote_code, bos_token_id, eos_token_id, pad_token_id)
+    return Path(out_dir)
+
+
+def _export_cem(model: LanguageModel, out: Path, tokenizer, remote_code: bool, bos_token_id, eos_token_id, pad_token_id) -> None:
     hf = to_hf(model)
     for key, value in special_token_ids(tokenizer, bos_token_id, eos_token_id, pad_token_id).items():
         if value is not None:
@@ -70,4 +78,3 @@ def export_hf(
         atomic_write_text(out / REMOTE_CODE_FILE, _SHIM)  # a planted link is replaced, not written through
     if tokenizer is not None:
         save_tokenizer(tokenizer, out, model.config.context)
-    return out

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from ..io import fix_modes, make_temp_dir, read_json
+from ..io import fix_modes, read_json, staged_folder
 from .config import ModelConfig
 from .lm import LanguageModel
 
@@ -25,10 +23,7 @@ def save_pretrained(model: LanguageModel, directory: str | Path) -> Path:
 
 def save_weights(cfg: ModelConfig, state_dict: dict, directory: str | Path) -> Path:
     """`save_pretrained` from a config and a (full, unsharded) state dict, e.g. gathered from FSDP."""
-    directory = Path(directory)
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = make_temp_dir(directory.parent, f".{directory.name}.")
-    try:
+    with staged_folder(directory) as tmp:
         config = {"format": FORMAT, **cfg.to_dict()}
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         state = {k: v.detach().contiguous().cpu() for k, v in state_dict.items()}
@@ -36,16 +31,7 @@ def save_weights(cfg: ModelConfig, state_dict: dict, directory: str | Path) -> P
             state.pop("head.weight")
         save_file(state, tmp / "model.safetensors", metadata={"format": FORMAT})
         fix_modes(tmp)
-        for name in ("config.json", "model.safetensors"):
-            os.replace(tmp / name, _ensure_dir(directory) / name)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return directory
-
-
-def _ensure_dir(path: Path) -> Path:
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    return Path(directory)
 
 
 def load_config(directory: str | Path) -> ModelConfig:
