@@ -183,6 +183,11 @@ def int_weights(ckpt):
     save_file({k: v.to(torch.int32) for k, v in weights.items()}, ckpt / "model.safetensors")
 
 
+def no_tokenizer(tmp, run, monkeypatch):
+    unfinished_copy(tmp, run, monkeypatch)
+    shutil.rmtree(tmp / "run2" / "tokenizer")
+
+
 def lost_manifest(tmp, run, monkeypatch):
     unfinished_copy(tmp, run, monkeypatch)
     (tmp / "run2" / "ckpt" / "manifest.json").unlink()
@@ -387,6 +392,37 @@ CASES = [
     ("info memory several gpus, no parallelism", ["info", "--memory", "--gpus", "2", "--parallel", "none"], None, "parallel"),
     ("info memory zero gpus", ["info", "--memory", "--gpus", "0"], None, "gpus"),
     ("report of nothing", ["report", "{tmp}/no-results"], None, None),
+    # -- 2026-11-24: lm-eval, the memory planner, export, generate, report, data, experiment (issue 20's wider table)
+    ("lm-eval a folder that holds no run", ["lm-eval", "{tmp}/nope", "--tasks", "cem_local_text"], None, "nope"),
+    ("lm-eval no tasks", ["lm-eval", "{run}", "--tasks", ","], None, "--tasks is empty"),
+    ("lm-eval unknown task", ["lm-eval", "{run}", "--tasks", "no_such_task", "--device", "cpu"], None, "unknown lm-eval task(s) no_such_task"),
+    ("lm-eval limit zero", ["lm-eval", "{run}", "--tasks", "cem_local_text", "--limit", "0"], None, "--limit must be >= 1"),
+    ("lm-eval batch size zero", ["lm-eval", "{run}", "--tasks", "cem_local_text", "--batch-size", "0"], None, "--batch-size must be >= 1"),
+    ("lm-eval device unknown", ["lm-eval", "{run}", "--tasks", "cem_local_text", "--device", "tpu9"], None, "device"),
+    ("lm-eval a run without its tokenizer", ["lm-eval", "{tmp}/run2", "--tasks", "cem_local_text"], no_tokenizer, "tokenizer"),
+    ("info memory seq zero", ["info", "--memory", "--seq", "0"], None, "seq must be"),
+    ("info memory device of 0 GB", ["info", "--memory", "--device-gb", "0"], None, "--device-gb"),
+    ("export a folder that holds no run", ["export", "{tmp}/nope", "{tmp}/o"], None, "nope"),
+    ("export into a file", ["export", "{run}", "{tmp}/afile"], write("afile", "x"), "afile"),
+    ("export a CEM run as Llama", ["export", "{run}", "--format", "llama", "{tmp}/o"], None, "Llama"),
+    ("generate temperature negative", ["generate", "--ckpt", "{run}", "--temperature", "-1", "--max-new-tokens", "2"], None, "temperature"),
+    ("generate temperature nan", ["generate", "--ckpt", "{run}", "--temperature", "nan", "--max-new-tokens", "2"], None, "temperature"),
+    ("generate top_p above one", ["generate", "--ckpt", "{run}", "--top-p", "1.5", "--max-new-tokens", "2"], None, "top_p"),
+    ("generate top_k negative", ["generate", "--ckpt", "{run}", "--top-k", "-3", "--max-new-tokens", "2"], None, "top_k"),
+    ("generate a folder that holds no run", ["generate", "--ckpt", "{tmp}/nope", "--max-new-tokens", "2"], None, "nope"),
+    ("eval a folder that holds no run", ["eval", "--ckpt", "{tmp}/nope"], None, "nope"),
+    ("report of a file", ["report", "{tmp}/afile"], write("afile", "x"), "afile"),
+    ("report with a damaged summary", ["report", "{tmp}/res"], write("res/fig2a/summary.json", "{"), "summary.json"),
+    ("report with a summary that is a list", ["report", "{tmp}/res"], write("res/fig2a/summary.json", "[1, 2]"), "summary.json"),
+    ("data prepare unknown corpus", ["data", "prepare", "no-such-corpus", "--data-dir", "{tmp}/dd"], None, "no-such-corpus"),
+    ("data prepare --from a missing folder", ["data", "prepare", "tinyshakespeare", "--from", "{tmp}/nowhere", "--data-dir", "{tmp}/dd"], None, "nowhere"),
+    ("data prepare --from a folder without the file", ["data", "prepare", "tinyshakespeare", "--from", "{tmp}/emptydir", "--data-dir", "{tmp}/dd"],
+     write("emptydir/readme.txt", "x"), "input.txt"),
+    ("data prepare shards of zero tokens", ["data", "prepare", "{tmp}/c.txt", "--tokenizer", "byte", "--tokens", "0", "--out", "{tmp}/sh"],
+     write("c.txt", "hello world\n" * 100), "--tokens must be positive"),
+    ("experiment unknown id", ["experiment", "fig9", "--scale", "smoke", "--results", "{tmp}/r"], None, "fig9"),
+    ("experiment seeds repeated", ["experiment", "fig2a", "--scale", "smoke", "--seeds", "1,1", "--results", "{tmp}/r"], None, "seeds"),
+    ("experiment results in a file", ["experiment", "fig2a", "--scale", "smoke", "--results", "{tmp}/afile"], write("afile", "x"), "afile"),
 ]
 
 

@@ -236,6 +236,8 @@ def cmd_export(args) -> int:
     _check_tokenizer(model, tokenizer, run, "export")
     if run.holds(args.out) is not None:
         raise ValueError(f"cannot export into {args.out}: it is, or lies in, {run.holds(args.out)} of the run being exported; choose another output folder")
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        raise ValueError(f"cannot export into {args.out}: it is a file; name a folder")
     from safetensors import SafetensorError
 
     try:
@@ -277,6 +279,8 @@ def cmd_info(args) -> int:
     if args.memory:
         from .model.memory import format_plan, plan_memory
 
+        if not args.device_gb > 0:
+            raise ValueError(f"--device-gb must be a positive number of GB, got {args.device_gb}")
         batch = args.mem_batch if args.mem_batch is not None else run.train.batch_size
         seq = args.mem_seq if args.mem_seq is not None else (run.train.seq_len or cfg.context)
         parallel = args.parallel or ("ddp" if args.gpus > 1 else "none")
@@ -296,7 +300,7 @@ def cmd_data_prepare(args) -> int:
     if args.tokenizer is None:
         print(prepare(args.name, args.data_dir, source=args.source, force=args.force))
         return 0
-    tokens = {k: parse_tokens(getattr(args, k)) for k in ("tokens", "held_out_tokens", "shard_tokens")}
+    tokens = {k: parse_tokens(getattr(args, k), "--" + k.replace("_", "-")) for k in ("tokens", "held_out_tokens", "shard_tokens")}
     print(prepare_shards(args.name, args.tokenizer, args.out, tokens=tokens["tokens"], held_out_tokens=tokens["held_out_tokens"],
                          shard_tokens=tokens["shard_tokens"], workers=args.workers, data_dir=args.data_dir))
     return 0
@@ -320,6 +324,8 @@ def cmd_experiment(args) -> int:
         seeds = _seeds(args.seeds)
         overrides.update(seeds=seeds, recursion_seeds=seeds)
     results = args.results or f"results/{args.scale}"
+    if Path(results).exists() and not Path(results).is_dir():
+        raise ValueError(f"--results {results} is a file; name a folder for the results")
     for summary in run_suite(args.scale, results, args.data_dir, args.jobs, ids, args.device, **overrides):
         for f in summary["findings"]:
             print(f"{summary['experiment']}: [{f['verdict']}] {f['claim']} -- {f['evidence']}")

@@ -66,16 +66,16 @@ def shard_dir(source: str, tokenizer_spec: str, data_dir: str | Path | None = No
     return prepare_target(data_dir) / "shards" / f"{readable[:80]}-{digest}"
 
 
-def parse_tokens(value: str | int | None) -> int | None:
-    """A token count written as an integer or in e-notation (2.7e9); ValueError unless positive."""
+def parse_tokens(value: str | int | None, name: str = "a token count") -> int | None:
+    """A token count written as an integer or in e-notation (2.7e9); ValueError (naming `name`) unless positive."""
     if value is None:
         return None
     try:
         n = int(float(value))
-    except ValueError:
-        raise ValueError(f"a token count must be a number such as 2.7e9, got {value!r}") from None
+    except (ValueError, OverflowError):
+        raise ValueError(f"{name} must be a number such as 2.7e9, got {value!r}") from None
     if n < 1:
-        raise ValueError(f"a token count must be positive, got {value!r}")
+        raise ValueError(f"{name} must be positive, got {value!r}")
     return n
 
 

@@ -12,6 +12,7 @@ import json
 import math
 from pathlib import Path
 
+from ..io import read_json
 from .findings import Finding, adjust
 from .registry import SUITE_ORDER
 
@@ -152,7 +153,7 @@ def write_report(results_dir: str | Path, allow_short: bool = False) -> Path:
     root = Path(results_dir)
     if not root.is_dir():
         raise FileNotFoundError(f"no results directory at {root}")
-    summaries = [json.loads((root / i / "summary.json").read_text()) for i in SUITE_ORDER if (root / i / "summary.json").exists()]
+    summaries = [read_json(root / i / "summary.json") for i in SUITE_ORDER if (root / i / "summary.json").exists()]
     if not summaries:
         raise ValueError(f"{root} holds no experiment results (expected {root}/ID/summary.json from `cem experiment`)")
     _adjust(summaries)
@@ -170,7 +171,7 @@ def write_report(results_dir: str | Path, allow_short: bool = False) -> Path:
     lines += ["# CEM experiments: the paper's findings, checked", ""]
     sc = next((s["scale"] for s in summaries if s["rows"]), summaries[0]["scale"])
     machines = sorted({s["machine"] for s in summaries})
-    runs = [json.loads(p.read_text()) for p in sorted(root.glob("runs/*/results.json"))]
+    runs = [read_json(p) for p in sorted(root.glob("runs/*/results.json"))]
     train_h = sum(r["wall_time_s"] for r in runs) / 3600
     lines += [
         f"Scale `{sc['name']}`: corpus `{sc['data']}`, tokenizer `{sc['tokenizer']}`, sizes {', '.join(sc['sizes'])} (base `{sc['base']}`), "

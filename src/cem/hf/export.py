@@ -9,6 +9,7 @@ or with `trust_remote_code=True` through a two-line `modeling_cem.py` shim that 
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 from ..io import atomic_write_text, fix_modes, staged_folder
@@ -56,12 +57,27 @@ def export_hf(
     tokenizer = transformers_tokenizer(tokenizer)
     # written into a temp folder beside out_dir and moved in at the end (config.json last): an export cut short
     # (a full disk, a file size limit, Ctrl-C) leaves out_dir as it was, not a folder without weights
-    with staged_folder(out_dir) as tmp:
+    with staged_folder(out_dir) as tmp, _quiet_progress():
         if format == "llama" or (format == "auto" and is_plain_llama(model)):
             export_llama(model, tmp, tokenizer=tokenizer, bos_token_id=bos_token_id, eos_token_id=eos_token_id, pad_token_id=pad_token_id)
         else:
             _export_cem(model, tmp, tokenizer, remote_code, bos_token_id, eos_token_id, pad_token_id)
     return Path(out_dir)
+
+
+@contextlib.contextmanager
+def _quiet_progress():
+    """No "Writing model shards" progress bar from transformers' save_pretrained (one small file, and a
+    command's stderr stays one line on failure); the previous setting comes back afterwards."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
 
 
 def _export_cem(model: LanguageModel, out: Path, tokenizer, remote_code: bool, bos_token_id, eos_token_id, pad_token_id) -> None:

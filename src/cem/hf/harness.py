@@ -82,12 +82,12 @@ def harness_evaluate(model, tokenizer, tasks: list[str], limit: int | None = Non
     from . import export_hf
 
     with tempfile.TemporaryDirectory(prefix="cem-lm-eval-") as tmp:
-        folder = export_hf(model, Path(tmp) / "model", tokenizer=tokenizer)
         manager = TaskManager(include_path=str(write_local_tasks(Path(tmp) / "tasks")))
         unknown = [t for t in tasks if t not in manager.all_tasks]
         if unknown:
             raise ValueError(f"unknown lm-eval task(s) {', '.join(unknown)}: the local ones are {', '.join(LOCAL_TASKS)}; "
                              "`lm_eval ls tasks` lists lm-eval's")
+        folder = export_hf(model, Path(tmp) / "model", tokenizer=tokenizer)
         lm = HFLM(pretrained=str(folder), backend="causal", device=device, batch_size=batch_size)
         out = simple_evaluate(model=lm, tasks=list(tasks), limit=limit, num_fewshot=num_fewshot, task_manager=manager)
     return {task: {k.split(",")[0]: v for k, v in metrics.items() if k not in ("name", "alias") and "_stderr" not in k}
