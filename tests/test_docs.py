@@ -1,0 +1,100 @@
+"""Docs that run: every ```bash and ```python block of README.md and docs/*.md says, in an HTML comment on the
+line(s) just above it, how it is kept true:
+
+- `<!-- docs: run -->` (Python): executed here, the blocks of one file in order in one namespace, in an empty
+  folder, after the file's prelude below (which makes the runs, exports and tokenizers the text assumes, at a
+  tiny size) and with the file's size substitutions (the 134M preset becomes `tiny`);
+- `<!-- docs: covered by PATH::TEST -->`: a test that runs the same commands at a tiny size (checked to exist);
+- `<!-- docs: not run: REASON -->`: network, a GPU, an install or hours of training;
+- `<!-- ci:main -->` / `<!-- ci:test -->`: the two set-up commands (.ci/run runs the test command).
+
+A new block without a mark fails `test_every_block_says_how_it_is_checked`.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+MARK = re.compile(r"<!-- (docs: (run|covered by \S+|not run: .+)|ci:(main|test)) -->")
+# what a tiny run needs instead of the paper's sizes (the text stays as users would type it)
+SUBSTITUTE = {"README.md": {'"134M"': '"tiny"', "32000": "512"}}
+
+
+def blocks(path: Path) -> list[tuple[int, str, str, str]]:
+    """(line, language, mark, code) of each fenced bash/python block."""
+    lines = path.read_text().splitlines()
+    out = []
+    for i, line in enumerate(lines):
+        m = re.match(r"^```(bash|python)\s*$", line)
+        if not m:
+            continue
+        marks, j = [], i - 1
+        while j >= 0 and lines[j].strip().startswith("<!--"):
+            marks.append(lines[j].strip())
+            j -= 1
+        end = next(k for k in range(i + 1, len(lines)) if lines[k].startswith("```"))
+        mark = next((MARK.fullmatch(x).group(1) for x in marks if MARK.fullmatch(x)), "")
+        out.append((i + 1, m.group(1), mark, "\n".join(lines[i + 1 : end])))
+    return out
+
+
+ALL = [(p, *b) for p in DOCS for b in blocks(p)]
+
+
+@pytest.mark.parametrize("path,line,lang,mark,code", ALL, ids=[f"{p.name}:{b[0]}" for p, *b in [(p, *b) for p in DOCS for b in blocks(p)]])
+def test_every_block_says_how_it_is_checked(path, line, lang, mark, code):
+    assert mark, f"{path.name}:{line}: a ```{lang} block without a <!-- docs: ... --> mark (see tests/test_docs.py)"
+    if mark.startswith("docs: covered by "):
+        target = mark.removeprefix("docs: covered by ")
+        file, _, test = target.partition("::")
+        assert (ROOT / file).is_file(), f"{path.name}:{line}: {file} does not exist"
+        assert not test or f"def {test}(" in (ROOT / file).read_text(), f"{path.name}:{line}: no test {test} in {file}"
+    if mark == "docs: run":
+        assert lang == "python", f"{path.name}:{line}: only Python blocks are run here; mark a shell block covered or not run"
+
+
+def _huggingface_prelude(ns: dict) -> None:
+    """What docs/huggingface.md assumes: a trained CEM model saved at runs/134M-cem/final, a tokenizer `tok`,
+    a Llama `llama_model`, an export at hf/134M-cem, token ids `ids` (all tiny)."""
+    pytest.importorskip("lm_eval")  # its last block scores with lm-eval's HFLM
+    pytest.importorskip("accelerate")
+    from cem.data.tokenizers import ByteTokenizer
+    from cem.hf import export_hf
+    from cem.hf.tokenizer import transformers_tokenizer
+    from cem.model import LanguageModel, model_config, save_pretrained
+
+    tok = transformers_tokenizer(ByteTokenizer())
+    torch.manual_seed(0)
+    model = LanguageModel(model_config("tiny", "cem", vocab_size=len(tok))).eval()
+    save_pretrained(model, "runs/134M-cem/final")
+    export_hf(model, "hf/134M-cem", tokenizer=tok)
+    ns.update(tok=tok, llama_model=LanguageModel(model_config("tiny", "llama", vocab_size=len(tok))).eval(),
+              ids=torch.tensor([tok("The energy").input_ids]))  # fmt: skip
+
+
+PRELUDES = {"huggingface.md": _huggingface_prelude}
+
+
+@pytest.mark.parametrize("path", [p for p in DOCS if any(b[2] == "docs: run" for b in blocks(p))], ids=lambda p: p.name)
+def test_run_blocks(path, tmp_path, monkeypatch):
+    pytest.importorskip("transformers")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("CEM_CACHE_DIR", str(tmp_path / "cache"))
+    ns: dict = {"__name__": "__docs__"}
+    if path.name in PRELUDES:
+        PRELUDES[path.name](ns)
+    for line, _, mark, code in blocks(path):
+        if mark != "docs: run":
+            continue
+        for old, new in SUBSTITUTE.get(path.name, {}).items():
+            code = code.replace(old, new)
+        try:
+            exec(compile(code, f"{path.name}:{line}", "exec"), ns)
+        except Exception as e:  # noqa: BLE001 - name the block that failed
+            raise AssertionError(f"{path.name}:{line}: the block fails: {type(e).__name__}: {e}") from e
