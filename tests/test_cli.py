@@ -579,3 +579,12 @@ def test_stop_at_says_so_and_a_failed_start_leaves_no_folder(tiny_args, tmp_path
     bad = tmp_path / "bad" / "run"
     assert main(["train", "--data", "no-such-corpus", "--out", str(bad)]) == 2
     assert not bad.exists()
+
+
+def test_train_ends_with_a_sample_and_where_the_run_went(tiny_args, tmp_path, capsys):
+    """Without --quiet, `cem train` ends as nanoGPT's sample step does: a short seeded sample, and the run's folder."""
+    out = tmp_path / "run"
+    assert main(["train", "--data", tiny_args["data"], "--preset", "tiny", "--max-steps", "2", "--batch-size", "2", "--out", str(out),
+                 "context=32", "tensorboard=false"]) == 0  # fmt: skip
+    stdout = capsys.readouterr().out
+    assert "--- a sample (120 tokens" in stdout and f"run: {out} (results.json" in stdout

@@ -130,9 +130,29 @@ def cmd_train(args) -> int:
     result = train(run, out, resume=args.resume, progress=not args.quiet, stop_at=args.stop_at, overwrite=args.overwrite)
     if isinstance(result, Interrupted):
         return 128 + result.signum if result.signum else 0
-    if args.quiet and int(os.environ.get("RANK", "0")) == 0:
-        print(json.dumps({k: result[k] for k in ("test_loss", "test_perplexity", "test_bits_per_byte")}))
+    if int(os.environ.get("RANK", "0")) == 0:
+        if args.quiet:
+            print(json.dumps({k: result[k] for k in ("test_loss", "test_perplexity", "test_bits_per_byte")}))
+        else:
+            _show_sample(out)
     return 0
+
+
+SAMPLE_TOKENS = 120
+
+
+def _show_sample(out: Path) -> None:
+    """A short sample from the trained model (seeded, temperature 0.8), and where the run went."""
+    import torch
+
+    model, tokenizer, _ = _load_run(str(out))
+    if tokenizer is None or tokenizer.vocab_size != model.config.vocab_size:
+        return
+    prompt = tokenizer.encode("\n") or [tokenizer.eot_id]
+    ids = model.generate(torch.tensor(prompt), SAMPLE_TOKENS, temperature=0.8, generator=torch.Generator().manual_seed(0))
+    text = tokenizer.decode(ids[len(prompt):].tolist())
+    print(f"--- a sample ({SAMPLE_TOKENS} tokens, temperature 0.8; more with: cem generate --ckpt {out})\n{text}\n---")
+    print(f"run: {out} (results.json, metrics.jsonl, ckpt/, tokenizer/); cem eval --ckpt {out} | cem export {out} OUT")
 
 
 def _load_run(path: str):

@@ -23,7 +23,7 @@ def _isolated_env(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.
 def shared_data() -> Path:
     """The shared corpora directory (../shared/data from the repo root); skips when absent."""
     if not SHARED_DATA.is_dir():
-        pytest.skip(f"shared corpora not found at {SHARED_DATA}")
+        pytest.skip("no shared corpora beside the checkout (../shared/data); these tests read the real corpora from there")
     return SHARED_DATA
 
 
