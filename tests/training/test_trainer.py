@@ -135,3 +135,16 @@ def test_short_corpus_error(tiny_args, tmp_path):
         (d / f"{s}.txt").write_text("tiny")
     with pytest.raises(ValueError, match="fewer than one sequence"):
         train(run_cfg({**tiny_args, "data": str(d)}, max_steps=2), tmp_path / "r", progress=False)
+
+
+@pytest.mark.parametrize("arch", ["llama", "cem", "cem-t2"])
+def test_a_few_bf16_autocast_steps_train_like_fp32(tiny_args, tmp_path, arch):
+    """precision=bf16 (autocast) on the CPU trains each architecture: finite losses that follow the float32
+    run of the same seed and data closely (the full comparison, 400 steps x 3 seeds, is
+    docs/benchmarks/bf16_training_cpu.md)."""
+    runs = {p: train(run_cfg(tiny_args, max_steps=6, arch=arch, overrides=["context=32", f"precision={p}"]), tmp_path / p, progress=False)
+            for p in ("fp32", "bf16")}  # fmt: skip
+    fp32, bf16 = losses(tmp_path / "fp32"), losses(tmp_path / "bf16")
+    assert len(bf16) == 6 and all(l == l and abs(l) < 1e3 for l in bf16)
+    assert max(abs(a - b) for a, b in zip(fp32, bf16)) < 0.05
+    assert abs(runs["bf16"]["test_loss"] - runs["fp32"]["test_loss"]) < 0.05
