@@ -78,3 +78,18 @@ def test_ctrl_c_with_the_output_piped_to_a_reader_that_is_gone_still_saves(corpu
     proc.wait(timeout=120)
     assert (out / "ckpt" / "manifest.json").is_file(), f"no checkpoint (exit {proc.returncode})"
     assert proc.returncode == 128 + signal.SIGINT
+
+
+@pytest.mark.parametrize("parallel,mode", [("ddp", "step"), ("fsdp", "layer")])
+def test_activation_checkpointing_under_torchrun_matches_one_process(corpus_dir, tmp_path, parallel, mode):
+    """Activation checkpointing composed with DDP / FSDP2 (two gloo processes): the same losses as one process
+    without checkpointing (issue 19, item 1)."""
+    env = {**os.environ, "CEM_CACHE_DIR": str(tmp_path / "cache"), "CORPUS": str(corpus_dir), "OMP_NUM_THREADS": "1"}
+    one = [sys.executable, "-m", "cem", "train", "--out", str(tmp_path / "one"), "--batch-size", "4", "--arch", "cem-t2"]
+    subprocess.run([*cli(*one, env=env), "--arch", "cem-t2"], env=env, check=True, capture_output=True, timeout=300)
+    two = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
+           "-m", "cem", "train", "--out", str(tmp_path / "two"), "--batch-size", "2", f"parallel={parallel}",
+           "--activation-checkpointing", mode]
+    proc = subprocess.run([*cli(*two, env=env), "--arch", "cem-t2"], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, [l for l in proc.stderr.splitlines() if "rror" in l][:5]
+    assert losses(tmp_path / "two") == pytest.approx(losses(tmp_path / "one"), rel=1e-5)
