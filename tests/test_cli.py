@@ -537,6 +537,12 @@ def test_default_run_names_hold_the_overrides():
     assert a.name == "cem-small-python-stdlib-s0-attn_steps=2"
     assert b.name == "cem-small-python-stdlib-s0-lr=0.001-attn_steps=3"
     assert default_run_dir(_run_config(parse(["train", "--device", "cpu"]))).name == "cem-small-python-stdlib-s0"
+    from cem.training.budget import with_default_steps
+
+    for argv, name in ((["train"], "cem-small-python-stdlib-s0"), (["train", "--max-steps", "100"], "cem-small-python-stdlib-s0-max_steps=100")):
+        run = _run_config(parse(argv))
+        with_default_steps(run.train)  # as `cem train` does: the default budget of 600 steps is not in the name
+        assert default_run_dir(run).name == name
 
 
 def test_long_run_names_are_cut_with_a_digest():

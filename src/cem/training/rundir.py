@@ -76,7 +76,10 @@ def default_run_dir(run: RunConfig) -> Path:
     that runs with different settings never share a folder."""
     t = run.train
     named = {"arch", "preset", "data", "seed"} | RUNTIME_KEYS
-    changed = tuple((k, v) for k, v in dataclasses.asdict(t).items() if k not in named and v != _TRAIN_DEFAULTS[k])
+    from .budget import DEFAULT_STEPS
+
+    defaults = {**_TRAIN_DEFAULTS, **({"max_steps": DEFAULT_STEPS} if t.tokens is None else {})}  # the budget a plain `cem train` gets
+    changed = tuple((k, v) for k, v in dataclasses.asdict(t).items() if k not in named and v != defaults[k] and v != _TRAIN_DEFAULTS[k])
     return Path("runs") / run_name([t.arch, t.preset, Path(t.data).name, f"s{t.seed}"], (changed, tuple(sorted(run.model_overrides.items()))))
 
 
