@@ -235,6 +235,8 @@ def cmd_lm_eval(args) -> int:
     for name, value in (("--limit", args.limit), ("--batch-size", args.batch_size)):
         if value is not None and value < 1:
             raise ValueError(f"{name} must be >= 1, got {value}")
+    if args.num_fewshot is not None and args.num_fewshot < 0:
+        raise ValueError(f"--num-fewshot must be >= 0, got {args.num_fewshot}")
     device = str(pick_device(args.device))
     results = harness_evaluate(model, tokenizer, tasks, args.limit, args.batch_size, device, args.num_fewshot)
     if args.json:
@@ -344,6 +346,10 @@ def cmd_experiment(args) -> int:
         seeds = _seeds(args.seeds)
         overrides.update(seeds=seeds, recursion_seeds=seeds)
     results = args.results or f"results/{args.scale}"
+    if args.device not in (None, "auto"):
+        from .device import pick_device
+
+        pick_device(args.device)  # an unknown device is refused before any run starts
     if Path(results).exists() and not Path(results).is_dir():
         raise ValueError(f"--results {results} is a file; name a folder for the results")
     for summary in run_suite(args.scale, results, args.data_dir, args.jobs, ids, args.device, **overrides):
