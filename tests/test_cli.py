@@ -458,6 +458,11 @@ CASES = [
     ("train with a config that is a folder", [*TRAIN, *STEP, "--config", "{tmp}/cfgdir"], write("cfgdir/a.yaml", "lr: 1\n"), "cfgdir"),
     ("train with a config of one scalar", [*TRAIN, *STEP, "--config", "{tmp}/s.yaml"], write("s.yaml", "3\n"), "mapping"),
     ("train with an empty config", [*TRAIN, *STEP, "--config", "{tmp}/e.yaml", "bogus=1"], write("e.yaml", ""), "bogus"),
+    ("lm-eval limit a word", ["lm-eval", "{run}", "--tasks", "cem_local_text", "--limit", "some"], None, "--limit"),
+    ("info memory gpus negative", ["info", "--memory", "--gpus", "-2", "--parallel", "ddp"], None, "gpus"),
+    ("export format unknown", ["export", "{run}", "--format", "onnx", "{tmp}/o"], None, "format"),
+    ("data prepare shards with zero held-out tokens", ["data", "prepare", "{tmp}/c.txt", "--tokenizer", "byte", "--tokens", "100",
+     "--held-out-tokens", "0", "--out", "{tmp}/sh"], write("c.txt", "hello world\n" * 100), "--held-out-tokens must be positive"),
 ]
 
 
