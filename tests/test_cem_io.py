@@ -72,7 +72,8 @@ def test_staged_folder_moves_in_on_success_only(tmp_path, monkeypatch):
 
 
 @pytest.mark.skipif(not hasattr(__import__("resource"), "RLIMIT_FSIZE"), reason="needs RLIMIT_FSIZE")
-def test_an_export_cut_short_by_a_file_size_limit_leaves_the_folder_as_it_was(tmp_path):
+@pytest.mark.parametrize("arch", ["attn='cem', mlp='cem'", "attn='llama', mlp='llama', position='rope'"], ids=["cem-format", "llama-format"])
+def test_an_export_cut_short_by_a_file_size_limit_leaves_the_folder_as_it_was(tmp_path, arch):
     """`ulimit -f` (or a full disk) in the middle of an export: one line saying so, and the output folder keeps
     what it held (here: nothing, then an earlier complete export), never a folder without weights."""
     import resource
@@ -81,9 +82,9 @@ def test_an_export_cut_short_by_a_file_size_limit_leaves_the_folder_as_it_was(tm
 
     pytest.importorskip("transformers")
     code = (
-        "import sys\nfrom cem.model import LanguageModel, ModelConfig\nfrom cem.hf import export_hf\n"
-        "m = LanguageModel(ModelConfig(vocab_size=300, dim=64, n_layers=2, n_heads=2, context=32))\n"
-        "export_hf(m, sys.argv[1])\n"
+        "import sys\nfrom cem.model import LanguageModel, ModelConfig\nfrom cem.hf import export_hf, export_llama\n"
+        f"m = LanguageModel(ModelConfig(vocab_size=300, dim=64, n_layers=2, n_heads=2, context=32, {arch}))\n"
+        + ("export_llama(m, sys.argv[1])\n" if "llama" in arch else "export_hf(m, sys.argv[1])\n")  # each public entry point
     )
     out = tmp_path / "export"
 
@@ -96,5 +97,6 @@ def test_an_export_cut_short_by_a_file_size_limit_leaves_the_folder_as_it_was(tm
     assert run().returncode == 0
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     assert "model.safetensors" in before and "config.json" in before
+    assert (b'"llama"' in before["config.json"]) == ("llama" in arch)  # the format asked for
     assert run(limit=20_000).returncode != 0
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before and sorted(p.name for p in tmp_path.iterdir()) == ["export"]

@@ -55,12 +55,12 @@ def export_hf(
     if format not in ("auto", "llama", "cem"):
         raise ValueError(f"format must be 'auto', 'llama' or 'cem', got {format!r}")
     tokenizer = transformers_tokenizer(tokenizer)
-    # written into a temp folder beside out_dir and moved in at the end (config.json last): an export cut short
-    # (a full disk, a file size limit, Ctrl-C) leaves out_dir as it was, not a folder without weights
-    with staged_folder(out_dir) as tmp, _quiet_progress():
+    # both formats are written into a temp folder beside out_dir and moved in at the end (config.json last): an
+    # export cut short (a full disk, a file size limit, Ctrl-C) leaves out_dir as it was, not a folder without weights
+    with _quiet_progress():
         if format == "llama" or (format == "auto" and is_plain_llama(model)):
-            export_llama(model, tmp, tokenizer=tokenizer, bos_token_id=bos_token_id, eos_token_id=eos_token_id, pad_token_id=pad_token_id)
-        else:
+            return export_llama(model, out_dir, tokenizer=tokenizer, bos_token_id=bos_token_id, eos_token_id=eos_token_id, pad_token_id=pad_token_id)
+        with staged_folder(out_dir) as tmp:
             _export_cem(model, tmp, tokenizer, remote_code, bos_token_id, eos_token_id, pad_token_id)
     return Path(out_dir)
 

@@ -30,7 +30,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 from transformers import GenerationConfig, LlamaConfig
 
-from ..io import fix_modes
+from ..io import fix_modes, staged_folder
 from ..layers import ATTENTION_KINDS, MLP_KINDS, GatedMLP, LlamaAttention
 from ..model import LanguageModel, ModelConfig
 from .tokenizer import save_tokenizer, special_token_ids, transformers_tokenizer
@@ -160,15 +160,14 @@ def export_llama(
     tokenizer = transformers_tokenizer(tokenizer)
     config = llama_config(model, **special_token_ids(tokenizer, bos_token_id, eos_token_id, pad_token_id))
     state = to_llama_state_dict(model)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    config.save_pretrained(out)
-    GenerationConfig.from_model_config(config).save_pretrained(out)
-    save_file(state, out / "model.safetensors", metadata={"format": "pt"})
-    fix_modes(out)
-    if tokenizer is not None:
-        save_tokenizer(tokenizer, out, model.config.context)
-    return out
+    with staged_folder(out_dir) as out:  # an export cut short leaves out_dir as it was (cem.io.staged_folder)
+        config.save_pretrained(out)
+        GenerationConfig.from_model_config(config).save_pretrained(out)
+        save_file(state, out / "model.safetensors", metadata={"format": "pt"})
+        fix_modes(out)
+        if tokenizer is not None:
+            save_tokenizer(tokenizer, out, model.config.context)
+    return Path(out_dir)
 
 
 def _rope_of(config) -> tuple[str, float]:

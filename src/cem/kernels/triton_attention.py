@@ -172,7 +172,7 @@ class _Launch:
         self.interpret = uses_interpreter(q.device)
         diag = None if qd is None else ("head" if qd.dim() == 4 else "shared")
         wanted = None if config is None else config.diag_scores
-        cfg = config or default_config(K, d, self.D, q.dtype, q.device, backward=backward, diag=diag)
+        cfg = config
         if diag == "shared" and wanted is not False:
             scores_cfg = config or default_config(K, d, self.D, q.dtype, q.device, backward=backward, diag="scores")
             groups = -(-K // min(scores_cfg.heads_per_program or _next_pow2(K), _next_pow2(K)))
@@ -180,6 +180,7 @@ class _Launch:
             need = B * Jq * self.Jk * q.element_size() * (1 + (groups if backward else 0))
             if wanted or need <= DIAG_SCORES_MAX_BYTES:
                 diag, cfg = "scores", scores_cfg
+        cfg = cfg or default_config(K, d, self.D, q.dtype, q.device, backward=backward, diag=diag)
         self.scores = diag == "scores"
         g = cfg.heads_per_program or _next_pow2(K)
         if g & (g - 1):
@@ -213,10 +214,10 @@ class _Launch:
         return (self.K, self.Jq, self.Jk, self.d, self.D, self.q_start)
 
     def diag_scores(self, qd, hn):
-        """(scores tensor, its (batch, row, col) strides): ĥ_j·qd_i as one batched matrix product in the
-        input dtype (float32 accumulation), or a dummy pointer with zero strides outside the scores mode."""
+        """(scores, their (batch, row, col) strides): ĥ_j·qd_i as one batched matrix product in the input dtype
+        (float32 accumulation); (None, zero strides) outside the scores mode, where the kernels never read them."""
         if not self.scores:
-            return qd if qd is not None else hn, (0, 0, 0)
+            return None, (0, 0, 0)
         scores = torch.bmm(qd, hn.transpose(1, 2))
         return scores, scores.stride()
 
