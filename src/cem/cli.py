@@ -213,7 +213,7 @@ def cmd_generate(args) -> int:
     model.reset_steps_used()
     most = args.steps if args.steps is not None else max((m.steps for m in model.descent_layers()), default=0)
     out = model.to(device).generate(torch.tensor(ids, device=device), args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.steps, gen,
-                                     adaptive_tol=args.adaptive_tol, guard=args.guard)
+                                     adaptive_tol=args.adaptive_tol, guard=args.guard, adaptive_rule=args.adaptive_rule)
     print(tokenizer.decode(out.tolist()))
     used = model.steps_used()
     adaptive = args.adaptive_tol if args.adaptive_tol is not None else model.config.adaptive_tol
@@ -380,6 +380,7 @@ DEVICE_HELP = "auto (CUDA when available, else the CPU), cpu, cuda, cuda:N, mps"
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .layers.steps import EXIT_RULES
     from .training.budget import DEFAULT_STEPS
 
     parser = _Parser(prog="cem", description="Causal Energy Minimization language models")
@@ -431,7 +432,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-p", type=float, default=0.95, dest="top_p", help="nucleus sampling mass")
     p.add_argument("--steps", type=int, help="recursion steps T of every CEM layer (test-time compute; the maximum with --adaptive-tol; default: as trained)")
     p.add_argument("--adaptive-tol", type=float, dest="adaptive_tol",
-                   help="adaptive steps: a position stops once its relative energy decrease is <= this (default: the model's)")
+                   help="adaptive steps: a position stops once its exit rule's quantity is <= this (default: the model's)")
+    p.add_argument("--adaptive-rule", dest="adaptive_rule", choices=EXIT_RULES,
+                   help="the exit rule of adaptive steps: energy (relative energy decrease) or update (relative step size; default: the model's)")
     p.add_argument("--guard", type=int, help="energy-guarded steps: halve a step that raises the energy up to this many times (0 = off; default: the model's)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--device", default="auto", help=DEVICE_HELP)

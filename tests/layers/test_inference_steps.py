@@ -79,6 +79,36 @@ def test_adaptive_steps_follow_the_stopping_rule(rand, kind):
 
 
 @pytest.mark.parametrize("kind", sorted(LAYERS))
+def test_update_rule_stops_on_the_step_size_without_the_energy(rand, kind, monkeypatch):
+    """`adaptive_rule="update"`: position i's output is the plain recursion run for n_i steps, n_i the first
+    step t with ‖x^(t) - x^(t-1)‖ <= tol · ‖x^(t-1)‖ (or T); no energy is computed on the way."""
+    T = 6
+    layer = build(kind, rand, steps=T, step_size=0.3, schedule="geometric", decay=0.7)
+    h = torch.randn(B, J, D, dtype=torch.float64)
+    with torch.no_grad():
+        xs = [h] + [plain(layer, h, t)[0] for t in range(1, T + 1)]
+        rel = torch.stack([(b - a).norm(dim=-1) / a.norm(dim=-1) for a, b in zip(xs, xs[1:])])  # step t + 1
+        middle = rel[1:].flatten().sort().values[rel[1:].numel() // 2 - 1 :][:2]
+        tol = float(middle.mean())
+        layer.adaptive_tol, layer.adaptive_rule = tol, "update"
+        monkeypatch.setattr(layer, "energy", lambda *a: pytest.fail("the update rule computed an energy"))
+        if isinstance(layer, CEMMLP):
+            monkeypatch.setattr(layer, "_energy", lambda *a: pytest.fail("the update rule computed an energy"))
+        else:
+            direction = layer.direction
+            monkeypatch.setattr(layer, "direction", lambda *a, with_energy=False, **k: direction(*a, **k) if not with_energy else pytest.fail("energy"))
+        out = layer(h)
+    steps = layer.last_steps_used
+    assert len(steps.unique()) > 1
+    for b in range(B):
+        for i in range(J):
+            n = int(steps[b, i])
+            torch.testing.assert_close(out[b, i], xs[n][b, i], rtol=1e-12, atol=1e-12)
+            assert all(rel[t, b, i] > tol for t in range(n - 1))
+            assert n == T or rel[n - 1, b, i] <= tol
+
+
+@pytest.mark.parametrize("kind", sorted(LAYERS))
 def test_adaptive_extremes_equal_fixed_steps(rand, kind):
     layer = build(kind, rand, steps=4, step_size=0.2)
     h = torch.randn(B, J, D, dtype=torch.float64)
@@ -159,5 +189,15 @@ def test_model_steps_used_and_config():
         model(ids)
     assert model.steps_used()["all"] == 1 and set(model.steps_used()["layers"].values()) == {1.0}
     cfg = model.current_config()
-    assert (cfg.adaptive_tol, cfg.guard) == (1e9, 2)
+    assert (cfg.adaptive_tol, cfg.guard, cfg.adaptive_rule) == (1e9, 2, "energy")
     assert all((m.adaptive_tol, m.guard) == (1e9, 2) for m in LanguageModel(cfg).descent_layers())
+    model.set_inference(adaptive_tol=1e-2, adaptive_rule="update")
+    assert model.current_config().adaptive_rule == "update"
+    assert all(m.adaptive_rule == "update" for m in LanguageModel(model.current_config()).descent_layers())
+    with model.test_time(adaptive_rule="energy"):
+        assert all(m.adaptive_rule == "energy" for m in model.descent_layers())
+    assert all(m.adaptive_rule == "update" for m in model.descent_layers())
+    with pytest.raises(ValueError, match="adaptive_rule"):
+        model.set_inference(adaptive_tol=1e-2, adaptive_rule="kl")
+    with pytest.raises(ValueError, match="adaptive_rule"), model.test_time(adaptive_rule="kl"):
+        pass

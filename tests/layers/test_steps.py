@@ -1,5 +1,7 @@
 """The recursion options against independent references (float64): step-size schedules, the start point
-x^(0) = RMSNorm(h) of Algorithm 1 read literally, App. A's ALiBi slopes, random-depth training."""
+x^(0) = RMSNorm(h) of Algorithm 1 read literally, App. A's ALiBi slopes, random-depth training, and the
+training options for test-time compute (heavy-tailed depths, truncated backpropagation, the fixed-point
+penalty)."""
 
 import pytest
 import torch
@@ -47,13 +49,14 @@ def build(kind, rand, **kw):
 
 @pytest.mark.parametrize("kind", ["attention", "mlp"])
 @pytest.mark.parametrize("start", ["residual", "norm"])
-@pytest.mark.parametrize("schedule", ["constant", "inverse", "learned"])
+@pytest.mark.parametrize("schedule", ["constant", "inverse", "learned", "geometric"])
 def test_recursion_equals_reference(rand, kind, start, schedule):
     layer = build(kind, rand, recursion=Recursion(steps=3, step_size=0.8, schedule=schedule, start=start), precond="diag")
     if schedule == "learned":
         with torch.no_grad():
             layer.eta.step_gains.copy_(torch.tensor([1.2, 0.5, 0.9], dtype=torch.float64))
-    etas = {"constant": [0.8] * 3, "inverse": [0.8 / 3] * 3, "learned": [0.8 * 1.2, 0.8 * 0.5, 0.8 * 0.9]}[schedule]
+    etas = {"constant": [0.8] * 3, "inverse": [0.8 / 3] * 3, "learned": [0.8 * 1.2, 0.8 * 0.5, 0.8 * 0.9],
+            "geometric": [0.8, 0.4, 0.2]}[schedule]
     h = torch.randn(B, J, D, dtype=torch.float64)
     with torch.no_grad():
         out = layer(h)
@@ -76,6 +79,9 @@ def test_learned_schedule_runs_beyond_its_trained_steps():
     assert [float(eta(t, 5)) for t in range(5)] == [1.0, 1.5, 1.5, 1.5, 1.5]
     assert StepSize(Recursion(step_size=0.9, schedule="inverse"))(0, 3) == pytest.approx(0.3)
     assert StepSize(Recursion(step_size=0.9))(2, 3) == 0.9
+    geometric = StepSize(Recursion(step_size=0.9, schedule="geometric", decay=0.25))
+    assert [geometric(t, 7) for t in range(3)] == [0.9, 0.225, 0.05625]  # the same steps whatever T
+    assert geometric(2, 3) == geometric(2, 16)
 
 
 def test_app_a_slopes_and_energy(rand):
@@ -97,13 +103,16 @@ def test_app_a_slopes_and_energy(rand):
         (dict(step_schedule="cosine"), "step_schedule"),
         (dict(start="zero"), "start"),
         (dict(learn_step_size=1), "learn_step_size"),
+        (dict(step_decay=0.0), "step_decay"),
+        (dict(step_decay=1.5), "step_decay"),
+        (dict(backprop_steps=-1), "backprop_steps"),
     ],
 )
 def test_bad_recursion_options(bad, match):
     """Recursion validates itself once, for the layers and for the config's `recursion(kind)`."""
     name, value = next(iter(bad.items()))
     with pytest.raises(ValueError, match=match):
-        Recursion(**{"schedule" if name == "step_schedule" else name: value})
+        Recursion(**{{"step_schedule": "schedule", "step_decay": "decay"}.get(name, name): value})
     with pytest.raises(ValueError, match=match):
         model_config("micro", "cem", **bad)
 
@@ -199,3 +208,141 @@ def test_set_steps_on_a_users_own_model():
         text = pydoc.render_doc(cls)
         assert "Initialize internal Module state" not in text and all(w in cls.__init__.__doc__ for w in words)
     assert "normalised" in CEMAttention.energy.__doc__ and "raw residual" in CEMAttention.energy.__doc__
+
+
+@pytest.mark.parametrize(
+    "bad,match",
+    [
+        (dict(train_depth_dist="zipf"), "train_depth_dist"),
+        (dict(train_depth_mean=5.0), "train_depth_mean"),  # above train_depth_max = 3
+        (dict(train_depth_mean=0.5), "train_depth_mean"),
+        (dict(backprop_steps=1.5), "backprop_steps"),
+        (dict(fixed_point_weight=-0.1), "fixed_point_weight"),
+        (dict(fixed_point_weight=float("inf")), "fixed_point_weight"),
+        (dict(adaptive_rule="kl"), "adaptive_rule"),
+    ],
+)
+def test_bad_depth_training_options(bad, match):
+    with pytest.raises(ValueError, match=match):
+        model_config("micro", "cem", **bad)
+
+
+def test_poisson_lognormal_depths_are_heavy_tailed_with_the_asked_mean():
+    """Huginn's draw: T = 1 + Poisson(e^τ), τ ~ N(log(m - 1) - σ²/2, σ²), so E[T] = m; capped at the maximum."""
+    from cem.layers.steps import draw_depths
+
+    torch.manual_seed(0)
+    depths = torch.tensor(draw_depths("poisson-lognormal", 40_000, 256, 4.0), dtype=torch.float64)
+    assert depths.min() >= 1 and abs(depths.mean().item() - 4.0) < 0.05
+    poisson_var = 3.0  # 1 + Poisson(3) has variance 3; the log-normal rate makes the tail heavier
+    assert depths.var().item() > 1.5 * poisson_var and (depths >= 12).float().mean() > 1e-3
+    capped = draw_depths("poisson-lognormal", 5_000, 5, 4.0)
+    assert max(capped) == 5 and min(capped) >= 1
+    assert draw_depths("poisson-lognormal", 10, 8, 1.0) == [1] * 10
+    torch.manual_seed(3)
+    first = draw_depths("poisson-lognormal", 50, 16, 3.0)
+    torch.manual_seed(3)
+    assert draw_depths("poisson-lognormal", 50, 16, 3.0) == first  # torch's generator: a resumed run redraws them
+    cfg = model_config("micro", "cem", vocab_size=32, attn_steps=3, mlp_steps=3, train_depth="layer",
+                       train_depth_dist="poisson-lognormal", train_depth_max=8, train_depth_mean=3.0)
+    model = LanguageModel(cfg)
+    drawn = [d for _ in range(200) for d in model.draw_depths()]
+    assert max(drawn) <= 8 and len(set(drawn)) >= 5 and abs(sum(drawn) / len(drawn) - 3.0) < 0.3
+
+
+def truncated_reference(layer, h, steps, k):
+    """x^(T) with only the last k steps differentiated and the first T - k read as the identity, written out
+    with the layer's `direction` (not `descend`): x^(T-k) = c + h - stop_gradient(h), c from a no-grad run."""
+    with torch.no_grad(), layer.test_time(steps=steps - k):
+        c = layer(h)
+    if isinstance(layer, CEMAttention):
+        _, keys, ctx, q_start = layer.context(h)
+        direction = lambda u: layer.direction(u, keys, ctx, q_start)  # noqa: E731
+    else:
+        gamma = layer.w_gate(layer.norm(h))
+        direction = lambda u: layer.direction(u, gamma)  # noqa: E731
+    x = c + h - h.detach()
+    for t in range(steps - k, steps):
+        x = x + layer.eta(t, steps) * direction(layer.norm(x))
+    return x
+
+
+@pytest.mark.parametrize("kind", ["attention", "mlp"])
+@pytest.mark.parametrize("schedule", ["constant", "geometric"])
+def test_truncated_backprop_value_gradients_and_memory(rand, kind, schedule):
+    """`backprop_steps` = k: the output is the full recursion's; the gradients (parameters and input) are
+    those of the last k steps with the skipped steps read as the identity; the graph holds k steps' tensors
+    whatever T."""
+    T, k = 5, 2
+    h = torch.randn(B, J, D, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(B, J, D, dtype=torch.float64)
+    full = build(kind, rand, recursion=Recursion(steps=T, step_size=0.7, schedule=schedule), precond="diag")
+    layer = build(kind, rand, recursion=Recursion(steps=T, step_size=0.7, schedule=schedule, backprop_steps=k), precond="diag")
+    out = layer(h)
+    torch.testing.assert_close(out, full(h), rtol=1e-12, atol=1e-12)
+    grads = torch.autograd.grad((out * w).sum(), [h, *layer.parameters()])
+    ref = torch.autograd.grad((truncated_reference(layer, h, T, k) * w).sum(), [h, *layer.parameters()])
+    for a, b in zip(grads, ref):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    untruncated = torch.autograd.grad((full(h) * w).sum(), [h, *full.parameters()])
+    assert any(not torch.allclose(a, b) for a, b in zip(grads, untruncated))  # it does truncate
+
+    def saved(m, steps):
+        count = [0]
+
+        def pack(t):
+            count[0] += t.numel()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), m.test_time(steps=steps):
+            m(h)
+        return count[0]
+
+    # the memory of k steps whatever T (plus one norm: with T > k the first kept step does not start at ĥ)
+    assert saved(layer, k + 1) == saved(layer, T) == saved(layer, 8) < saved(full, T)
+    assert saved(layer, 8) - saved(layer, k) < saved(full, k + 1) - saved(full, k)
+    with torch.no_grad():
+        torch.testing.assert_close(layer(h), full(h), rtol=1e-12, atol=1e-12)  # no-grad / eval: the plain loop
+
+
+@pytest.mark.parametrize("kind", ["attention", "mlp"])
+def test_fixed_point_residual_is_the_next_steps_relative_size(rand, kind):
+    """r = mean_i ‖η_T d(u_i^(T))‖² / ‖x_i^(T)‖², d by autograd on the layer's energy (independent of `direction`)."""
+    T = 2
+    layer = build(kind, rand, recursion=Recursion(steps=T, step_size=0.6, schedule="geometric", decay=0.5))
+    layer.train()
+    layer.track_fixed_point = True
+    h = torch.randn(B, J, D, dtype=torch.float64)
+    x = layer(h)
+    nxt = 0.6 * 0.5**T * reference_direction(layer, x.detach(), h)
+    expected = (nxt.pow(2).sum(-1) / x.detach().pow(2).sum(-1)).mean()
+    torch.testing.assert_close(layer.fixed_point_residual.detach(), expected, rtol=1e-10, atol=1e-14)
+    (g,) = torch.autograd.grad(layer.fixed_point_residual, [layer.w_up.weight if kind == "mlp" else layer.w_k.weight])
+    assert g.abs().max() > 0  # the penalty trains the layer
+    layer.fixed_point_residual = None
+    with torch.no_grad():
+        layer(h)
+    layer.eval()
+    layer(h)
+    assert layer.fixed_point_residual is None  # only training forwards that record gradients compute it
+
+
+def test_model_objective_adds_the_fixed_point_penalty():
+    lam = 0.5
+    cfg = model_config("micro", "cem", vocab_size=32, attn_steps=2, mlp_steps=2, fixed_point_weight=lam)
+    torch.manual_seed(0)
+    model = LanguageModel(cfg, init_seed=0).double()
+    ids, targets = torch.randint(0, 32, (2, 2, 9))
+    objective = model(ids, targets)
+    penalty = model.fixed_point_penalty()
+    assert penalty > 0 and len([m for m in model.descent_layers() if m.fixed_point_residual is not None]) == 4
+    with torch.no_grad():
+        plain = model(ids, targets)  # no gradients: the loss alone
+        torch.testing.assert_close(objective, plain + lam * penalty, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(model(ids, targets, reduction="none").mean(), plain, rtol=1e-6, atol=0)  # float32 loss
+    model.eval()
+    torch.testing.assert_close(model(ids, targets), plain, rtol=1e-12, atol=1e-12)
+    off = LanguageModel(cfg.replace(fixed_point_weight=0.0), init_seed=0).double()
+    assert not any(m.track_fixed_point for m in off.descent_layers())
+    with pytest.raises(RuntimeError, match="fixed_point_weight"):
+        off.fixed_point_penalty()

@@ -53,7 +53,7 @@ def cached_run(model, ids, cache_len=20):
     return torch.cat(parts, dim=1)
 
 
-@pytest.mark.parametrize("options", [dict(adaptive_tol=0.02), dict(adaptive_tol=0.05, guard=3), dict(guard=4)])
+@pytest.mark.parametrize("options", [dict(adaptive_tol=0.02), dict(adaptive_tol=0.05, guard=3), dict(guard=4), dict(adaptive_tol=0.03, adaptive_rule="update")])
 @pytest.mark.parametrize("variant", ["cem-shared", "cem-perhead", "cem-exact", "cem-norm-start-app-a"])
 def test_cached_inference_options_equal_full_forward(variant, options):
     """With adaptive or guarded steps every position takes its own steps, from its own u and causal context:

@@ -125,6 +125,21 @@ def test_a_setting_missing_from_an_old_record_counts_as_its_default(tmp_path):
     assert RunDir(tmp_path).differences(run_identity(load_run_config(None, ["grad_clip=0.5"]))) == ["training setting grad_clip"]
 
 
+def test_a_model_setting_missing_from_an_old_record_counts_as_its_default(tmp_path):
+    """A run recorded before a ModelConfig field existed (e.g. `fixed_point_weight`) still resumes under
+    the new code; asking for a non-default value of that field is another run."""
+    from cem.model import model_config
+
+    cfg = model_config("micro", "cem", vocab_size=32)
+    identity = run_identity(load_run_config(None, []), cfg)
+    for name in ("fixed_point_weight", "adaptive_rule", "step_decay"):
+        del identity["model"][name]
+    (tmp_path / "run.json").write_text(json.dumps(identity))
+    assert RunDir(tmp_path).differences(run_identity(load_run_config(None, []), cfg)) == []
+    assert RunDir(tmp_path).differences(run_identity(load_run_config(None, []), cfg.replace(fixed_point_weight=0.1))) == ["model"]
+    assert RunDir(tmp_path).differences(run_identity(load_run_config(None, []), cfg.replace(dim=64))) == ["model"]
+
+
 def test_corrupted_record_is_a_clear_error(tmp_path):
     (tmp_path / "run.json").write_text("{")
     with pytest.raises(ValueError, match="corrupted"):

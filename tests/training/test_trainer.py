@@ -41,6 +41,21 @@ def test_resume_is_exact(tiny_args, tmp_path, arch):
     assert a["test_loss"] == b["test_loss"]
 
 
+def test_depth_recipes_train_and_resume_exactly(tiny_args, tmp_path):
+    """The test-time compute recipes (heavy-tailed random depths, truncated backpropagation, the fixed-point
+    penalty, the geometric schedule) train, resume bit-exact, and step checkpointing does not change them."""
+    recipe = ["context=32", "attn_steps=2", "mlp_steps=2", "train_depth=layer", "train_depth_dist=poisson-lognormal",
+              "train_depth_max=6", "train_depth_mean=3", "backprop_steps=2", "fixed_point_weight=0.1", "step_schedule=geometric"]
+    cfg = run_cfg(tiny_args, max_steps=6, arch="cem", grad_accum=2, overrides=recipe)
+    train(cfg, tmp_path / "a", progress=False)
+    train(cfg, tmp_path / "b", progress=False, stop_at=3)
+    train(cfg, tmp_path / "b", resume=True, progress=False)
+    assert losses(tmp_path / "a") == losses(tmp_path / "b")
+    train(run_cfg(tiny_args, max_steps=6, arch="cem", grad_accum=2, overrides=recipe + ["activation_checkpointing=step"]),
+          tmp_path / "c", progress=False)
+    assert losses(tmp_path / "c") == losses(tmp_path / "a")
+
+
 def test_activation_checkpointing_trains_the_same_run(tiny_args, tmp_path):
     """The `activation_checkpointing` setting changes memory, not the run: the same losses step for step
     (recomputation repeats the same float operations), and a run may resume with another mode."""

@@ -159,14 +159,14 @@ class CEMForCausalLM(CEMPreTrainedModel, GenerationMixin):
         self.model.set_steps(steps, attn_steps, mlp_steps)
         self.sync_config()
 
-    def set_inference(self, adaptive_tol: float | None = None, guard: int = 0) -> None:
+    def set_inference(self, adaptive_tol: float | None = None, guard: int = 0, adaptive_rule: str = "energy") -> None:
         """`LanguageModel.set_inference` (adaptive and energy-guarded steps) on the wrapped model, then
         `sync_config`: later `generate` and forward calls use it, and `save_pretrained` saves it."""
-        self.model.set_inference(adaptive_tol, guard)
+        self.model.set_inference(adaptive_tol, guard, adaptive_rule)
         self.sync_config()
 
     def test_time(self, **knobs):
-        """`LanguageModel.test_time` on the wrapped model: steps, adaptive_tol, guard for one `with` block
+        """`LanguageModel.test_time` on the wrapped model: steps, adaptive_tol, guard, adaptive_rule for one `with` block
         (`config` unchanged, as the model has its own back afterwards)."""
         return self.model.test_time(**knobs)
 

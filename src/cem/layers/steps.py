@@ -5,8 +5,21 @@ Step-size schedules (η_t for step t = 0..T-1 of T):
 - `constant`: η_t = η (the paper's reading; it fixes η = 1 for T = 1 and says nothing for T > 1);
 - `inverse`: η_t = η / T, so the total step length does not grow with T;
 - `learned`: η_t = η · g_t with a learned gain per step (init 1); a step beyond the learned ones uses the
-  last gain, so a model can be run with more steps than it was trained with.
+  last gain, so a model can be run with more steps than it was trained with;
+- `geometric`: η_t = η · ρ^t (ρ = `decay` < 1): the total step length η (1 - ρ^T) / (1 - ρ) converges as T
+  grows, and each step is the same whatever T, so steps added at test time are ever smaller.
 `learn_step_size=True` multiplies every step by one more learned scalar gain (any schedule).
+
+Training options of the recursion (test-time compute that keeps helping, docs/experiments.md):
+- `backprop_steps` = k (None = all): truncated backpropagation, as in recurrent-depth models (Huginn):
+  while recording gradients, the first T - k steps run without a graph and only the last k steps are
+  differentiated, so the activation memory is that of k steps whatever the (drawn) T. The skipped steps are
+  taken as the identity in the backward pass: x^(T-k) = x^(0) + stop_gradient(x^(T-k) - x^(0)), so the
+  residual path to earlier layers keeps its gradient (their Jacobian I + η ∂d/∂x is read as I).
+- `track_fixed_point` (a layer attribute, set by the model when its `fixed_point_weight` > 0): a training
+  forward also computes the step the layer would take next, and keeps its relative size
+  r = mean_i ‖η_T d(u_i^(T))‖² / ‖x_i^(T)‖² in `fixed_point_residual`, a penalty that pulls x^(T) towards a
+  fixed point of the recursion, so that further steps change little.
 
 Start points x^(0):
 - `residual`: x^(0) = h, the raw residual stream (docs/design.md; the residual connection is the start of the
@@ -15,13 +28,17 @@ Start points x^(0):
   replaces the residual stream by its normalised value plus the steps.
 
 Inference options (eval mode or `torch.no_grad()` only; a training forward with either on raises ValueError).
-Both read the layer's own energy E (attention ε, MLP ξ) at u^(t) = norm(x^(t)) with the layer's fixed
-context, computed together with the step's direction (`direction(u, with_energy=True)`), so position i's
-steps depend only on its own u_i and its causal context: cached decoding takes the same steps as the full
-forward pass.
-- `adaptive_tol` (None = off): position i stops after the step t where its relative energy decrease is
-  small, E(u^(t)) - E(u^(t+1)) <= adaptive_tol · |E(u^(t))| (a step that raises E stops it too); it keeps
-  x^(t+1), and the recursion ends early once every position has stopped, at most T steps in all.
+They read the layer's own energy E (attention ε, MLP ξ) at u^(t) = norm(x^(t)) with the layer's fixed
+context, computed together with the step's direction (`direction(u, with_energy=True)`), or the size of
+the step itself, so position i's steps depend only on its own u_i and its causal context: cached decoding
+takes the same steps as the full forward pass.
+- `adaptive_tol` (None = off): position i stops after the step t where the exit rule (`adaptive_rule`,
+  `EXIT_RULES`) says more steps will change little, and keeps x^(t+1); the recursion ends early once every
+  position has stopped, at most T steps in all. The rules:
+  `energy`: the relative energy decrease is small, E(u^(t)) - E(u^(t+1)) <= adaptive_tol · |E(u^(t))| (a step
+  that raises E stops it too);
+  `update`: the step is small, ‖x^(t+1) - x^(t)‖ <= adaptive_tol · ‖x^(t)‖ (no energy needed: cheap for the
+  MLP, whose energy takes a quadrature).
 - `guard` (0 = off): energy-guarded steps. A step whose E(u^(t+1)) > E(u^(t)) is retried with η_t halved,
   per position, up to `guard` times (Armijo backtracking with c = 0: accept on non-increase); a position
   whose step still raises E after `guard` halvings takes no step and stops.
@@ -31,6 +48,7 @@ with an option on, `last_steps_used` holds the steps of every position (B, J) of
 
 from __future__ import annotations
 
+import math
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -40,15 +58,17 @@ from torch import Tensor, nn
 
 from ..checks import check_choice, check_finite, check_nonnegative_int, check_positive_int, check_tolerance
 
-STEP_SCHEDULES = ("constant", "inverse", "learned")
+STEP_SCHEDULES = ("constant", "inverse", "learned", "geometric")
 STARTS = ("residual", "norm")
+EXIT_RULES = ("energy", "update")  # what `adaptive_tol` is compared with (module docstring)
 
 
 @dataclass(frozen=True)
 class Recursion:
     """The recursion of one CEM layer (module docstring): T = `steps` descent steps of size η = `step_size`
     under `schedule`, from the `start` point; the `learned` schedule holds `learned_steps` per-step gains
-    (None: T), and `learn_step_size=True` adds one learned scalar gain. Validated when made."""
+    (None: T), the `geometric` one shrinks each step by `decay`, and `learn_step_size=True` adds one learned
+    scalar gain. `backprop_steps` truncates the backward pass to the last k steps. Validated when made."""
 
     steps: int = 1
     step_size: float = 1.0
@@ -56,6 +76,8 @@ class Recursion:
     learned_steps: int | None = None
     start: str = "residual"
     learn_step_size: bool = False
+    decay: float = 0.5
+    backprop_steps: int | None = None
 
     def __post_init__(self) -> None:
         check_positive_int("steps", self.steps)
@@ -64,6 +86,9 @@ class Recursion:
         if self.learned_steps is not None:
             check_positive_int("learned_steps", self.learned_steps)
         check_choice("start", self.start, STARTS)
+        check_finite("step_decay", self.decay, 0, 1, low_open=True)
+        if self.backprop_steps is not None:
+            check_positive_int("backprop_steps", self.backprop_steps)
         if not isinstance(self.learn_step_size, bool):
             raise ValueError(f"learn_step_size must be true or false, got {self.learn_step_size!r}")
 
@@ -76,6 +101,7 @@ class StepSize(nn.Module):
         super().__init__()
         self.step_size = float(recursion.step_size)
         self.schedule = recursion.schedule
+        self.decay = float(recursion.decay)
         self.gain = nn.Parameter(torch.empty(())) if recursion.learn_step_size else None
         gains = recursion.learned_steps or recursion.steps
         self.step_gains = nn.Parameter(torch.empty(gains)) if recursion.schedule == "learned" else None
@@ -91,12 +117,15 @@ class StepSize(nn.Module):
     def forward(self, t: int = 0, steps: int = 1) -> float | Tensor:
         """η_t for step t (0-based) of `steps`."""
         eta: float | Tensor = self.step_size / steps if self.schedule == "inverse" else self.step_size
+        if self.schedule == "geometric":
+            eta = eta * self.decay**t
         if self.step_gains is not None:
             eta = eta * self.step_gains[min(t, self.step_gains.numel() - 1)]
         return eta if self.gain is None else eta * self.gain
 
     def extra_repr(self) -> str:
-        return f"step_size={self.step_size}, schedule={self.schedule}, learnable={self.gain is not None}"
+        decay = f", decay={self.decay}" if self.schedule == "geometric" else ""
+        return f"step_size={self.step_size}, schedule={self.schedule}{decay}, learnable={self.gain is not None}"
 
 
 class DescentLayer(nn.Module):
@@ -116,10 +145,14 @@ class DescentLayer(nn.Module):
         self.start = recursion.start
         self.eta = StepSize(recursion)
         self.drawn_steps: int | None = None
+        self.backprop_steps = recursion.backprop_steps
         self.adaptive_tol: float | None = None
+        self.adaptive_rule = "energy"
         self.guard = 0
         self.last_steps_used: Tensor | None = None
         self.checkpoint_steps = False  # recompute each step in the backward pass (`LanguageModel.set_activation_checkpointing`)
+        self.track_fixed_point = False  # keep `fixed_point_residual` in training forwards (module docstring)
+        self.fixed_point_residual: Tensor | None = None
         self.reset_steps_used()
 
     @property
@@ -150,6 +183,15 @@ class DescentLayer(nn.Module):
         self._adaptive_tol = None if value is None else float(value)
 
     @property
+    def adaptive_rule(self) -> str:
+        return self._adaptive_rule
+
+    @adaptive_rule.setter
+    def adaptive_rule(self, value: str) -> None:
+        check_choice("adaptive_rule", value, EXIT_RULES)
+        self._adaptive_rule = value
+
+    @property
     def guard(self) -> int:
         return self._guard
 
@@ -159,10 +201,12 @@ class DescentLayer(nn.Module):
         self._guard = value
 
     @contextmanager
-    def test_time(self, steps: int | None = None, adaptive_tol: float | None = None, guard: int | None = None):
-        """Run the `with` block at these test-time knobs (None keeps this layer's own): T, `adaptive_tol` and
-        `guard`; afterwards the layer has its own back, whatever happened."""
-        saved = self.steps, self.adaptive_tol, self.guard
+    def test_time(
+        self, steps: int | None = None, adaptive_tol: float | None = None, guard: int | None = None, adaptive_rule: str | None = None
+    ):
+        """Run the `with` block at these test-time knobs (None keeps this layer's own): T, `adaptive_tol`,
+        `guard` and `adaptive_rule`; afterwards the layer has its own back, whatever happened."""
+        saved = self.steps, self.adaptive_tol, self.guard, self.adaptive_rule
         try:
             if steps is not None:
                 self.steps = steps
@@ -170,9 +214,11 @@ class DescentLayer(nn.Module):
                 self.adaptive_tol = adaptive_tol
             if guard is not None:
                 self.guard = guard
+            if adaptive_rule is not None:
+                self.adaptive_rule = adaptive_rule
             yield self
         finally:
-            self.steps, self.adaptive_tol, self.guard = saved
+            self.steps, self.adaptive_tol, self.guard, self.adaptive_rule = saved
 
     def reset_steps_used(self) -> None:
         """Zero the step counters read by `steps_used`."""
@@ -206,15 +252,32 @@ class DescentLayer(nn.Module):
         steps = self.depth()
         if self.adaptive_tol is not None or self.guard:
             return self._descend_checked(x, u, steps, direction)
-        checkpointed = self.checkpoint_steps and torch.is_grad_enabled()
+        grad = torch.is_grad_enabled()
+        checkpointed = self.checkpoint_steps and grad
+        # truncated backpropagation: the first T - k steps without a graph (module docstring)
+        skipped = max(steps - self.backprop_steps, 0) if (grad and self.backprop_steps) else 0
+        x0 = x
         for t in range(steps):
             u_t = u if t == 0 else None
-            if checkpointed:  # only x^(t) is kept; the step's activations are recomputed in the backward pass
+            if t < skipped:
+                with torch.no_grad():
+                    x = self._step(x, u_t, t, steps, direction)
+                if t == skipped - 1:  # the skipped steps read as the identity in the backward pass
+                    x = x0 + (x - x0.detach())
+            elif checkpointed:  # only x^(t) is kept; the step's activations are recomputed in the backward pass
                 x = torch.utils.checkpoint.checkpoint(self._step, x, u_t, t, steps, direction, use_reentrant=False)
             else:
                 x = self._step(x, u_t, t, steps, direction)
+        if self.track_fixed_point and self.training and grad:
+            self.fixed_point_residual = self._next_step_size(x, steps, direction)
         self._count(steps * x.shape[:-1].numel(), x.shape[:-1].numel())
         return x
+
+    def _next_step_size(self, x: Tensor, steps: int, direction) -> Tensor:
+        """r = mean_i ‖η_T d(u_i^(T))‖² / ‖x_i^(T)‖²: the relative size of the step after the last (a scalar)."""
+        step = self.eta(steps, steps + 1) * direction(self.norm(x))
+        dtype = torch.promote_types(x.dtype, torch.float32)  # bf16 activations: the ratio in float32
+        return (step.to(dtype).pow(2).sum(-1) / x.to(dtype).pow(2).sum(-1).clamp_min(1e-12)).mean()
 
     def _step(self, x: Tensor, u: Tensor | None, t: int, steps: int, direction) -> Tensor:
         """x^(t+1) = x^(t) + η_t direction(u^(t)), with u^(t) = norm(x^(t)) unless given."""
@@ -228,18 +291,24 @@ class DescentLayer(nn.Module):
                 "torch.no_grad()); turn them off (set_inference()) to train"
             )
         tol, guard = self.adaptive_tol, self.guard
-        d, e = direction(self.norm(x) if u is None else u, with_energy=True)
-        active = torch.ones_like(e, dtype=torch.bool)
-        used = torch.zeros_like(e, dtype=torch.long)
+        by_energy = tol is not None and self.adaptive_rule == "energy"
+        need_energy = bool(guard) or by_energy  # the update rule alone needs no energy
+
+        def step_direction(point: Tensor) -> tuple[Tensor, Tensor | None]:
+            return direction(point, with_energy=True) if need_energy else (direction(point), None)
+
+        d, e = step_direction(self.norm(x) if u is None else u)
+        active = torch.ones(x.shape[:-1], dtype=torch.bool, device=x.device)
+        used = torch.zeros(x.shape[:-1], dtype=torch.long, device=x.device)
         for t in range(steps):
             eta = self.eta(t, steps)
             if t == steps - 1 and not guard:  # the last step: no energy needed after it
                 x = torch.where(active.unsqueeze(-1), x + eta * d, x)
                 used += active
                 break
-            eta = torch.full_like(e, float(eta)).unsqueeze(-1)  # η_t per position, halved by the guard
+            eta = torch.full(x.shape[:-1], float(eta), dtype=x.dtype, device=x.device).unsqueeze(-1)  # η_t per position, halved by the guard
             x_new = x + eta * d
-            d_new, e_new = direction(self.norm(x_new), with_energy=True)
+            d_new, e_new = step_direction(self.norm(x_new))
             for _ in range(guard):
                 worse = active & (e_new > e)
                 if not bool(worse.any()):
@@ -250,15 +319,47 @@ class DescentLayer(nn.Module):
                 w = worse.unsqueeze(-1)
                 x_new, d_new, e_new = torch.where(w, x_try, x_new), torch.where(w, d_try, d_new), torch.where(worse, e_try, e_new)
             take = active & (e_new <= e) if guard else active
+            moved = (x_new - x).norm(dim=-1) > tol * x.norm(dim=-1) if tol is not None and not by_energy else None
             x, d = torch.where(take.unsqueeze(-1), x_new, x), torch.where(take.unsqueeze(-1), d_new, d)
-            e_old, e = e, torch.where(take, e_new, e)
+            e_old, e = e, (torch.where(take, e_new, e) if need_energy else None)
             used += take
-            active = take & (e_old - e > tol * e_old.abs()) if tol is not None else take
+            if by_energy:
+                active = take & (e_old - e > tol * e_old.abs())
+            else:
+                active = take & moved if moved is not None else take
             if not bool(active.any()):
                 break
         self.last_steps_used = used  # (B, J): the steps each position took in this (checked) forward
         self._count(used.sum(), used.numel())
         return x
+
+
+def _uniform_depths(n: int, high: int, mean: float) -> Tensor:
+    """T ~ uniform{1..high} (`mean` is (1 + high) / 2 and not used)."""
+    return torch.randint(1, high + 1, (n,))
+
+
+POISSON_LOGNORMAL_SIGMA = 0.5  # Huginn's σ (Geiping et al. 2025)
+
+
+def _poisson_lognormal_depths(n: int, high: int, mean: float) -> Tensor:
+    """T = 1 + Poisson(e^τ), τ ~ N(log(mean - 1) - σ²/2, σ²): heavy-tailed with E[T] = `mean` (before the cap
+    at `high`), as Huginn draws its recurrence depth."""
+    if mean <= 1:
+        return torch.ones(n, dtype=torch.long)
+    sigma = POISSON_LOGNORMAL_SIGMA
+    tau = torch.randn(n, dtype=torch.float64) * sigma + (math.log(mean - 1) - sigma**2 / 2)
+    return (torch.poisson(tau.exp()) + 1).clamp(max=high).long()
+
+
+DEPTH_DISTRIBUTIONS = {"uniform": _uniform_depths, "poisson-lognormal": _poisson_lognormal_depths}
+
+
+def draw_depths(distribution: str, n: int, high: int, mean: float) -> list[int]:
+    """n training depths T in 1..high from a `DEPTH_DISTRIBUTIONS` kind, drawn from torch's global generator
+    (so a resumed run, which restores it, draws the same ones)."""
+    check_choice("train_depth_dist", distribution, tuple(DEPTH_DISTRIBUTIONS))
+    return DEPTH_DISTRIBUTIONS[distribution](n, high, mean).tolist()
 
 
 def step_depths(

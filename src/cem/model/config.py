@@ -9,6 +9,7 @@ from dataclasses import dataclass, fields
 from ..layers import ALIBI_SLOPES, ATTENTION_KINDS, KQ_DIAGONALS, MLP_ENERGIES, MLP_KINDS, POSITIONS, PRECONDITIONERS, Recursion
 from ..checks import check_choice, check_finite, check_heads, check_nonnegative_int, check_positive_int, check_tolerance
 from ..layers.attention_core import BACKENDS
+from ..layers.steps import DEPTH_DISTRIBUTIONS, EXIT_RULES
 
 TRAIN_DEPTHS = ("fixed", "model", "layer")
 
@@ -58,12 +59,19 @@ class ModelConfig:
     mlp_reuse: int = 1
     # recursion, shared by both CEM sublayers (cem.layers.steps)
     start: str = "residual"  # x^(0): "residual" (= h, docs/design.md) | "norm" (= RMSNorm(h), Algorithm 1 read literally)
-    step_schedule: str = "constant"  # η_t: "constant" (η) | "inverse" (η / T) | "learned" (η · learned gain per step)
-    train_depth: str = "fixed"  # training T: "fixed" (attn_steps / mlp_steps) | "model" / "layer" (uniform on 1..train_depth_max, per batch)
-    train_depth_max: int = 3
+    step_schedule: str = "constant"  # η_t: "constant" (η) | "inverse" (η / T) | "learned" (η · learned gain per step) | "geometric" (η · step_decay^t)
+    step_decay: float = 0.5  # ρ of the geometric schedule, in (0, 1]
     learn_step_size: bool = False
+    # training the recursion for test-time compute (cem.layers.steps): random depths, truncated backprop, a fixed-point penalty
+    train_depth: str = "fixed"  # training T: "fixed" (attn_steps / mlp_steps) | "model" / "layer" (drawn per batch for the model / each CEM layer)
+    train_depth_dist: str = "uniform"  # the drawn T: "uniform" on 1..train_depth_max | "poisson-lognormal" (heavy-tailed, mean train_depth_mean, capped)
+    train_depth_max: int = 3
+    train_depth_mean: float = 2.0  # the poisson-lognormal draw's mean, in [1, train_depth_max]
+    backprop_steps: int = 0  # differentiate only the last k steps of each CEM layer (0 = all)
+    fixed_point_weight: float = 0.0  # λ: training loss + λ · mean over CEM layers of the next step's relative size² (0 = off)
     # inference options of the recursion (cem.layers.steps; eval / no_grad only), saved with the model
-    adaptive_tol: float | None = None  # stop a position once its relative energy decrease <= adaptive_tol (None = off)
+    adaptive_tol: float | None = None  # stop a position once the exit rule's quantity <= adaptive_tol (None = off)
+    adaptive_rule: str = "energy"  # the exit rule: "energy" (relative energy decrease) | "update" (relative step size)
     guard: int = 0  # energy-guarded steps: halve η_t per position up to `guard` times until E does not rise (0 = off)
     norm_eps: float = 1e-6
     init_std: float = 0.02
@@ -88,10 +96,15 @@ class ModelConfig:
         check_choice("mlp_energy", self.mlp_energy, MLP_ENERGIES)
         check_choice("alibi", self.alibi, ALIBI_SLOPES)
         check_choice("train_depth", self.train_depth, TRAIN_DEPTHS)
+        check_choice("train_depth_dist", self.train_depth_dist, tuple(DEPTH_DISTRIBUTIONS))
+        check_finite("train_depth_mean", self.train_depth_mean, 1, self.train_depth_max)
+        check_nonnegative_int("backprop_steps", self.backprop_steps, MAXIMA["attn_steps"])
+        check_finite("fixed_point_weight", self.fixed_point_weight, 0)
         check_tolerance("adaptive_tol", self.adaptive_tol)
+        check_choice("adaptive_rule", self.adaptive_rule, EXIT_RULES)
         check_nonnegative_int("guard", self.guard, MAX_GUARD)
         for kind in ("attn", "mlp"):
-            self.recursion(kind)  # the recursion checks start, step_schedule and learn_step_size
+            self.recursion(kind)  # the recursion checks start, step_schedule, step_decay and learn_step_size
 
     def recursion(self, kind: str) -> Recursion:
         """The recursion of the CEM `kind` sublayer ("attn" or "mlp"): its own T and η, the schedule, start
@@ -100,7 +113,8 @@ class ModelConfig:
         check_choice("sublayer", kind, tuple(own))
         steps, step_size = own[kind]
         learned_steps = max(steps, self.train_depth_max) if self.train_depth != "fixed" else steps
-        return Recursion(steps, step_size, self.step_schedule, learned_steps, self.start, self.learn_step_size)
+        return Recursion(steps, step_size, self.step_schedule, learned_steps, self.start, self.learn_step_size,
+                         self.step_decay, self.backprop_steps or None)
 
     @property
     def head_dim(self) -> int:

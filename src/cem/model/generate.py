@@ -55,9 +55,10 @@ def generate(
     *,
     adaptive_tol: float | None = None,
     guard: int | None = None,
+    adaptive_rule: str | None = None,
 ) -> Tensor:
     """Prompt (B, J) or (J,) followed by `max_new_tokens` sampled ids; `steps` overrides the recursion T of
-    every CEM layer for this call only (the test-time compute knob), and so do `adaptive_tol` and `guard`
+    every CEM layer for this call only (the test-time compute knob), and so do `adaptive_tol`, `guard` and `adaptive_rule`
     (the inference options of `LanguageModel.set_inference`; None keeps the model's): `LanguageModel.test_time`.
 
     Past the context the model sees a window: the prompt is cropped to its last `context` tokens, and when
@@ -76,7 +77,7 @@ def generate(
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or not 0 <= max_new_tokens <= MAX_NEW_TOKENS:
         raise ValueError(f"max_new_tokens must be an integer in [0, {MAX_NEW_TOKENS:,}], got {max_new_tokens!r}")
     keep = max(1, context - context // 4)
-    with model.test_time(steps=steps, adaptive_tol=adaptive_tol, guard=guard):
+    with model.test_time(steps=steps, adaptive_tol=adaptive_tol, guard=guard, adaptive_rule=adaptive_rule):
         was_training = model.training
         model.eval()
         try:

@@ -12,7 +12,7 @@ from torch import Tensor, nn
 from ..layers import ATTENTION_KINDS, CEMMLP, MLP_KINDS, CEMAttention, Reuse, RMSNorm
 from ..layers.precond import Preconditioner
 from ..checks import check_choice, check_nonnegative_int, check_positive_int, check_tolerance
-from ..layers.steps import DescentLayer, step_depths
+from ..layers.steps import EXIT_RULES, DescentLayer, draw_depths, step_depths
 from .cache import Cache
 from .config import MAX_GUARD, MAXIMA, ModelConfig
 from .loss import next_token_loss
@@ -84,7 +84,9 @@ class LanguageModel(nn.Module):
         self.init_weights(init_seed)
         if cfg.tie_embeddings:
             self.head.weight = self.embed.weight
-        self.set_inference(cfg.adaptive_tol, cfg.guard)
+        self.set_inference(cfg.adaptive_tol, cfg.guard, cfg.adaptive_rule)
+        for m in self.descent_layers():
+            m.track_fixed_point = cfg.fixed_point_weight > 0
 
     @torch.no_grad()
     def init_weights(self, seed: int | None = None) -> None:
@@ -138,7 +140,9 @@ class LanguageModel(nn.Module):
         with `last_only`, only for the last position (B, 1, vocab), as generation needs after a prefill.
 
         With `targets` (B, J), the next-token cross-entropy in nats instead (`next_token_loss`): the mean
-        over tokens, their sum, or per token (B, J) for reduction "mean", "sum" or "none".
+        over tokens, their sum, or per token (B, J) for reduction "mean", "sum" or "none". A training forward
+        with `fixed_point_weight` λ > 0 and reduction "mean" returns the training objective: the mean loss
+        plus λ times the mean over CEM layers of their `fixed_point_residual`.
         """
         self.check_ids(ids, 0 if cache is None else cache.length)
         if ids.dtype not in (torch.int64, torch.int32):  # e.g. uint16 straight from a token cache
@@ -151,7 +155,20 @@ class LanguageModel(nn.Module):
         if last_only:
             h = h[:, -1:]
         logits = self.head(self.norm(h))
-        return logits if targets is None else next_token_loss(logits, targets, reduction)
+        if targets is None:
+            return logits
+        loss = next_token_loss(logits, targets, reduction)
+        if self.training and self.config.fixed_point_weight > 0 and reduction == "mean" and torch.is_grad_enabled():
+            loss = loss + self.config.fixed_point_weight * self.fixed_point_penalty()
+        return loss
+
+    def fixed_point_penalty(self) -> Tensor:
+        """The mean over CEM layers of the relative size² of the step after their last one, from the last
+        training forward (`DescentLayer.fixed_point_residual`; `fixed_point_weight` turns it on)."""
+        residuals = [m.fixed_point_residual for m in self.descent_layers() if m.fixed_point_residual is not None]
+        if not residuals:
+            raise RuntimeError("no CEM layer holds a fixed-point residual: call a training forward with fixed_point_weight > 0 first")
+        return torch.stack(residuals).mean()
 
     def loss(self, ids: Tensor, targets: Tensor) -> Tensor:
         """Mean next-token cross-entropy in nats (`forward(ids, targets)`)."""
@@ -167,12 +184,14 @@ class LanguageModel(nn.Module):
 
     @torch.compiler.disable
     def draw_depths(self) -> list[int]:
-        """Random-depth training: T ~ uniform{1..train_depth_max} for this batch, one draw for the whole model
-        (`train_depth="model"`) or one per CEM layer (`"layer"`), from torch's global generator (so a resumed
-        run draws the same depths). Evaluation ignores the draws and uses each layer's `steps`."""
+        """Random-depth training: T in 1..train_depth_max for this batch from `train_depth_dist` (uniform, or
+        heavy-tailed with mean `train_depth_mean`), one draw for the whole model (`train_depth="model"`) or one
+        per CEM layer (`"layer"`), from torch's global generator (so a resumed run draws the same depths).
+        Evaluation ignores the draws and uses each layer's `steps`."""
+        cfg = self.config
         layers = self.descent_layers()
-        n = 1 if self.config.train_depth == "model" else len(layers)
-        drawn = torch.randint(1, self.config.train_depth_max + 1, (n,)).tolist()
+        n = 1 if cfg.train_depth == "model" else len(layers)
+        drawn = draw_depths(cfg.train_depth_dist, n, cfg.train_depth_max, cfg.train_depth_mean)
         for i, layer in enumerate(layers):
             layer.drawn_steps = drawn[0 if n == 1 else i]
         return drawn
@@ -199,15 +218,17 @@ class LanguageModel(nn.Module):
             if isinstance(module, DescentLayer):
                 module.checkpoint_steps = mode == "step"
 
-    def set_inference(self, adaptive_tol: float | None = None, guard: int = 0) -> None:
+    def set_inference(self, adaptive_tol: float | None = None, guard: int = 0, adaptive_rule: str = "energy") -> None:
         """Set the inference options of every CEM layer (`cem.layers.steps`), exactly as given: adaptive
-        steps stop a position once its relative energy decrease is <= `adaptive_tol` (None = off, the
-        fixed T of `set_steps` is then the maximum); `guard` > 0 halves a step that raises the energy up to
+        steps stop a position once its exit rule's quantity is <= `adaptive_tol` (None = off, the fixed T of
+        `set_steps` is then the maximum): `adaptive_rule` "energy", the relative energy decrease, or
+        "update", the relative size of the step; `guard` > 0 halves a step that raises the energy up to
         `guard` times (0 = off). Eval mode or `torch.no_grad()` only."""
         check_tolerance("adaptive_tol", adaptive_tol)  # before changing any layer
         check_nonnegative_int("guard", guard, MAX_GUARD)
+        check_choice("adaptive_rule", adaptive_rule, EXIT_RULES)
         for m in self.descent_layers():
-            m.adaptive_tol, m.guard = adaptive_tol, guard
+            m.adaptive_tol, m.guard, m.adaptive_rule = adaptive_tol, guard, adaptive_rule
 
     @contextmanager
     def test_time(
@@ -218,17 +239,20 @@ class LanguageModel(nn.Module):
         mlp_steps: int | None = None,
         adaptive_tol: float | None = None,
         guard: int | None = None,
+        adaptive_rule: str | None = None,
     ):
         """Run the `with` block at these test-time knobs, the one way to change them for a while (None keeps
-        each CEM layer's own): T as in `set_steps`, and `adaptive_tol` and `guard` as in `set_inference`.
-        Everything is checked before any layer changes; afterwards every layer has its own back."""
+        each CEM layer's own): T as in `set_steps`, and `adaptive_tol`, `guard` and `adaptive_rule` as in
+        `set_inference`. Everything is checked before any layer changes; afterwards every layer has its own back."""
         depths = self._depths(steps, attn_steps, mlp_steps)
         check_tolerance("adaptive_tol", adaptive_tol)
         if guard is not None:
             check_nonnegative_int("guard", guard)
+        if adaptive_rule is not None:
+            check_choice("adaptive_rule", adaptive_rule, EXIT_RULES)
         with ExitStack() as stack:
             for m in self.descent_layers():
-                stack.enter_context(m.test_time(depths.get(m), adaptive_tol, guard))
+                stack.enter_context(m.test_time(depths.get(m), adaptive_tol, guard, adaptive_rule))
             yield self
 
     def reset_steps_used(self) -> None:
@@ -249,11 +273,11 @@ class LanguageModel(nn.Module):
         return out
 
     def live_steps(self) -> dict:
-        """attn_steps / attn_step_size / mlp_steps / mlp_step_size (and adaptive_tol / guard) as the CEM
-        layers hold them now."""
+        """attn_steps / attn_step_size / mlp_steps / mlp_step_size (and adaptive_tol / guard / adaptive_rule)
+        as the CEM layers hold them now."""
         out: dict = {}
         layers = self.descent_layers()
-        for name in ("adaptive_tol", "guard"):
+        for name in ("adaptive_tol", "guard", "adaptive_rule"):
             values = {getattr(m, name) for m in layers}
             if len(values) > 1:
                 raise ValueError(f"the CEM layers differ in {name} {sorted(values, key=str)}; a config holds one value")
@@ -289,10 +313,12 @@ class LanguageModel(nn.Module):
         *,
         adaptive_tol: float | None = None,
         guard: int | None = None,
+        adaptive_rule: str | None = None,
     ) -> Tensor:
         """Sample continuations with the cache; see `cem.model.generate.generate`."""
         from .generate import generate
 
         return generate(
-            self, prompt_ids, max_new_tokens, temperature, top_k, top_p, steps, generator, adaptive_tol=adaptive_tol, guard=guard
+            self, prompt_ids, max_new_tokens, temperature, top_k, top_p, steps, generator,
+            adaptive_tol=adaptive_tol, guard=guard, adaptive_rule=adaptive_rule,
         )

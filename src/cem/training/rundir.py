@@ -42,6 +42,9 @@ RUNTIME_KEYS = frozenset(
 # the training budget: a finished run asked for more steps is extended (the rule in `RunDir.claim`)
 BUDGET_KEYS = frozenset({"max_steps", "tokens"})
 _TRAIN_DEFAULTS = dataclasses.asdict(TrainConfig())
+# a model setting a record lacks was added to ModelConfig since: the record ran with the field's default
+# (each new field's default keeps the behaviour from before it existed)
+_MODEL_FIELD_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
 
 
 def run_identity(run: RunConfig, model: ModelConfig | None = None, tokenizer: str | None = None, corpus: dict | None = None) -> dict:
@@ -161,11 +164,16 @@ class RunDir:
     def differences(self, identity: dict) -> list[str]:
         """What differs between the run recorded here and `identity` (`run_identity`): "tokenizer",
         "corpus", "model", or "training setting NAME"; [] for the same run or when nothing is recorded.
-        A training setting the record lacks (added to TrainConfig since) counts as its default."""
+        A training or model setting the record lacks (added to TrainConfig or ModelConfig since) counts as
+        its default."""
         recorded = self.read_run()
         if recorded is None:
             return []
-        diff = [key for key in ("tokenizer", "corpus", "model") if key in identity and recorded.get(key) != identity[key]]
+        diff = [key for key in ("tokenizer", "corpus") if key in identity and recorded.get(key) != identity[key]]
+        if "model" in identity:
+            saved_model = recorded.get("model")
+            if not isinstance(saved_model, dict) or {**_MODEL_FIELD_DEFAULTS, **saved_model} != {**_MODEL_FIELD_DEFAULTS, **identity["model"]}:
+                diff.append("model")
         saved = recorded.get("train", {})
         for key, value in identity.get("train", {}).items():
             if saved.get(key, _TRAIN_DEFAULTS.get(key)) != value:
