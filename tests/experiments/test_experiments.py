@@ -193,18 +193,35 @@ def test_test_time_and_energy(corpus, tmp_path, monkeypatch):
     monkeypatch.setenv("CEM_CACHE_DIR", str(tmp_path / "cache"))
     scale = smoke(corpus, seeds=(0,), recursion_seeds=(0, 1))
     tt = run_experiment("test-time", "smoke", tmp_path / "res", **scale)
-    cem = ["full CEM trained T=1", "full CEM trained T=2", "full CEM trained T~U{1..3}"]
-    assert set(tt["curves"]) == {*cem, "Llama, plain reuse at test time"}
-    for curve in tt["curves"].values():
+    cem = ["full CEM trained T=1", "full CEM trained T=2", "full CEM trained T~U{1..3}", "full CEM, T~PLN(3), backprop through 2",
+           "full CEM, T~U{1..3}, fixed-point penalty", "full CEM, T~U{1..3}, η_t = 2^-t",
+           "full CEM, T~PLN(3), backprop through 2, η_t = 2^-t, fixed-point penalty"]
+    assert set(tt["curves"]) == {*cem, "Llama, plain reuse at test time", "Llama with 4 layers"}
+    for label, curve in tt["curves"].items():
+        if label == "Llama with 4 layers":  # evaluated as trained
+            assert [r["eval_steps"] for r in curve] == [1]
+            continue
         assert [r["eval_steps"] for r in curve] == [1, 2, 3]
         assert curve[0]["flops_per_token"] < curve[1]["flops_per_token"] < curve[2]["flops_per_token"]
-    assert set(tt["adaptive"]) == {f"{m}, adaptive tol {t}" for m in cem for t in ("0.01", "0.001")}
+        o = tt["oracle"][label]  # the per-token oracle is at least as good as the best fixed T
+        assert o["test_loss"] <= o["fixed_best_loss"] + 1e-12 and 1 <= o["mean_best_steps"] <= 3
+    rules = ("energy rule, tol 0.01", "energy rule, tol 0.001", "update rule, tol 0.01", "update rule, tol 0.001")
+    assert set(tt["adaptive"]) == {f"{m}, {r}" for m in cem for r in rules}
     for label, (point,) in tt["adaptive"].items():  # adaptive: at most the deepest T, at most its FLOPs
-        fixed = tt["curves"][label.split(", adaptive")[0]][-1]
+        model = label.split(", energy rule")[0].split(", update rule")[0]
+        fixed = tt["curves"][model][-1]
         assert point["eval_steps"] == 3 and 1 <= point["steps_used"] <= 3 + 1e-9
         assert point["flops_per_token"] <= fixed["flops_per_token"] + 1e-6
-    # T=1 -> 2, 3; T=2 -> 3; the T=3 model has no deeper evaluation here; Llama reused x2, x3
-    assert len(tt["findings"]) == 5
+        assert point["regret"] >= -1e-12 and point["gain_over_fixed"]["n"] == 2
+    # eval T = 1, 2, 3: T=1 models (CEM T=1, Llama reuse) are evaluated at 2m = 2; the CEM T=1 one also
+    # against the deeper Llama; models of mean depth 2 or 3 would need T = 4 or 6
+    claims = [f["claim"] for f in tt["findings"]]
+    assert len(claims) == 3 and all(c.startswith("(ours) ") for c in claims)
+    assert any("full CEM trained T=1 at T=2 beats Llama with 4 layers" in c for c in claims)
+    assert all(f["family"] == "ours" and f["p"] is not None for f in tt["findings"])
+    assert (tmp_path / "res" / "test-time" / "test-time.png").exists()
+    report = write_report(tmp_path / "res", allow_short=True).read_text()
+    assert "oracle: lowest loss per token" in report and "gain over fixed T at equal FLOPs" in report
     en = run_experiment("energy", "smoke", tmp_path / "res", **scale)
     layers = en["energy"]
     assert len(layers) == 2 * 2  # micro: 2 blocks x (attention, MLP)

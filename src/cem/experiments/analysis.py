@@ -8,6 +8,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from ..device import pick_device
@@ -17,7 +18,6 @@ from ..data.tokenshards import token_split
 from ..layers.steps import DescentLayer
 from ..model.flops import forward_flops_per_token
 from ..training import RunDir
-from ..training.evaluate import evaluate
 from .findings import Context, Finding, row
 from .stats import Interval, mean_std
 
@@ -61,49 +61,91 @@ def _reuse(model, times: int) -> None:
             setattr(block, name, Reuse(inner, times) if times > 1 else inner)
 
 
-def test_time_curve(
+@torch.no_grad()
+def token_losses(model, split, seq_len: int, device, max_batches: int | None = None, batch_size: int = 16) -> torch.Tensor:
+    """The next-token loss (nats) of every evaluated token of `split`, in order (float64): the windows of
+    `iter_eval_batches`, the first `max_batches` batches of them (None: the whole split)."""
+    model.eval()
+    out = [model(x.to(device), y.to(device), reduction="none").flatten().double().cpu()
+           for x, y in iter_eval_batches(split.tokens, seq_len, batch_size, max_batches=max_batches)]
+    return torch.cat(out)
+
+
+# the exit rules the test-time study compares with the oracle: (rule, tolerance), evaluated at the deepest T
+EXIT_RULES_STUDIED = (("energy", 1e-2), ("energy", 1e-3), ("update", 1e-2), ("update", 1e-3))
+
+
+def depth_study(
     run_dir: Path,
     steps=range(1, 7),
     data_dir: str | None = None,
     max_batches: int | None = None,
     device: str = "auto",
-    adaptive_tol: float | None = None,
-) -> list[dict]:
-    """Test perplexity and forward FLOPs per token of a trained model at each T of `steps`: every CEM layer
-    run at T (with `adaptive_tol`, at most T with per-position adaptive steps, whose average is reported);
-    a model without CEM layers (Llama) applies each sublayer T times instead (plain reuse, the control)."""
+    rules=EXIT_RULES_STUDIED,
+) -> dict:
+    """A trained model's test loss at each T of `steps`, per token, and what an exit rule could gain.
+
+    `curve`: per T, the mean test loss (and perplexity, bits per byte) and forward FLOPs per token, every CEM
+    layer run at T; a model without CEM layers (Llama) applies each sublayer T times instead (plain reuse).
+    `oracle`: per token, the lowest loss over the T of `steps` (a bound no causal rule reaches: it reads the
+    target), its mean, and how often each T is the best. `rules` (CEM models): each `(adaptive_rule,
+    adaptive_tol)` at most the deepest T, per position: mean loss, average steps used, FLOPs, and the fixed-T
+    curve's loss at the same FLOPs (linear between its points) to compare with. Evaluated on the first
+    `max_batches` batches of 16 windows (None: the whole test split)."""
     model, split, seq_len = load_run(run_dir, data_dir, device)
     dev = next(model.parameters()).device
     cem = bool(model.descent_layers())
     cfg = model.config
-    rows = []
-    for t in steps:
+    per_bpb = split.n_tokens / (split.n_bytes * math.log(2))  # bits per byte = loss · tokens / (bytes · ln 2)
+
+    def measure(adaptive: tuple[str, float] | None = None) -> tuple[torch.Tensor, dict]:
+        """Per-token losses and the curve row at the model's current T (with an exit rule: at most T)."""
         if cem:
-            model.set_steps(t)
-            model.set_inference(adaptive_tol=adaptive_tol)
+            rule, tol = adaptive or ("energy", None)
+            model.set_inference(adaptive_tol=tol, adaptive_rule=rule)
             model.reset_steps_used()
-        else:
-            _reuse(model, t)
-        m = evaluate(model, split, seq_len, 16, dev, max_batches)
-        row = {"eval_steps": t, "test_perplexity": m["perplexity"], "test_bits_per_byte": m["bits_per_byte"]}
+        losses = token_losses(model, split, seq_len, dev, max_batches)
+        row = {"test_loss": float(losses.mean()), "test_perplexity": math.exp(min(float(losses.mean()), 700)),
+               "test_bits_per_byte": float(losses.mean()) * per_bpb, "tokens": losses.numel()}
         if cem:
             used = model.steps_used()
             a = used["attn"] if used["attn"] is not None else cfg.attn_steps
             b = used["mlp"] if used["mlp"] is not None else cfg.mlp_steps
             row.update(attn_steps_used=a, mlp_steps_used=b, flops_per_token=flops_at(cfg, seq_len, a, b))
+        return losses, row
+
+    curve, table = [], []
+    for t in steps:
+        if cem:
+            model.set_steps(t)
         else:
+            _reuse(model, t)
+        losses, row = measure()
+        if not cem:
             row["flops_per_token"] = forward_flops_per_token(cfg.replace(attn_reuse=t, mlp_reuse=t), seq_len)
-        rows.append(row)
-    return rows
+        curve.append({"eval_steps": t, **row})
+        table.append(losses)
+    table = torch.stack(table)  # (len(steps), tokens)
+    best = table.argmin(0)
+    oracle = {"test_loss": float(table.min(0).values.mean()),
+              "best_steps_share": {str(t): float((best == i).double().mean()) for i, t in enumerate(steps)},
+              "mean_best_steps": float(torch.tensor(list(steps), dtype=torch.float64)[best].mean())}
+    out = {"curve": curve, "oracle": oracle, "rules": []}
+    if cem:
+        model.set_steps(max(steps))
+        flops, fixed = [r["flops_per_token"] for r in curve], [r["test_loss"] for r in curve]
+        for rule, tol in rules:
+            _, row = measure((rule, tol))
+            row.update(rule=rule, tol=tol, eval_steps=max(steps), fixed_loss_at_flops=float(np.interp(row["flops_per_token"], flops, fixed)))
+            out["rules"].append(row)
+        model.set_inference()
+    return out
 
 
 def _cached(path: Path, compute):
     if not path.exists():
         atomic_write_json(path, compute())
     return json.loads(path.read_text())
-
-
-ADAPTIVE_TOLS = (1e-2, 1e-3)  # relative energy decrease below which a position stops (test-time study)
 
 
 def _curve_rows(steps, runs: list[list[dict]]) -> list[dict]:
@@ -117,6 +159,7 @@ def _curve_rows(steps, runs: list[list[dict]]) -> list[dict]:
             "test_perplexity": mean_std(ppl)[0],
             "test_perplexity_ci": Interval.of(ppl).to_dict(),
             "test_perplexity_per_seed": ppl,
+            "test_loss_per_seed": [math.log(p) for p in ppl],
         }
         if "attn_steps_used" in runs[0][i]:
             row["steps_used"] = mean_std([(r[i]["attn_steps_used"] + r[i]["mlp_steps_used"]) / 2 for r in runs])[0]
@@ -124,45 +167,70 @@ def _curve_rows(steps, runs: list[list[dict]]) -> list[dict]:
     return out
 
 
-def test_time_study(c: Context) -> tuple[list, dict]:
-    """Every model of the experiment evaluated at each T of the scale's `eval_steps`, fixed, and (CEM models)
-    adaptive with each tolerance of ADAPTIVE_TOLS at most the deepest T (the energy an adaptive step needs is
-    costly for the MLP, whose φ = ∫SiLU takes a quadrature, so one depth is evaluated); the Llama control applies its sublayers T
-    times (plain reuse at test time). Per model, the finding "more test-time steps than trained lower
-    perplexity", on seed-paired differences."""
+def _loss_at(curve: list[dict], t: int) -> list[float] | None:
+    """Per-seed test loss of a curve at evaluation depth `t` (None: not evaluated there)."""
+    return next((r["test_loss_per_seed"] for r in curve if r["eval_steps"] == t), None)
 
+
+def test_time_study(c: Context) -> tuple[list, dict]:
+    """Every model of the experiment evaluated at each T of the scale's `eval_steps` (`depth_study`, on the
+    scale's `test_time_batches`): the CEM models with every CEM layer at T, fixed and with each exit rule of
+    EXIT_RULES_STUDIED at most the deepest T, against the per-token oracle; the Llama controls with plain
+    reuse at test time, and a deeper Llama trained as such (evaluated as trained).
+
+    Findings, on seed-paired test-loss differences: per CEM model, whether evaluating at twice its mean
+    training depth m lowers the loss against evaluating at m (the test-time compute question), and how it
+    compares there with the deeper Llama (about the same FLOPs at m = 1: twice the layers)."""
     steps = list(c.scale.eval_steps)
-    curves, adaptive = {}, {}
+    batches = c.scale.test_time_batches
+    curves, adaptive, oracle, studies = {}, {}, {}, {}
     for v in c.variants:
         dirs = [c.root / "runs" / v.spec.with_seed(s).slug for s in c.scale.seeds_for("recursion")]
-        name = "test_time_" + "_".join(map(str, steps)) + ".json"
-        runs = [_cached(d / name, lambda d=d: test_time_curve(d, steps, c.data_dir, device=c.device)) for d in dirs]
-        curves[v.label] = _curve_rows(steps, runs)
-        if v.tags.get("kind") == "reuse":
-            continue
-        deepest = [max(steps)]  # adaptive: at most the deepest T, each position stopping on its own
-        for tol in ADAPTIVE_TOLS:
-            name = f"test_time_adaptive_{tol:g}_{deepest[0]}.json"
-            runs = [_cached(d / name, lambda d=d: test_time_curve(d, deepest, c.data_dir, device=c.device, adaptive_tol=tol)) for d in dirs]
-            adaptive[f"{v.label}, adaptive tol {tol:g}"] = _curve_rows(deepest, runs)
+        vsteps = [1] if v.tags.get("kind") == "deeper" else steps
+        name = "depth_study_" + "_".join(map(str, vsteps)) + f"_{batches or 'all'}.json"
+        runs = [_cached(d / name, lambda d=d: depth_study(d, vsteps, c.data_dir, batches, c.device)) for d in dirs]
+        studies[v.label] = runs
+        curves[v.label] = _curve_rows(vsteps, [r["curve"] for r in runs])
+        oracle[v.label] = {"test_loss": mean_std([r["oracle"]["test_loss"] for r in runs])[0],
+                           "mean_best_steps": mean_std([r["oracle"]["mean_best_steps"] for r in runs])[0],
+                           "fixed_best_loss": mean_std([min(x["test_loss"] for x in r["curve"]) for r in runs])[0]}
+        for i, (rule, tol) in enumerate((x["rule"], x["tol"]) for x in runs[0]["rules"]):
+            rows = [r["rules"][i] for r in runs]
+            row = _curve_rows([max(vsteps)], [[x] for x in rows])[0]
+            gain = Interval.of([x["fixed_loss_at_flops"] - x["test_loss"] for x in rows])
+            row.update(rule=rule, tol=tol, gain_over_fixed=gain.to_dict(),
+                       regret=mean_std([x["test_loss"] - r["oracle"]["test_loss"] for x, r in zip(rows, runs)])[0])
+            adaptive[f"{v.label}, {rule} rule, tol {tol:g}"] = [row]
     findings = []
+    deeper = next((v.label for v in c.variants if v.tags.get("kind") == "deeper"), None)
     for v in c.variants:
-        trained = v.tags["steps"]
-        at = {r["eval_steps"]: r["test_perplexity_per_seed"] for r in curves[v.label]}
-        means = {t: mean_std(p)[0] for t, p in at.items()}
-        best = min(means, key=means.get)
-        what = "applying each sublayer" if v.tags.get("kind") == "reuse" else "evaluating at"
-        for more in sorted({trained + 1, max(steps)}):
-            if more not in at or more <= trained:
-                continue
-            d = Interval.of([a - b for a, b in zip(at[trained], at[more])])
+        if v.tags.get("kind") == "deeper":
+            continue
+        m = v.tags.get("mean_depth", v.tags["steps"])
+        base, more = _loss_at(curves[v.label], round(m)), _loss_at(curves[v.label], round(2 * m))
+        means = {r["eval_steps"]: r["test_perplexity"] for r in curves[v.label]}
+        if base is not None and more is not None:
+            d = Interval.of([a - b for a, b in zip(base, more)])
+            what = "applying each sublayer" if v.tags.get("kind") == "reuse" else "evaluating at"
             findings.append(Finding(
-                f"(ours) {v.label}: {what} T={more} instead of the trained T={trained} lowers perplexity",
+                f"(ours) {v.label}: {what} T={round(2 * m)}, twice the mean trained depth, lowers the test loss against T={round(m)}",
                 d.verdict(+1),
-                f"perplexity at T={trained} minus at T={more}: {d.text()}; means " + ", ".join(f"T={t}: {p:.3f}" for t, p in means.items()) + f"; best T={best}",
+                f"test loss at T={round(m)} minus at T={round(2 * m)}: {d.text('+.4f')} nats; mean perplexity "
+                + ", ".join(f"T={t}: {p:.3f}" for t, p in means.items()) + f"; lowest at T={min(means, key=means.get)}",
                 d.to_dict(), family="ours", p=d.p,
             ))
-    return findings, {"curves": curves, "adaptive": adaptive}
+        if deeper is not None and more is not None and v.tags.get("kind") != "reuse":
+            other = curves[deeper][0]
+            d = Interval.of([a - b for a, b in zip(other["test_loss_per_seed"], more)])
+            at = next(r for r in curves[v.label] if r["eval_steps"] == round(2 * m))
+            findings.append(Finding(
+                f"(ours) {v.label} at T={round(2 * m)} beats {deeper}",
+                d.verdict(+1),
+                f"{deeper} minus {v.label} at T={round(2 * m)}: {d.text('+.4f')} nats; forward FLOPs per token "
+                f"{at['flops_per_token'] / 1e6:.2f}M vs {other['flops_per_token'] / 1e6:.2f}M",
+                d.to_dict(), family="ours", p=d.p,
+            ))
+    return findings, {"curves": curves, "adaptive": adaptive, "oracle": oracle}
 
 
 @torch.no_grad()

@@ -216,29 +216,47 @@ def plot_step_sizes(summary, title, path):
 
 
 def plot_test_time(summary, title, path):
-    """Test perplexity against forward FLOPs per token as T at evaluation grows: one line per trained model
-    (fixed T), its adaptive evaluations as open markers, plain reuse of a Llama dashed."""
-    fig, ax = plt.subplots(figsize=(7, 5))
-    colors = {}
+    """Left: test perplexity against forward FLOPs per token as T at evaluation grows, one line per trained
+    model (fixed T), plain reuse of a Llama dashed, the deeper Llama a star. Right: each exit rule's test-loss
+    gain over the fixed-T curve at the same FLOPs (> 0: the rule spends its steps where they help)."""
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 5.5), gridspec_kw={"width_ratios": [3, 2]})
     for label, rows in summary["curves"].items():
         x = [r["flops_per_token"] / 1e6 for r in rows]
         y = [r["test_perplexity"] for r in rows]
         err = [_ci_err(r) for r in rows]
-        line = ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label=f"{label} (fixed T)", ls="--" if "reuse" in label else "-")
-        colors[label] = line[0].get_color()
+        if len(rows) == 1:
+            ax.errorbar(x, y, yerr=err, marker="*", ms=12, capsize=3, ls="none", label=f"{label} (as trained)")
+            continue
+        ax.errorbar(x, y, yerr=err, marker="o", ms=4, capsize=3, label=f"{label} (fixed T)", ls="--" if "reuse" in label else "-")
         for xi, yi, r in zip(x, y, rows):
             ax.annotate(f"{r['eval_steps']}", (xi, yi), fontsize=6, xytext=(2, 3), textcoords="offset points")
-    for label, rows in summary.get("adaptive", {}).items():
-        model, tol = label.split(", adaptive tol ")
-        ax.errorbar([r["flops_per_token"] / 1e6 for r in rows], [r["test_perplexity"] for r in rows], yerr=[_ci_err(r) for r in rows],
-                    marker="^" if tol == "0.01" else "v", mfc="none", ms=9, ls="none", capsize=2, color=colors.get(model), label=f"{model}, adaptive, tol {tol}")
     ax.set_xlabel("forward FLOPs per token (M); numbers: the T (or reuse count) at evaluation")
     ax.set_ylabel("test perplexity")
+    ax.set_xscale("log")
     ax.set_yscale("log")
+    ax.grid(alpha=0.3)
     ax.legend(fontsize=6)
+    names, gains, errs = [], [], []
+    for label, (row,) in summary.get("adaptive", {}).items():
+        g = row.get("gain_over_fixed")
+        if g is None:
+            continue
+        names.append(f"{label} ({row['steps_used']:.1f} steps)")
+        gains.append(g["mean"])
+        errs.append(max(0.0, (g["hi"] - g["lo"]) / 2) if g["n"] > 1 else 0.0)
+    if names:
+        bx.barh(range(len(names)), gains, xerr=errs, capsize=2, color="tab:gray")
+        bx.set_yticks(range(len(names)), names, fontsize=5)
+        bx.axvline(0, color="black", lw=0.8)
+        bx.invert_yaxis()
+        bx.set_xlabel("test loss gain over fixed T at equal FLOPs (nats)")
+        bx.grid(alpha=0.3, axis="x")
+    else:
+        bx.set_axis_off()
     n = next(iter(summary["curves"].values()))[0]["test_perplexity_ci"]["n"]
-    _finish(fig, ax, title, path, f"Points: mean test perplexity over {n} seeds; error bars: 95% confidence interval of the mean (t). "
-            "Open triangles: adaptive evaluation (at most the deepest T), at the FLOPs of their average steps used; the energy they also compute is not counted.")
+    _finish_panels(fig, title, path, f"Left: mean test perplexity over {n} seeds; error bars: 95% confidence interval of the mean (t). "
+                   f"Right: each exit rule (at most the deepest T, per position) minus the fixed-T curve interpolated at the rule's average "
+                   f"FLOPs, mean over {n} seeds with its 95% interval; the energy the energy rule also computes is not counted.")
 
 
 def _ci_err(r: dict) -> float:

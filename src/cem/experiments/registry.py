@@ -16,6 +16,7 @@ from .findings import Context, Finding, close, gains_more, lower, not_worse
 from .scales import Scale
 from .stats import Interval
 from .sweep import RunSpec, Variant
+from ..model.config import SIZES
 
 
 @dataclass
@@ -364,17 +365,34 @@ def size_trend_findings(c: Context):
                           ("full CEM", "Llama", "full CEM (cem-t2) vs Llama")])
 
 
+# the test-time recipes (cem.layers.steps): Huginn's heavy-tailed depth with truncated backpropagation, a
+# fixed-point penalty, steps whose total length converges, and all three; each is trained with random depths
+RANDOM_DEPTH = dict(attn_steps=3, mlp_steps=3, train_depth="model", train_depth_max=3)
+HEAVY_DEPTH = dict(attn_steps=3, mlp_steps=3, train_depth="model", train_depth_dist="poisson-lognormal", train_depth_mean=3.0,
+                   train_depth_max=8, backprop_steps=2)
+FIXED_POINT = dict(fixed_point_weight=0.1)  # λ set a priori (not tuned: a sweep would cost 5 seeds per value)
+GEOMETRIC = dict(step_schedule="geometric", step_decay=0.5)
+
+
 def testtime_variants(s: Scale) -> list[Variant]:
+    """The test-time experiment's models at the base size (tags: `steps`, the T each is evaluated at by
+    default; `mean_depth`, its mean training depth m, whose 2m the findings evaluate it at)."""
     b = s.base
+    layers = SIZES[b]["n_layers"]
     return [
-        Variant("full CEM trained T=1", _spec(s, b, "cem"), {"group": "trained T=1", "steps": 1}),
-        Variant("full CEM trained T=2", _spec(s, b, "cem", attn_steps=2, mlp_steps=2), {"group": "trained T=2", "steps": 2}),
-        Variant(
-            "full CEM trained T~U{1..3}",
-            _spec(s, b, "cem", attn_steps=3, mlp_steps=3, train_depth="model", train_depth_max=3),
-            {"group": "random depth", "steps": 3},
-        ),
-        Variant("Llama, plain reuse at test time", _spec(s, b, "llama"), {"group": "plain reuse", "steps": 1, "kind": "reuse"}),
+        Variant("full CEM trained T=1", _spec(s, b, "cem"), {"group": "trained T=1", "steps": 1, "mean_depth": 1}),
+        Variant("full CEM trained T=2", _spec(s, b, "cem", attn_steps=2, mlp_steps=2), {"group": "trained T=2", "steps": 2, "mean_depth": 2}),
+        Variant("full CEM trained T~U{1..3}", _spec(s, b, "cem", **RANDOM_DEPTH), {"group": "random depth", "steps": 3, "mean_depth": 2}),
+        Variant("Llama, plain reuse at test time", _spec(s, b, "llama"), {"group": "plain reuse", "steps": 1, "mean_depth": 1, "kind": "reuse"}),
+        Variant("full CEM, T~PLN(3), backprop through 2", _spec(s, b, "cem", **HEAVY_DEPTH),
+                {"group": "heavy-tailed depth", "steps": 3, "mean_depth": 3}),
+        Variant("full CEM, T~U{1..3}, fixed-point penalty", _spec(s, b, "cem", **RANDOM_DEPTH, **FIXED_POINT),
+                {"group": "fixed-point penalty", "steps": 3, "mean_depth": 2}),
+        Variant("full CEM, T~U{1..3}, η_t = 2^-t", _spec(s, b, "cem", **RANDOM_DEPTH, **GEOMETRIC),
+                {"group": "geometric steps", "steps": 3, "mean_depth": 2}),
+        Variant("full CEM, T~PLN(3), backprop through 2, η_t = 2^-t, fixed-point penalty", _spec(s, b, "cem", **HEAVY_DEPTH, **GEOMETRIC, **FIXED_POINT),
+                {"group": "all three", "steps": 3, "mean_depth": 3}),
+        Variant(f"Llama with {2 * layers} layers", _spec(s, b, "llama", n_layers=2 * layers), {"group": "deeper Llama", "steps": 1, "kind": "deeper"}),
     ]
 
 
@@ -393,7 +411,7 @@ EXPERIMENTS: dict[str, Experiment] = {
         Experiment("step-size", "step size η at T = 1, 2, 3: constant 1, 1/T, or learned per step (diag+low-rank P)", step_size_variants, step_size_findings, plots.plot_step_sizes, "recursion", paper=False),
         Experiment("positional", "position encoding (RoPE, ALiBi) vs energy structure", positional_variants, positional_findings, plots.plot_points, paper=False),
         Experiment("readings", "the paper's two ambiguous readings: ALiBi slopes and the start point x0", readings_variants, readings_findings, plots.plot_points, paper=False),
-        Experiment("test-time", "perplexity against test-time compute: full CEM trained at T=1, T=2 and random depth, evaluated at T=1..8 (fixed and adaptive), against Llama with plain reuse", testtime_variants, analysis.test_time_study, plots.plot_test_time, "recursion", paper=False),
+        Experiment("test-time", "perplexity against test-time compute: full CEM trained at T=1, T=2, random depth and with the test-time recipes, evaluated at more T (fixed, and with exit rules against the per-token oracle), against Llama with plain reuse and a Llama twice as deep", testtime_variants, analysis.test_time_study, plots.plot_test_time, "recursion", paper=False),
         Experiment("energy", "the energy of each layer at each recursion step on held-out text", lambda s: testtime_variants(s)[1:2], analysis.energy_study, plots.plot_energy, paper=False),
         Experiment("size-trend", "the headline gaps at every size, and their trend in log(parameters)", size_trend_variants, size_trend_findings, plots.plot_size_trend, paper=False),
         Experiment("table3", "recursion on synthetic Gaussian-process regression (10 input dims)", None, analysis.gp_study, plots.plot_table3),

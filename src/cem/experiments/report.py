@@ -48,9 +48,22 @@ def _curves(s: dict) -> list[str]:
     lines += ["", "Cells: mean test perplexity over seeds (forward FLOPs per token at that T). The Llama row applies each "
               "sublayer T times (plain reuse)."]
     if s.get("adaptive"):
-        lines += ["", "| adaptive evaluation (at most T steps) | T | average steps per CEM layer | MFLOP per token | test perplexity |", "|---|---|---|---|---|"]
+        gains = any("gain_over_fixed" in r for rows in s["adaptive"].values() for r in rows)
+        lines += ["", "| adaptive evaluation (at most T steps) | T | average steps per CEM layer | MFLOP per token | test perplexity |"
+                  + (" gain over fixed T at equal FLOPs (nats, 95% CI) | loss above the oracle (nats) |" if gains else ""),
+                  "|---|---|---|---|---|" + ("---|---|" if gains else "")]
         for label, rows in s["adaptive"].items():
-            lines += [f"| {label} | {r['eval_steps']} | {r['steps_used']:.2f} | {r['flops_per_token'] / 1e6:.2f} | {r['test_perplexity']:.3f} |" for r in rows]
+            for r in rows:
+                extra = ""
+                if "gain_over_fixed" in r:
+                    g = r["gain_over_fixed"]
+                    extra = f" {g['mean']:+.4f} [{g['lo']:+.4f}, {g['hi']:+.4f}] | {r['regret']:.4f} |"
+                lines.append(f"| {label} | {r['eval_steps']} | {r['steps_used']:.2f} | {r['flops_per_token'] / 1e6:.2f} | {r['test_perplexity']:.3f} |{extra}")
+    if s.get("oracle"):
+        lines += ["", "| model | oracle: lowest loss per token over the evaluated T (nats) | its mean best T | best fixed T's loss (nats) |", "|---|---|---|---|"]
+        lines += [f"| {label} | {o['test_loss']:.4f} | {o['mean_best_steps']:.2f} | {o['fixed_best_loss']:.4f} |" for label, o in s["oracle"].items()]
+        lines += ["", "The oracle reads each token's target to pick its T: a bound no causal exit rule reaches, which says how much "
+                  "a per-position depth could gain at most."]
     return lines
 
 
