@@ -179,9 +179,12 @@ class FusedKeyAttention(torch.autograd.Function):
         return dq, dk + dv, d_self, None, None, None
 
 
+FUSED_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)  # the CPU flash kernel's dtypes
+
+
 def _fused_ok(q: Tensor, diag: Diagonal | None, v: Tensor | None) -> bool:
     return (
-        diag is None and v is None and q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64)
+        diag is None and v is None and q.device.type == "cpu" and q.dtype in FUSED_DTYPES
         and not torch.compiler.is_compiling()
     )  # fmt: skip
 
