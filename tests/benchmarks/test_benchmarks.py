@@ -197,6 +197,29 @@ def test_decode_smoke(tmp_path):
     check_markdown(out, "Decoding with the cache", decode.COLUMNS)
 
 
+def test_tiled_cache_has_the_prefilled_shape_and_repeats_the_chunk():
+    """`--fill tile`: one chunk prefilled, repeated up to the context; the same buffers, lengths and bytes as a
+    full prefill, and a decode step runs on it."""
+    import torch
+
+    for arch, kw in (("llama", {}), ("cem", {"kq_diag": "shared"}), ("cem", {"kq_diag": "none"})):
+        torch.manual_seed(0)
+        model = decode.LanguageModel(decode.model_config("tiny", arch, **kw)).eval()
+        prompt = torch.randint(0, 64, (2, 40))
+        full = decode.prefill(model, prompt, 48, 40)
+        tiled = decode.prefill(model, prompt[:, :16], 48, 16)
+        decode.tile_cache(tiled, 40)
+        assert tiled.length == full.length == 40 and tiled.bytes_per_token() == full.bytes_per_token()
+        for name, slot in full._slots.items():
+            other = tiled._slots[name]
+            assert other.buffers.keys() == slot.buffers.keys()
+            for key, buf in other.buffers.items():
+                assert buf.shape == slot.buffers[key].shape
+                assert torch.equal(buf[..., 16:32, :], buf[..., :16, :]) and torch.equal(buf[..., 32:40, :], buf[..., :8, :])
+        decode.decode_step(model, torch.randint(0, 64, (2, 1)), tiled)()
+        assert tiled.length == 41
+
+
 def test_script_runs_as_a_file(tmp_path):
     out = tmp_path / "decode.md"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
