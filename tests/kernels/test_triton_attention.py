@@ -345,3 +345,47 @@ def test_shared_diagonal_scores_only_while_they_fit(monkeypatch):
     torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
     for g, rg in zip(grads, ref_grads):
         torch.testing.assert_close(g, rg, atol=2e-4, rtol=2e-4)
+
+
+@pytest.mark.parametrize("diag", ["shared", "head", None])
+def test_custom_operators_pass_opcheck(diag):
+    """The kernels are two torch.library custom operators (forward, backward) with fake (meta) kernels and
+    autograd: `torch.library.opcheck` checks their schemas, fake kernels and autograd registration."""
+    from cem.kernels import triton_attention as ta
+
+    q, k, diagonal, positions = make_inputs(1, 2, 5, 7, 8, 6, diag)
+    qd, hn = (None, None) if diagonal is None else diagonal
+    args = (q, k, qd, hn, positions.slopes(q.device), positions.self_bias, 2, None)
+    torch.library.opcheck(ta._attention_fwd, args)
+    o, lse = ta._attention_fwd(*args)
+    do = torch.randn_like(o)
+    plain = [t.detach() if t is not None else None for t in (q, k, qd, hn)]
+    torch.library.opcheck(ta._attention_bwd, (do, *plain, args[4], positions.self_bias.detach(), o.detach(), lse.detach(), 2,
+                                              ta._config_key(KernelConfig(block_m=16, block_n=16)), qd is not None, qd is not None, True))
+
+
+def test_a_compiled_model_is_one_graph_and_equals_eager():
+    """torch.compile of a CEM model on the triton backend traces it as one graph (the kernels are opaque
+    custom operators; the kernel-module lookup used to break the graph) and gives the eager loss and
+    gradients (here through the interpreter on the CPU)."""
+    from cem.model import LanguageModel, model_config
+
+    torch._dynamo.reset()
+    cfg = model_config("micro", "cem", vocab_size=32, attn_backend="triton", kq_diag="shared", context=32)
+    model = LanguageModel(cfg, init_seed=0)
+    with torch.no_grad():  # a nonzero diagonal (it starts at 0), so its term and gradient are exercised
+        for block in model.blocks:
+            block.attn.kq_diag.normal_(0, 0.3, generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(0, 32, (2, 16), generator=torch.Generator().manual_seed(0))
+    explained = torch._dynamo.explain(model)(ids, ids)
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
+    compiled = torch.compile(model)
+    loss = compiled(ids, ids)
+    loss.backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    eager = model(ids, ids)
+    eager.backward()
+    torch.testing.assert_close(loss, eager, rtol=1e-5, atol=1e-6)
+    for a, p in zip(grads, model.parameters()):
+        torch.testing.assert_close(a, p.grad, rtol=1e-4, atol=1e-6)

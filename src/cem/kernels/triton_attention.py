@@ -22,7 +22,6 @@ from pathlib import Path
 
 import torch
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
 try:  # pragma: no cover - exercised by whichever environment runs
     import triton
@@ -222,79 +221,131 @@ class _Launch:
         return scores, scores.stride()
 
 
-class _CEMAttention(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, qd, hn, slopes, self_bias, q_start, config):
-        L = _Launch(q, k, qd, hn, q_start, config)
-        mod = _kernels(L.interpret)
-        o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        lse = torch.empty((L.B, L.K, L.Jq), dtype=torch.float32, device=q.device)
-        qd_arg = qd if qd is not None else q  # dummy pointer, never read (HAS_DIAG=False)
-        hn_arg = hn if qd is not None else q
-        sb_arg = self_bias if self_bias is not None else slopes
-        scores, scores_strides = L.diag_scores(qd, hn)
-        mod.cem_fwd_kernel[L.grid_q()](
-            q, k, qd_arg, hn_arg, slopes, sb_arg, o, lse,
-            *q.stride(), *k.stride(), *_qd_strides(qd),
-            *(hn.stride() if qd is not None else (0, 0, 0)),
-            scores if scores is not None else q, *scores_strides,
-            *o.stride(), *lse.stride(),
-            *L.sizes(), L.scale2,
-            HAS_SB=self_bias is not None, **L.consts, **L.launch_opts,
-        )
-        del scores  # recomputed in the backward (one matrix product) rather than kept: O(L) memory between passes
-        ctx.save_for_backward(q, k, qd, hn, slopes, self_bias, o, lse)
-        ctx.q_start, ctx.config = int(q_start), config
-        return o
+def _config_key(config: KernelConfig | None) -> list[int] | None:
+    """A KernelConfig as the integers a custom op can take (None stays None; diag_scores None is -1)."""
+    if config is None:
+        return None
+    c = config
+    scores = -1 if c.diag_scores is None else int(c.diag_scores)
+    return [c.block_m, c.block_n, c.block_dd, c.heads_per_program, c.num_warps, c.num_stages, int(c.allow_tf32), scores]
 
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, do):
-        q, k, qd, hn, slopes, self_bias, o, lse = ctx.saved_tensors
-        L = _Launch(q, k, qd, hn, ctx.q_start, ctx.config, backward=True)
-        mod = _kernels(L.interpret)
-        do = do.to(q.dtype)
-        delta = (do.float() * o.float()).sum(-1)  # Δ_i = dO_i · O_i, (B, K, Jq), fp32
-        dq = torch.empty_like(q)
-        dk = torch.empty_like(k)
-        has_diag = qd is not None
-        in_kernel = has_diag and not L.scores  # dqd, dĥ accumulated by the kernels (fp32 atomics)
-        dqd = torch.zeros(qd.shape, dtype=torch.float32, device=q.device) if in_kernel else None
-        dhn = torch.zeros(hn.shape, dtype=torch.float32, device=q.device) if in_kernel else None
-        scores, scores_strides = L.diag_scores(qd, hn)
-        # Σ_heads dS per head group; tiles the causal loop skips stay zero
-        ds = torch.zeros((L.B, L.n_groups, L.Jq, L.Jk), dtype=q.dtype, device=q.device) if L.scores else None
-        dsb = torch.zeros(L.K, dtype=torch.float32, device=q.device)
-        qd_arg = qd if has_diag else q
-        hn_arg = hn if has_diag else q
-        sb_arg = self_bias if self_bias is not None else slopes
-        hn_strides = hn.stride() if has_diag else (0, 0, 0)
-        common = (q, k, qd_arg, hn_arg, slopes, sb_arg, do, lse, delta)
-        strides = (*q.stride(), *k.stride(), *_qd_strides(qd), *hn_strides, scores if scores is not None else q,
-                   *scores_strides, *do.stride(), *lse.stride())
-        assert delta.stride() == lse.stride()
-        mod.cem_bwd_dq_kernel[L.grid_q()](
-            *common, dq, dqd if in_kernel else dsb, dsb,
-            *strides, *dq.stride(), *_qd_strides(dqd),
-            ds if ds is not None else dsb, *(ds.stride() if ds is not None else (0, 0, 0, 0)),
-            *L.sizes(), L.scale2, L.scale,
-            HAS_SB=self_bias is not None, **L.consts, **L.launch_opts,
-        )
-        mod.cem_bwd_dk_kernel[L.grid_k()](
-            *common, dk, dhn if in_kernel else dsb,
-            *strides, *dk.stride(), *(dhn.stride() if in_kernel else (0, 0, 0)),
-            *L.sizes(), L.scale2, L.scale,
-            HAS_SB=self_bias is not None, **L.consts, **L.launch_opts,
-        )
-        if L.scores:  # the diagonal's gradients from Σ_heads dS: two batched matrix products
-            del scores
-            ds = (ds.sum(1, dtype=torch.float32).to(q.dtype) if L.n_groups > 1 else ds[:, 0]) * L.scale
-            dqd = torch.bmm(ds, hn) if ctx.needs_input_grad[2] else None
-            dhn = torch.bmm(ds.transpose(1, 2), qd) if ctx.needs_input_grad[3] else None
-        dqd_out = dqd.to(qd.dtype) if has_diag and ctx.needs_input_grad[2] else None
-        dhn_out = dhn.to(hn.dtype) if has_diag and ctx.needs_input_grad[3] else None
-        dsb_out = dsb.to(self_bias.dtype) if self_bias is not None and ctx.needs_input_grad[5] else None
-        return dq, dk, dqd_out, dhn_out, None, dsb_out, None, None
+
+def _config_of(key: list[int] | None) -> KernelConfig | None:
+    if key is None:
+        return None
+    m, n, dd, g, warps, stages, tf32, scores = key
+    return KernelConfig(m, n, dd, g, warps, stages, bool(tf32), None if scores < 0 else bool(scores))
+
+
+# The forward and backward are custom operators (torch.library): torch.compile keeps each as one opaque node
+# instead of tracing the kernel launches (which broke the graph at the kernel-module lookup and, under the
+# interpreter, failed), and autograd reaches the backward through `register_autograd`.
+@torch.library.custom_op("cem::triton_attention_fwd", mutates_args=())
+def _attention_fwd(
+    q: Tensor, k: Tensor, qd: Tensor | None, hn: Tensor | None, slopes: Tensor, self_bias: Tensor | None, q_start: int,
+    config: list[int] | None,
+) -> tuple[Tensor, Tensor]:
+    """(o, lse): the attention output and each query's log-sum-exp (float32, base e·log2 e scaled as the
+    kernels keep it), for the backward."""
+    L = _Launch(q, k, qd, hn, q_start, _config_of(config))
+    mod = _kernels(L.interpret)
+    o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty((L.B, L.K, L.Jq), dtype=torch.float32, device=q.device)
+    qd_arg = qd if qd is not None else q  # dummy pointer, never read (HAS_DIAG=False)
+    hn_arg = hn if qd is not None else q
+    sb_arg = self_bias if self_bias is not None else slopes
+    scores, scores_strides = L.diag_scores(qd, hn)
+    mod.cem_fwd_kernel[L.grid_q()](
+        q, k, qd_arg, hn_arg, slopes, sb_arg, o, lse,
+        *q.stride(), *k.stride(), *_qd_strides(qd),
+        *(hn.stride() if qd is not None else (0, 0, 0)),
+        scores if scores is not None else q, *scores_strides,
+        *o.stride(), *lse.stride(),
+        *L.sizes(), L.scale2,
+        HAS_SB=self_bias is not None, **L.consts, **L.launch_opts,
+    )
+    return o, lse  # the scores are recomputed in the backward (one matrix product): O(L) memory between passes
+
+
+@_attention_fwd.register_fake
+def _(q, k, qd, hn, slopes, self_bias, q_start, config):
+    return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)  # contiguous, as the real outputs
+
+
+@torch.library.custom_op("cem::triton_attention_bwd", mutates_args=())
+def _attention_bwd(
+    do: Tensor, q: Tensor, k: Tensor, qd: Tensor | None, hn: Tensor | None, slopes: Tensor, self_bias: Tensor | None,
+    o: Tensor, lse: Tensor, q_start: int, config: list[int] | None, need_qd: bool, need_hn: bool, need_sb: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(dq, dk, dqd, dĥ, d self bias); a gradient not asked for (need_*) is an empty tensor."""
+    L = _Launch(q, k, qd, hn, q_start, _config_of(config), backward=True)
+    mod = _kernels(L.interpret)
+    do = do.to(q.dtype)
+    delta = (do.float() * o.float()).sum(-1)  # Δ_i = dO_i · O_i, (B, K, Jq), fp32
+    dq = torch.empty_like(q)
+    dk = torch.empty_like(k)
+    has_diag = qd is not None
+    in_kernel = has_diag and not L.scores  # dqd, dĥ accumulated by the kernels (fp32 atomics)
+    dqd = torch.zeros(qd.shape, dtype=torch.float32, device=q.device) if in_kernel else None
+    dhn = torch.zeros(hn.shape, dtype=torch.float32, device=q.device) if in_kernel else None
+    scores, scores_strides = L.diag_scores(qd, hn)
+    # Σ_heads dS per head group; tiles the causal loop skips stay zero
+    ds = torch.zeros((L.B, L.n_groups, L.Jq, L.Jk), dtype=q.dtype, device=q.device) if L.scores else None
+    dsb = torch.zeros(L.K, dtype=torch.float32, device=q.device)
+    qd_arg = qd if has_diag else q
+    hn_arg = hn if has_diag else q
+    sb_arg = self_bias if self_bias is not None else slopes
+    hn_strides = hn.stride() if has_diag else (0, 0, 0)
+    common = (q, k, qd_arg, hn_arg, slopes, sb_arg, do, lse, delta)
+    strides = (*q.stride(), *k.stride(), *_qd_strides(qd), *hn_strides, scores if scores is not None else q,
+               *scores_strides, *do.stride(), *lse.stride())
+    assert delta.stride() == lse.stride()
+    mod.cem_bwd_dq_kernel[L.grid_q()](
+        *common, dq, dqd if in_kernel else dsb, dsb,
+        *strides, *dq.stride(), *_qd_strides(dqd),
+        ds if ds is not None else dsb, *(ds.stride() if ds is not None else (0, 0, 0, 0)),
+        *L.sizes(), L.scale2, L.scale,
+        HAS_SB=self_bias is not None, **L.consts, **L.launch_opts,
+    )
+    mod.cem_bwd_dk_kernel[L.grid_k()](
+        *common, dk, dhn if in_kernel else dsb,
+        *strides, *dk.stride(), *(dhn.stride() if in_kernel else (0, 0, 0)),
+        *L.sizes(), L.scale2, L.scale,
+        HAS_SB=self_bias is not None, **L.consts, **L.launch_opts,
+    )
+    if L.scores:  # the diagonal's gradients from Σ_heads dS: two batched matrix products
+        del scores
+        ds = (ds.sum(1, dtype=torch.float32).to(q.dtype) if L.n_groups > 1 else ds[:, 0]) * L.scale
+        dqd = torch.bmm(ds, hn) if need_qd else None
+        dhn = torch.bmm(ds.transpose(1, 2), qd) if need_hn else None
+    dqd_out = dqd.to(qd.dtype) if has_diag and need_qd else q.new_empty(0)  # outputs may not alias: one empty each
+    dhn_out = dhn.to(hn.dtype) if has_diag and need_hn else q.new_empty(0)
+    dsb_out = dsb.to(self_bias.dtype) if self_bias is not None and need_sb else q.new_empty(0)
+    return dq, dk, dqd_out, dhn_out, dsb_out
+
+
+@_attention_bwd.register_fake
+def _(do, q, k, qd, hn, slopes, self_bias, o, lse, q_start, config, need_qd, need_hn, need_sb):
+    return (torch.empty_like(q), torch.empty_like(k), qd.new_empty(qd.shape) if need_qd else q.new_empty(0),
+            hn.new_empty(hn.shape) if need_hn else q.new_empty(0), self_bias.new_empty(self_bias.shape) if need_sb else q.new_empty(0))
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    q, k, qd, hn, slopes, self_bias, q_start, config = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, qd, hn, slopes, self_bias, o, lse)
+    ctx.q_start, ctx.config = q_start, config
+
+
+def _backward(ctx, do, _dlse):
+    q, k, qd, hn, slopes, self_bias, o, lse = ctx.saved_tensors
+    need = ctx.needs_input_grad
+    need_qd, need_hn, need_sb = qd is not None and need[2], qd is not None and need[3], self_bias is not None and need[5]
+    dq, dk, dqd, dhn, dsb = _attention_bwd(do, q, k, qd, hn, slopes, self_bias, o, lse, ctx.q_start, ctx.config, need_qd, need_hn, need_sb)
+    return dq, dk, dqd if need_qd else None, dhn if need_hn else None, None, dsb if need_sb else None, None, None
+
+
+_attention_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
 def triton_cem_attention(
@@ -346,4 +397,4 @@ def triton_cem_attention(
         raise ValueError(f"self_bias must be ({K},), got {tuple(self_bias.shape)}")
     if self_bias is not None and self_bias.stride(0) != 1:
         self_bias = self_bias.contiguous()
-    return _CEMAttention.apply(q, k, qd, hn, slopes, self_bias, int(q_start), config)
+    return _attention_fwd(q, k, qd, hn, slopes, self_bias, int(q_start), _config_key(config))[0]
