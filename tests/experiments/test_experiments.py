@@ -213,6 +213,8 @@ def test_test_time_and_energy(corpus, tmp_path, monkeypatch):
         assert point["eval_steps"] == 3 and 1 <= point["steps_used"] <= 3 + 1e-9
         assert point["flops_per_token"] <= fixed["flops_per_token"] + 1e-6
         assert point["regret"] >= -1e-12 and point["gain_over_fixed"]["n"] == 2
+        rho = point["oracle_rank_correlation"]
+        assert rho is None or -1 <= rho <= 1  # None where every position took the same steps
     # eval T = 1, 2, 3: T=1 models (CEM T=1, Llama reuse) are evaluated at 2m = 2; the CEM T=1 one also
     # against the deeper Llama; models of mean depth 2 or 3 would need T = 4 or 6
     claims = [f["claim"] for f in tt["findings"]]

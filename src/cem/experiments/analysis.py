@@ -62,12 +62,19 @@ def _reuse(model, times: int) -> None:
 
 
 @torch.no_grad()
-def token_losses(model, split, seq_len: int, device, max_batches: int | None = None, batch_size: int = 16) -> torch.Tensor:
+def token_losses(model, split, seq_len: int, device, max_batches: int | None = None, batch_size: int = 16,
+                 steps: list | None = None) -> torch.Tensor:
     """The next-token loss (nats) of every evaluated token of `split`, in order (float64): the windows of
-    `iter_eval_batches`, the first `max_batches` batches of them (None: the whole split)."""
+    `iter_eval_batches`, the first `max_batches` batches of them (None: the whole split). With a list
+    `steps`, each position's recursion steps averaged over the CEM layers are appended to it, in the same
+    order (from `last_steps_used`, which adaptive or guarded steps set)."""
     model.eval()
-    out = [model(x.to(device), y.to(device), reduction="none").flatten().double().cpu()
-           for x, y in iter_eval_batches(split.tokens, seq_len, batch_size, max_batches=max_batches)]
+    out = []
+    for x, y in iter_eval_batches(split.tokens, seq_len, batch_size, max_batches=max_batches):
+        out.append(model(x.to(device), y.to(device), reduction="none").flatten().double().cpu())
+        if steps is not None:
+            used = [m.last_steps_used for m in model.descent_layers()]
+            steps.append(torch.stack(used).double().mean(0).flatten().cpu())
     return torch.cat(out)
 
 
@@ -91,20 +98,24 @@ def depth_study(
     target), its mean, and how often each T is the best. `rules` (CEM models): each `(adaptive_rule,
     adaptive_tol)` at most the deepest T, per position: mean loss, average steps used, FLOPs, and the fixed-T
     curve's loss at the same FLOPs (linear between its points) to compare with. Evaluated on the first
-    `max_batches` batches of 16 windows (None: the whole test split)."""
+    `max_batches` batches of 16 windows (None: the whole test split). A rule's `oracle_rank_correlation` is
+    the Spearman correlation, over tokens, of its steps (averaged over the CEM layers) with the oracle's best
+    T: how well the rule predicts where more steps stop helping."""
+    from scipy.stats import spearmanr
+
     model, split, seq_len = load_run(run_dir, data_dir, device)
     dev = next(model.parameters()).device
     cem = bool(model.descent_layers())
     cfg = model.config
     per_bpb = split.n_tokens / (split.n_bytes * math.log(2))  # bits per byte = loss · tokens / (bytes · ln 2)
 
-    def measure(adaptive: tuple[str, float] | None = None) -> tuple[torch.Tensor, dict]:
+    def measure(adaptive: tuple[str, float] | None = None, steps: list | None = None) -> tuple[torch.Tensor, dict]:
         """Per-token losses and the curve row at the model's current T (with an exit rule: at most T)."""
         if cem:
             rule, tol = adaptive or ("energy", None)
             model.set_inference(adaptive_tol=tol, adaptive_rule=rule)
             model.reset_steps_used()
-        losses = token_losses(model, split, seq_len, dev, max_batches)
+        losses = token_losses(model, split, seq_len, dev, max_batches, steps=steps)
         row = {"test_loss": float(losses.mean()), "test_perplexity": math.exp(min(float(losses.mean()), 700)),
                "test_bits_per_byte": float(losses.mean()) * per_bpb, "tokens": losses.numel()}
         if cem:
@@ -134,9 +145,14 @@ def depth_study(
     if cem:
         model.set_steps(max(steps))
         flops, fixed = [r["flops_per_token"] for r in curve], [r["test_loss"] for r in curve]
+        best_steps = torch.tensor(list(steps), dtype=torch.float64)[best].numpy()
         for rule, tol in rules:
-            _, row = measure((rule, tol))
-            row.update(rule=rule, tol=tol, eval_steps=max(steps), fixed_loss_at_flops=float(np.interp(row["flops_per_token"], flops, fixed)))
+            used: list = []
+            _, row = measure((rule, tol), used)
+            used = torch.cat(used).numpy()
+            rho = float(spearmanr(used, best_steps).statistic) if used.std() > 0 and best_steps.std() > 0 else None  # None: no spread
+            row.update(rule=rule, tol=tol, eval_steps=max(steps), fixed_loss_at_flops=float(np.interp(row["flops_per_token"], flops, fixed)),
+                       oracle_rank_correlation=rho)
             out["rules"].append(row)
         model.set_inference()
     return out
@@ -165,6 +181,12 @@ def _curve_rows(steps, runs: list[list[dict]]) -> list[dict]:
             row["steps_used"] = mean_std([(r[i]["attn_steps_used"] + r[i]["mlp_steps_used"]) / 2 for r in runs])[0]
         out.append(row)
     return out
+
+
+def _mean_defined(values: list) -> float | None:
+    """The mean of the values that are not None (None if there are none)."""
+    defined = [v for v in values if v is not None]
+    return sum(defined) / len(defined) if defined else None
 
 
 def _loss_at(curve: list[dict], t: int) -> list[float] | None:
@@ -199,7 +221,8 @@ def test_time_study(c: Context) -> tuple[list, dict]:
             row = _curve_rows([max(vsteps)], [[x] for x in rows])[0]
             gain = Interval.of([x["fixed_loss_at_flops"] - x["test_loss"] for x in rows])
             row.update(rule=rule, tol=tol, gain_over_fixed=gain.to_dict(),
-                       regret=mean_std([x["test_loss"] - r["oracle"]["test_loss"] for x, r in zip(rows, runs)])[0])
+                       regret=mean_std([x["test_loss"] - r["oracle"]["test_loss"] for x, r in zip(rows, runs)])[0],
+                       oracle_rank_correlation=_mean_defined([x["oracle_rank_correlation"] for x in rows]))
             adaptive[f"{v.label}, {rule} rule, tol {tol:g}"] = [row]
     findings = []
     deeper = next((v.label for v in c.variants if v.tags.get("kind") == "deeper"), None)

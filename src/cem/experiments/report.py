@@ -50,14 +50,14 @@ def _curves(s: dict) -> list[str]:
     if s.get("adaptive"):
         gains = any("gain_over_fixed" in r for rows in s["adaptive"].values() for r in rows)
         lines += ["", "| adaptive evaluation (at most T steps) | T | average steps per CEM layer | MFLOP per token | test perplexity |"
-                  + (" gain over fixed T at equal FLOPs (nats, 95% CI) | loss above the oracle (nats) |" if gains else ""),
-                  "|---|---|---|---|---|" + ("---|---|" if gains else "")]
+                  + (" gain over fixed T at equal FLOPs (nats, 95% CI) | loss above the oracle (nats) | rank correlation of its steps with the oracle's best T |" if gains else ""),
+                  "|---|---|---|---|---|" + ("---|---|---|" if gains else "")]
         for label, rows in s["adaptive"].items():
             for r in rows:
                 extra = ""
                 if "gain_over_fixed" in r:
                     g = r["gain_over_fixed"]
-                    extra = f" {g['mean']:+.4f} [{g['lo']:+.4f}, {g['hi']:+.4f}] | {r['regret']:.4f} |"
+                    extra = f" {g['mean']:+.4f} [{g['lo']:+.4f}, {g['hi']:+.4f}] | {r['regret']:.4f} | {'n/a' if r['oracle_rank_correlation'] is None else format(r['oracle_rank_correlation'], '+.3f')} |"
                 lines.append(f"| {label} | {r['eval_steps']} | {r['steps_used']:.2f} | {r['flops_per_token'] / 1e6:.2f} | {r['test_perplexity']:.3f} |{extra}")
     if s.get("oracle"):
         lines += ["", "| model | oracle: lowest loss per token over the evaluated T (nats) | its mean best T | best fixed T's loss (nats) |", "|---|---|---|---|"]
