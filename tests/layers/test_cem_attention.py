@@ -142,6 +142,26 @@ def test_preconditioner_apply_matches_dense(rand):
 
 @pytest.mark.parametrize("kq_diag", ["none", "shared", "per_head"])
 @pytest.mark.parametrize("precond", ["diag", "diag_lowrank"])
+def test_few_tokens_apply_the_preconditioner_per_position(rand, kq_diag, precond, monkeypatch):
+    """A forward of fewer tokens than the head width (a decoding step) does not fold P into the output weight
+    (`folds`), and gives the folded forward's output (float64), also with the cache."""
+    layer = make(rand, kq_diag=kq_diag, precond=precond, recursion=Recursion(steps=2))
+    if layer.precond.v is not None:
+        with torch.no_grad():
+            layer.precond.v.normal_(0, 0.1)
+    few = layer.head_dim - 1
+    assert layer.folds(layer.head_dim) and not layer.folds(few)
+    h = torch.randn(1, few, D, dtype=torch.float64)
+    with torch.no_grad():
+        w_out = layer.output_weight()
+        folded = layer.descend(h, layer.norm(h), lambda u, with_energy=False: layer.direction(u, layer._heads(layer.w_k(layer.norm(h))),
+                                                                                              layer.norm(h), 0, w_out, with_energy))
+        monkeypatch.setattr(layer, "output_weight", lambda: pytest.fail("a step of few tokens folded the preconditioner"))
+        torch.testing.assert_close(layer(h), folded, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("kq_diag", ["none", "shared", "per_head"])
+@pytest.mark.parametrize("precond", ["diag", "diag_lowrank"])
 def test_folded_preconditioner_equals_per_head_form(rand, kq_diag, precond):
     """Σ_k P_k W_Q^kᵀ o^k through the folded output weight (once per forward) equals P_k applied per head,
     in the output and in every parameter's gradient (float64, two steps)."""

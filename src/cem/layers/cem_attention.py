@@ -127,6 +127,12 @@ class CEMAttention(DescentLayer):
         """Whether the core also carries ĥ as values, for the exact gradient's value-side diagonal term."""
         return self.exact_gradient and self.kq_diag is not None
 
+    def folds(self, tokens: int) -> bool:
+        """Whether a forward of `tokens` positions folds the preconditioner into the output weight: folding
+        costs about D² (2r+1) multiply-adds once, applying P_k to each position's K head outputs J·K·D (2r+1),
+        so it pays from J >= d = D / K tokens (a training batch folds; a decoding step of one token does not)."""
+        return self.precond is not None and tokens >= self.head_dim
+
     def output_weight(self) -> Tensor | None:
         """[P_1 W_Q^1ᵀ … P_K W_Q^Kᵀ]ᵀ (D, D), so that Σ_k P_k W_Q^kᵀ o^k = concat_k(o^k) @ it: the
         preconditioner folded into the tied output weight once per forward (P_k is symmetric, so row r of
@@ -195,15 +201,15 @@ class CEMAttention(DescentLayer):
 
     def _project(self, o: Tensor, o_hn: Tensor | None, w_out: Tensor | None) -> Tensor:
         """Σ_k P_k (W_Q^kᵀ o^k [+ d_k ∘ o_ĥ^k]) from the attention outputs o (B, K, J, d) and, for the exact
-        gradient's value-side term, o_ĥ = Σ_j p_kj ĥ_j (B, K, J, D)."""
-        if o_hn is None:
-            if w_out is None:
-                w_out = self.output_weight()
+        gradient's value-side term, o_ĥ = Σ_j p_kj ĥ_j (B, K, J, D): one matmul with the folded `w_out` (or
+        W_Q without a preconditioner), else per head with P_k applied to each position."""
+        if o_hn is None and (w_out is not None or self.precond is None):
             return o.transpose(1, 2).flatten(2) @ (self.w_q.weight if w_out is None else w_out)  # one matmul
         w = self.w_q.weight.view(self.n_heads, self.head_dim, self.dim)
         y = torch.einsum("bkjd,kdD->bjkD", o, w)  # per-head W_Q^kᵀ o^k, (B, J, K, D)
-        diag = self.kq_diag if self.kq_diag.dim() == 2 else self.kq_diag.expand(self.n_heads, -1)
-        y = y + diag * o_hn.transpose(1, 2)
+        if o_hn is not None:
+            diag = self.kq_diag if self.kq_diag.dim() == 2 else self.kq_diag.expand(self.n_heads, -1)
+            y = y + diag * o_hn.transpose(1, 2)
         if self.precond is not None:
             y = self.precond(y)
         return y.sum(dim=2)
@@ -236,7 +242,7 @@ class CEMAttention(DescentLayer):
         The preconditioner is folded into the output weight once for all steps (`output_weight`)."""
         check_residual(h, self.dim, "CEMAttention", self.norm.weight.dtype)
         hn, k, ctx, q_start = self.context(h, cache)
-        w_out = self.output_weight()
+        w_out = self.output_weight() if self.folds(h.shape[:-1].numel()) else None
         return self.descend(h, hn, lambda u, with_energy=False: self.direction(u, k, ctx, q_start, w_out, with_energy))
 
     def energy(self, u: Tensor, h: Tensor) -> Tensor:

@@ -33,7 +33,13 @@ PARALLEL = ("none", "ddp", "fsdp")
 PRECISIONS = ("bf16", "fp32")
 GiB = 2**30
 CUDA_CONTEXT_BYTES = 1 * GiB  # the CUDA context and the allocator's slack: outside torch's count, kept free in `fits`
-_PROBE_TOKENS = (32, 64)
+_PROBE_TOKENS = (32, 64)  # at least the head width: fewer tokens take another path (`CEMAttention.folds`)
+
+
+def _probe_tokens(cfg: ModelConfig) -> tuple[int, int]:
+    """The two probe lengths: `_PROBE_TOKENS`, scaled up to start at the head width when it is larger."""
+    n0 = max(_PROBE_TOKENS[0], cfg.head_dim)
+    return n0, n0 * _PROBE_TOKENS[1] // _PROBE_TOKENS[0]
 
 
 @dataclass(frozen=True)
@@ -113,20 +119,21 @@ def activation_bytes(cfg: ModelConfig, batch: int, seq: int, precision: str = "b
 
     check_choice("precision", precision, PRECISIONS)
     bf16 = precision == "bf16"
-    small = cfg.replace(n_layers=1, context=max(cfg.context, max(_PROBE_TOKENS)), attn_backend=_probe_backend(cfg))
+    probes = _probe_tokens(cfg)
+    small = cfg.replace(n_layers=1, context=max(cfg.context, max(probes)), attn_backend=_probe_backend(cfg))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         model = LanguageModel(small).train()
     model.set_activation_checkpointing(checkpointing)
     whole, block = [], []
-    for n in _PROBE_TOKENS:
+    for n in probes:
         ids = torch.zeros(1, n, dtype=torch.long)
         whole.append(_kept_bytes(model, (ids, ids), bf16))
         h = torch.randn(1, n, cfg.dim, requires_grad=True)
         block.append(_kept_bytes(model.blocks[0], (h,), bf16))
 
     def at(counts: list[int], tokens: int) -> int:  # linear in the tokens, through the two probes
-        (n0, n1), (c0, c1) = _PROBE_TOKENS, counts
+        (n0, n1), (c0, c1) = probes, counts
         return round(c0 + (c1 - c0) * (tokens - n0) / (n1 - n0))
 
     tokens = batch * seq
