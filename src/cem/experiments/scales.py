@@ -133,7 +133,7 @@ SCALES = {
             "range and says nothing about 86M-162M models on SlimPajama; the preconditioner comparisons (diag vs "
             "diag+low-rank) and fig3c's parameter-matched pair are not run (their effects were below what 5 seeds resolve); "
             "the step-size experiment is not run; the test-time experiment evaluates every T on the first 131k test tokens "
-            "(32 batches of 16 windows) and its fixed-point weight 0.1 is set a priori, not tuned; nothing here is a GPU speed")),
+            "(32 batches of 16 windows) and its fixed-point weight 0.1 is not swept at this scale; nothing here is a GPU speed")),
     # WikiText-2 with a BPE of 8,192 symbols, 32 × 256 tokens per step: small 51M tokens, medium 178M
     "gpu": Scale("gpu", "wikitext-2", "bpe:8192", ("small", "medium"), "medium", (0, 1, 2), (0, 1, 2, 3, 4), 256, 32),
     # the paper: SlimPajama, the 32k Llama tokenizer, 2,048 context, batch 128
