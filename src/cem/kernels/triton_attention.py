@@ -245,8 +245,8 @@ def _attention_fwd(
     q: Tensor, k: Tensor, qd: Tensor | None, hn: Tensor | None, slopes: Tensor, self_bias: Tensor | None, q_start: int,
     config: list[int] | None,
 ) -> tuple[Tensor, Tensor]:
-    """(o, lse): the attention output and each query's log-sum-exp (float32, base e·log2 e scaled as the
-    kernels keep it), for the backward."""
+    """(o, lse): the attention output and each query's log-sum-exp of its logits in base 2 (float32, as
+    the kernels keep it), for the backward."""
     L = _Launch(q, k, qd, hn, q_start, _config_of(config))
     mod = _kernels(L.interpret)
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
