@@ -109,13 +109,13 @@ def depth_study(
     cfg = model.config
     per_bpb = split.n_tokens / (split.n_bytes * math.log(2))  # bits per byte = loss · tokens / (bytes · ln 2)
 
-    def measure(adaptive: tuple[str, float] | None = None, steps: list | None = None) -> tuple[torch.Tensor, dict]:
+    def measure(adaptive: tuple[str, float] | None = None, used_steps: list | None = None) -> tuple[torch.Tensor, dict]:
         """Per-token losses and the curve row at the model's current T (with an exit rule: at most T)."""
         if cem:
             rule, tol = adaptive or ("energy", None)
             model.set_inference(adaptive_tol=tol, adaptive_rule=rule)
             model.reset_steps_used()
-        losses = token_losses(model, split, seq_len, dev, max_batches, steps=steps)
+        losses = token_losses(model, split, seq_len, dev, max_batches, steps=used_steps)
         row = {"test_loss": float(losses.mean()), "test_perplexity": math.exp(min(float(losses.mean()), 700)),
                "test_bits_per_byte": float(losses.mean()) * per_bpb, "tokens": losses.numel()}
         if cem:
@@ -138,14 +138,15 @@ def depth_study(
         table.append(losses)
     table = torch.stack(table)  # (len(steps), tokens)
     best = table.argmin(0)
+    best_steps = torch.tensor(list(steps), dtype=torch.float64)[best]  # each token's oracle T
     oracle = {"test_loss": float(table.min(0).values.mean()),
               "best_steps_share": {str(t): float((best == i).double().mean()) for i, t in enumerate(steps)},
-              "mean_best_steps": float(torch.tensor(list(steps), dtype=torch.float64)[best].mean())}
+              "mean_best_steps": float(best_steps.mean())}
     out = {"curve": curve, "oracle": oracle, "rules": []}
     if cem:
         model.set_steps(max(steps))
         flops, fixed = [r["flops_per_token"] for r in curve], [r["test_loss"] for r in curve]
-        best_steps = torch.tensor(list(steps), dtype=torch.float64)[best].numpy()
+        best_steps = best_steps.numpy()
         for rule, tol in rules:
             used: list = []
             _, row = measure((rule, tol), used)
@@ -175,7 +176,7 @@ def _curve_rows(steps, runs: list[list[dict]]) -> list[dict]:
             "test_perplexity": mean_std(ppl)[0],
             "test_perplexity_ci": Interval.of(ppl).to_dict(),
             "test_perplexity_per_seed": ppl,
-            "test_loss_per_seed": [math.log(p) for p in ppl],
+            "test_loss_per_seed": [r[i]["test_loss"] for r in runs],
         }
         if "attn_steps_used" in runs[0][i]:
             row["steps_used"] = mean_std([(r[i]["attn_steps_used"] + r[i]["mlp_steps_used"]) / 2 for r in runs])[0]
@@ -205,13 +206,12 @@ def test_time_study(c: Context) -> tuple[list, dict]:
     compares there with the deeper Llama (about the same FLOPs at m = 1: twice the layers)."""
     steps = list(c.scale.eval_steps)
     batches = c.scale.test_time_batches
-    curves, adaptive, oracle, studies = {}, {}, {}, {}
+    curves, adaptive, oracle = {}, {}, {}
     for v in c.variants:
         dirs = [c.root / "runs" / v.spec.with_seed(s).slug for s in c.scale.seeds_for("recursion")]
         vsteps = [1] if v.tags.get("kind") == "deeper" else steps
         name = "depth_study_" + "_".join(map(str, vsteps)) + f"_{batches or 'all'}.json"
         runs = [_cached(d / name, lambda d=d: depth_study(d, vsteps, c.data_dir, batches, c.device)) for d in dirs]
-        studies[v.label] = runs
         curves[v.label] = _curve_rows(vsteps, [r["curve"] for r in runs])
         oracle[v.label] = {"test_loss": mean_std([r["oracle"]["test_loss"] for r in runs])[0],
                            "mean_best_steps": mean_std([r["oracle"]["mean_best_steps"] for r in runs])[0],
