@@ -2,7 +2,7 @@
 experiment end to end with resume, the report's budget check, test-time and energy analyses."""
 
 import math
-import random
+import shutil
 from dataclasses import replace
 
 import numpy as np
@@ -17,18 +17,9 @@ from cem.experiments.report import ShortOfBudget
 from cem.experiments.runner import _specs
 from cem.experiments.stats import Interval, ci_halfwidth
 from cem.experiments.sweep import run_config
+from cem.io import atomic_write_json
 from cem.model.params import chinchilla_tokens
 from cem.training.budget import Budget
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    d = tmp_path_factory.mktemp("corpus")
-    rng = random.Random(1)
-    words = "energy step layer attention gate key query value descent norm".split()
-    for split, n in (("train", 3000), ("valid", 300), ("test", 300)):
-        (d / f"{split}.txt").write_text("\n".join(" ".join(rng.choice(words) for _ in range(8)) for _ in range(n // 8)) + "\n")
-    return d
 
 
 def smoke(corpus, **kw):
@@ -222,9 +213,15 @@ def test_test_time_and_energy(corpus, tmp_path, monkeypatch):
     assert any("full CEM trained T=1 at T=2 beats Llama with 4 layers" in c for c in claims)
     assert all(f["family"] == "ours" and f["p"] is not None for f in tt["findings"])
     assert (tmp_path / "res" / "test-time" / "test-time.png").exists()
+    # each run's depth study was computed as it finished, so the analysis needs no checkpoint now
+    runs = [tmp_path / "res" / "runs" / spec.slug for spec in _specs("test-time", get_scale("smoke", **scale))]
+    assert all(len(list((d / "evals").glob("depth_study_*.json"))) == 1 for d in runs)
+    for d in runs:
+        shutil.rmtree(d / "ckpt")
+    assert run_experiment("test-time", "smoke", tmp_path / "res", **scale)["curves"] == tt["curves"]
     report = write_report(tmp_path / "res", allow_short=True).read_text()
     assert "oracle: lowest loss per token" in report and "gain over fixed T at equal FLOPs" in report
-    en = run_experiment("energy", "smoke", tmp_path / "res", **scale)
+    en = run_experiment("energy", "smoke", tmp_path / "res", **scale)  # its run trained again: its checkpoint went above
     layers = en["energy"]
     assert len(layers) == 2 * 2  # micro: 2 blocks x (attention, MLP)
     assert all(len(r["energy"]) == 5 and r["trained_steps"] == 2 for r in layers)
@@ -267,12 +264,14 @@ def test_regime_check_compares_llama_with_an_ngram_on_the_same_tokens(corpus, tm
     from cem.experiments.sweep import RunSpec, Variant
 
     monkeypatch.setenv("CEM_CACHE_DIR", str(tmp_path / "cache"))
-    # the context-use part reads trained runs: a fake one whose loss falls with context for "good" only (its
-    # run folders are told apart by seq_len, which is in their names; the last character is the seed)
-    monkeypatch.setattr(analysis, "context_use", lambda d, *a: {
-        "short": [8, 16], "short_loss": 2.0, "long_loss": 1.5 if "seq_len=64" in str(d) else 2.1 + 0.01 * int(str(d)[-1])})
     s = replace(get_scale("smoke", data=str(corpus)), sizes=("good", "bad"))
     variants = [Variant(f"Llama {g}", RunSpec.make("micro", "llama", train={"lr": 1e-3, "seq_len": 64 if g == "good" else 32}), {}) for g in ("good", "bad")]
+    # the context-use part reads each run's product (no weights needed): loss falls with context for "good" only
+    for v in variants:
+        for seed in (0, 1, 2):
+            long = 1.5 if v.label == "Llama good" else 2.1 + 0.01 * seed
+            atomic_write_json(analysis.CONTEXT_USE.path(tmp_path / "runs" / v.spec.with_seed(seed).slug),
+                              {"short": [8, 16], "short_loss": 2.0, "long_loss": long})
     rows = [{"label": "Llama good", "group": "good", "lr": 1e-3, "budget_tokens": 5000, "valid_loss": 0.01, "valid_loss_per_seed": [0.01, 0.011, 0.012], "seeds": [0, 1, 2]},
             {"label": "Llama bad", "group": "bad", "lr": 1e-3, "budget_tokens": 10**9, "valid_loss": 5.0, "valid_loss_per_seed": [5.0, 5.1, 5.2], "seeds": [0, 1, 2]}]
     chosen = {"good": {"lr": 1e-3}, "bad": {"lr": 1e-3}}

@@ -45,7 +45,7 @@ def test_a_run_that_saved_nothing_does_not_block_the_next(tmp_path):
     assert not run.metrics_jsonl.exists()  # another run's metrics go (its run.json is replaced when it starts)
 
 
-@pytest.mark.parametrize("part", ["ckpt", "ckpt.old", "tokenizer", "tensorboard"])
+@pytest.mark.parametrize("part", ["ckpt", "ckpt.old", "tokenizer", "tensorboard", "evals"])
 def test_a_folder_that_is_no_cem_run_is_never_cleared(tmp_path, part):
     """Issue 20: --out DIR with a DIR/ckpt/ of something else (no run.json) lost it to the first save, and
     --overwrite removed its tokenizer/ and tensorboard/."""
@@ -93,6 +93,15 @@ def test_nothing_is_written_through_a_planted_link(tmp_path, name):
             logger = MetricsLogger(run.path, tensorboard=name == "tensorboard")
             logger.log(1, loss=1.0)
     assert (list(victim.iterdir()) == []) if victim.is_dir() else victim.read_text() == "keep"
+
+
+def test_an_extended_run_loses_its_results_and_the_evaluations_of_its_final_weights(tmp_path):
+    run = RunDir(tmp_path)
+    run.write_results({"steps": 10})
+    run.evals_dir.mkdir()
+    (run.evals_dir / "energy.json").write_text("{}")
+    run.start_extension()
+    assert run.results() is None and not run.evals_dir.exists()
 
 
 def test_export_refuses_the_run_itself(tmp_path):

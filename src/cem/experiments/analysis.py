@@ -19,6 +19,7 @@ from ..layers.steps import DescentLayer
 from ..model.flops import forward_flops_per_token
 from ..training import RunDir
 from .findings import Context, Finding, row
+from .products import Product
 from .stats import Interval, mean_std
 
 
@@ -159,6 +160,15 @@ def depth_study(
     return out
 
 
+def depth_product(scale, variant) -> Product:
+    """The test-time experiment's product of a variant's run: `depth_study` at the scale's `eval_steps`
+    (a deeper Llama, evaluated as trained: at T=1 only) on its `test_time_batches`."""
+    steps = (1,) if variant.tags.get("kind") == "deeper" else tuple(scale.eval_steps)
+    batches = scale.test_time_batches
+    name = "depth_study_" + "_".join(map(str, steps)) + f"_{batches or 'all'}.json"
+    return Product(depth_study, name, (("max_batches", batches), ("steps", steps)))
+
+
 def _cached(path: Path, compute):
     if not path.exists():
         atomic_write_json(path, compute())
@@ -204,14 +214,12 @@ def test_time_study(c: Context) -> tuple[list, dict]:
     Findings, on seed-paired test-loss differences: per CEM model, whether evaluating at twice its mean
     training depth m lowers the loss against evaluating at m (the test-time compute question), and how it
     compares there with the deeper Llama (about the same FLOPs at m = 1: twice the layers)."""
-    steps = list(c.scale.eval_steps)
-    batches = c.scale.test_time_batches
     curves, adaptive, oracle = {}, {}, {}
     for v in c.variants:
         dirs = [c.root / "runs" / v.spec.with_seed(s).slug for s in c.scale.seeds_for("recursion")]
-        vsteps = [1] if v.tags.get("kind") == "deeper" else steps
-        name = "depth_study_" + "_".join(map(str, vsteps)) + f"_{batches or 'all'}.json"
-        runs = [_cached(d / name, lambda d=d: depth_study(d, vsteps, c.data_dir, batches, c.device)) for d in dirs]
+        product = depth_product(c.scale, v)
+        vsteps = list(dict(product.kwargs)["steps"])
+        runs = [product.get(d, c.data_dir, c.device) for d in dirs]
         curves[v.label] = _curve_rows(vsteps, [r["curve"] for r in runs])
         oracle[v.label] = {"test_loss": mean_std([r["oracle"]["test_loss"] for r in runs])[0],
                            "mean_best_steps": mean_std([r["oracle"]["mean_best_steps"] for r in runs])[0],
@@ -289,7 +297,7 @@ def energy_study(c: Context) -> tuple[list, dict]:
     """The energy trace of the first seed's model; does each trained step (and each step beyond) descend?"""
 
     run_dir = c.root / "runs" / c.variants[0].spec.with_seed(c.scale.seeds[0]).slug
-    trace = _cached(run_dir / "energy.json", lambda: energy_trace(run_dir, data_dir=c.data_dir, device=c.device))
+    trace = ENERGY.get(run_dir, c.data_dir, c.device)
     findings = []
     for kind in ("attention", "mlp"):
         rs = [r for r in trace if r["kind"] == kind]
@@ -404,6 +412,10 @@ def context_use(run_dir: Path, data_dir: str | None = None, device: str = "auto"
             "long_loss": sum(losses[seq_len // 2:]) / (seq_len - seq_len // 2), "by_position": losses}
 
 
+ENERGY = Product(energy_trace, "energy.json")  # of the energy experiment's first seed
+CONTEXT_USE = Product(context_use, "context_use.json")  # of the Llama runs at each size's chosen rate
+
+
 def regime_check(c: Context, chosen: dict) -> tuple[list, dict]:
     """Is each size's Llama baseline (at its chosen rate) better than a count-based n-gram model fit on the
     same number of training tokens (`cem.experiments.ngram`)? Judged on validation loss, per seed against
@@ -425,7 +437,7 @@ def regime_check(c: Context, chosen: dict) -> tuple[list, dict]:
         d = Interval.of([x - ref["valid_loss"] for x in best["valid_loss_per_seed"]])
         spec = next(v.spec for v in c.variants if v.label == best["label"])
         dirs = [c.root / "runs" / spec.with_seed(s).slug for s in best["seeds"]]
-        uses = [_cached(d / "context_use.json", lambda d=d: context_use(d, c.data_dir, c.device)) for d in dirs]
+        uses = [CONTEXT_USE.get(d, c.data_dir, c.device) for d in dirs]
         gain = Interval.of([u["long_loss"] - u["short_loss"] for u in uses])
         out[size] = {"llama_valid_loss": best["valid_loss"], "ngrams": ngrams, "difference": d.to_dict(),
                      "context": {"short": uses[0]["short"], "short_loss": sum(u["short_loss"] for u in uses) / len(uses),

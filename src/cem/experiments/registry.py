@@ -13,6 +13,7 @@ from typing import Callable
 
 from . import analysis, plots
 from .findings import Context, Finding, close, gains_more, lower, not_worse
+from .products import Product
 from .scales import Scale
 from .stats import Interval
 from .sweep import RunSpec, Variant
@@ -28,6 +29,9 @@ class Experiment:
     plot: Callable[[dict, str, Path], None]  # (summary, title, png path)
     seeds: str = "default"  # "recursion": the scale's recursion seeds (5 at cpu and gpu scale)
     paper: bool = True  # False for ours (beyond the paper)
+    # what the analysis reads from a variant's run at a seed beyond its results (`cem.experiments.products`),
+    # computed by the sweep as soon as the run finishes
+    products: Callable[[Scale, Variant, int], list[Product]] | None = None
 
 
 CLOSE = 0.02  # every "close" claim: within ±2% of perplexity (fixed before the runs; see docs/experiments.md)
@@ -56,6 +60,12 @@ def lr_variants(s: Scale) -> list[Variant]:
         Variant(f"Llama {size} lr={lr:g}", RunSpec.make(size, "llama", train={"lr": lr}), {"group": size, "lr": lr}, s.sweep_seeds(size))
         for size in s.sizes for lr in s.grid(size, "llama")
     ]
+
+
+def lr_products(s: Scale, v: Variant, seed: int) -> list[Product]:
+    """The regime check reads context use of the Llama runs at each size's chosen rate."""
+    chosen = dict(s.chosen_lrs).get(v.tags["group"])
+    return [analysis.CONTEXT_USE] if s.findings and chosen is not None and v.tags["lr"] == chosen else []
 
 
 def lr_findings(c: Context):
@@ -399,7 +409,8 @@ def testtime_variants(s: Scale) -> list[Variant]:
 EXPERIMENTS: dict[str, Experiment] = {
     e.id: e
     for e in [
-        Experiment("lr", "the learning rate of each size: the Llama baseline swept, chosen on validation loss (the paper's rule)", lr_variants, lr_findings, plots.plot_lr_sweep),
+        Experiment("lr", "the learning rate of each size: the Llama baseline swept, chosen on validation loss (the paper's rule)", lr_variants, lr_findings, plots.plot_lr_sweep,
+                   products=lr_products),
         Experiment("fig2a", "CEM attention (T=1) vs Llama attention, per model size", fig2a_variants, fig2a_findings, plots.plot_sizes),
         Experiment("fig2b", "CEM MLP (T=1) vs gated MLP, dimension- and parameter-matched", fig2b_variants, fig2b_findings, plots.plot_sizes),
         Experiment("fig2c", "recursion and preconditioners in CEM attention", lambda s: _recursion_variants(s, "attn"), fig2c_findings, plots.plot_steps, "recursion"),
@@ -411,8 +422,10 @@ EXPERIMENTS: dict[str, Experiment] = {
         Experiment("step-size", "step size η at T = 1, 2, 3: constant 1, 1/T, or learned per step (diag+low-rank P)", step_size_variants, step_size_findings, plots.plot_step_sizes, "recursion", paper=False),
         Experiment("positional", "position encoding (RoPE, ALiBi) vs energy structure", positional_variants, positional_findings, plots.plot_points, paper=False),
         Experiment("readings", "the paper's two ambiguous readings: ALiBi slopes and the start point x0", readings_variants, readings_findings, plots.plot_points, paper=False),
-        Experiment("test-time", "perplexity against test-time compute: full CEM trained at T=1, T=2, random depth and with the test-time recipes, evaluated at more T (fixed, and with exit rules against the per-token oracle), against Llama with plain reuse and a Llama twice as deep", testtime_variants, analysis.test_time_study, plots.plot_test_time, "recursion", paper=False),
-        Experiment("energy", "the energy of each layer at each recursion step on held-out text", lambda s: testtime_variants(s)[1:2], analysis.energy_study, plots.plot_energy, paper=False),
+        Experiment("test-time", "perplexity against test-time compute: full CEM trained at T=1, T=2, random depth and with the test-time recipes, evaluated at more T (fixed, and with exit rules against the per-token oracle), against Llama with plain reuse and a Llama twice as deep", testtime_variants, analysis.test_time_study, plots.plot_test_time, "recursion", paper=False,
+                   products=lambda s, v, seed: [analysis.depth_product(s, v)]),
+        Experiment("energy", "the energy of each layer at each recursion step on held-out text", lambda s: testtime_variants(s)[1:2], analysis.energy_study, plots.plot_energy, paper=False,
+                   products=lambda s, v, seed: [analysis.ENERGY] if seed == s.seeds[0] else []),
         Experiment("size-trend", "the headline gaps at every size, and their trend in log(parameters)", size_trend_variants, size_trend_findings, plots.plot_size_trend, paper=False),
         Experiment("table3", "recursion on synthetic Gaussian-process regression (10 input dims)", None, analysis.gp_study, plots.plot_table3),
     ]

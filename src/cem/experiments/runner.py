@@ -34,11 +34,27 @@ def _check_id(exp_id: str) -> None:
         raise ValueError(f"unknown experiment {exp_id!r}; expected one of {', '.join(ALL_IDS)}, or all")
 
 
-def _specs(exp_id: str, scale: Scale) -> list:
+def _runs(exp_id: str, scale: Scale) -> list:
+    """(variant, seed) of every run an experiment needs."""
     exp = EXPERIMENTS[exp_id]
     if exp.variants is None:
         return []
-    return [v.spec.with_seed(s) for v in exp.variants(scale) for s in (v.seeds or scale.seeds_for(exp.seeds))]
+    return [(v, s) for v in exp.variants(scale) for s in (v.seeds or scale.seeds_for(exp.seeds))]
+
+
+def _specs(exp_id: str, scale: Scale) -> list:
+    return [v.spec.with_seed(s) for v, s in _runs(exp_id, scale)]
+
+
+def _products(ids, scale: Scale) -> dict:
+    """What the experiments `ids` read from each run's weights (`cem.experiments.products`), by spec."""
+    out: dict = {}
+    for i in ids:
+        if EXPERIMENTS[i].products is not None:
+            for v, s in _runs(i, scale):
+                spec = v.spec.with_seed(s)
+                out[spec] = tuple(dict.fromkeys(out.get(spec, ()) + tuple(EXPERIMENTS[i].products(scale, v, s))))
+    return out
 
 
 def run_experiment(exp_id: str, scale: str = "cpu", results_dir: str | Path | None = None, data_dir: str | None = None,
@@ -54,7 +70,7 @@ def train_runs(ids, sc: Scale, root: Path, data_dir: str | None = None, jobs: in
     the base first: a size's Llama sweep, then that size's runs in the order of `ids` (fig3a's CEM sweep is
     extended, where its optimum is not bracketed yet, after the base size's other runs)."""
     if not sc.lr_sweep:
-        return sc, run_sweep([s for i in ids for s in _specs(i, sc)], sc, root, data_dir, jobs)
+        return sc, run_sweep([s for i in ids for s in _specs(i, sc)], sc, root, data_dir, jobs, _products(ids, sc))
     results: dict = {}
     order = [sc.base] + [z for z in sc.sizes if z != sc.base]
     for n, size in enumerate(order):
@@ -62,11 +78,11 @@ def train_runs(ids, sc: Scale, root: Path, data_dir: str | None = None, jobs: in
         done = replace(sc, sizes=tuple(z for z in sc.sizes if z in order[: n + 1]))
         specs = [s for i in ids for s in _specs(i, done)]
         print(f"== training the runs of {', '.join(ids)} at size {size} ({sc.name} scale)", file=sys.stderr, flush=True)
-        results.update(run_sweep(specs, done, root, data_dir, jobs))
+        results.update(run_sweep(specs, done, root, data_dir, jobs, _products(ids, done)))
         if size == sc.base and "fig3a" in ids:
             sc = lr.choose(sc, size, "cem-t2", root, data_dir, jobs)
     specs = [s for i in ids for s in _specs(i, sc)]
-    results.update(run_sweep(specs, sc, root, data_dir, jobs))  # everything finished: only reads results
+    results.update(run_sweep(specs, sc, root, data_dir, jobs, _products(ids, sc)))  # everything finished: only reads results
     return sc, results
 
 

@@ -101,7 +101,7 @@ def _stop_workers(pool: ProcessPoolExecutor) -> None:
 
 
 def _run_one(args) -> dict | None:
-    spec, scale, data_dir, root, threads = args
+    spec, scale, data_dir, root, threads, products = args
     if _STOP is not None and _STOP.is_set():
         return None  # the sweep is stopping: a run already handed to this worker's queue does not start
     import torch
@@ -111,26 +111,47 @@ def _run_one(args) -> dict | None:
     if threads:
         torch.set_num_threads(threads)
     out = Path(root) / "runs" / spec.slug
-    if RunDir(out).results() is not None:
-        return RunDir(out).results()
-    # resume what a previous sweep started; a fresh run starts without the "no checkpoint" notice of --resume
-    res = train(run_config(spec, scale, data_dir), out, resume=RunDir(out).read_run() is not None, progress=False)
-    if isinstance(res, Interrupted):
-        if _PARENT is not None and os.getppid() != _PARENT:  # the sweep is gone: nobody waits for this worker
-            os._exit(143)
-        raise SystemExit(f"interrupted while training {spec.slug}; run the same command again to resume")
+    res = RunDir(out).results()
+    if res is None:
+        # resume what a previous sweep started; a fresh run starts without the "no checkpoint" notice of --resume
+        res = train(run_config(spec, scale, data_dir), out, resume=RunDir(out).read_run() is not None, progress=False)
+        if isinstance(res, Interrupted):
+            if _PARENT is not None and os.getppid() != _PARENT:  # the sweep is gone: nobody waits for this worker
+                os._exit(143)
+            raise SystemExit(f"interrupted while training {spec.slug}; run the same command again to resume")
+    for product in products:  # while the weights are here (`cem.experiments.products`)
+        product.get(out, data_dir)
     return res
 
 
-def run_sweep(specs: list[RunSpec], scale: Scale, root: Path, data_dir: str | None = None, jobs: int = 1) -> dict[RunSpec, dict]:
-    """Train every spec not finished yet under `root/runs/`; returns the results of all of them."""
+def run_sweep(specs: list[RunSpec], scale: Scale, root: Path, data_dir: str | None = None, jobs: int = 1,
+              products: dict | None = None) -> dict[RunSpec, dict]:
+    """Train every spec not finished yet under `root/runs/`, and compute each spec's `products` (what its
+    experiments' analyses read from its weights, `cem.experiments.products`) as soon as it has finished;
+    returns the results of all of them. A finished run that lacks a product is evaluated from its
+    checkpoint, or trained again where the checkpoint is gone (a run trained on another machine)."""
+    from .products import missing
+
+    products = products or {}
     unique = list(dict.fromkeys(specs))
     for s in unique:
         _check_finished(s, scale, root, data_dir)
-    todo = [s for s in unique if RunDir(Path(root) / "runs" / s.slug).results() is None]
-    print(f"{len(unique)} runs, {len(unique) - len(todo)} already finished, {len(todo)} to train", file=sys.stderr, flush=True)
+    runs = {s: RunDir(Path(root) / "runs" / s.slug) for s in unique}
+    fresh = [s for s in unique if runs[s].results() is None]
+    evaluate = [s for s in unique if s not in fresh and missing(products.get(s, ()), runs[s].path)]
+    again = [s for s in evaluate if runs[s].checkpoint() is None]
+    for s in again:
+        names = ", ".join(p.name for p in missing(products[s], runs[s].path))
+        print(f"training {s.slug} again: {names} must be computed from its weights and its checkpoint is gone "
+              "(it finished elsewhere; its earlier results stay in git history)", file=sys.stderr, flush=True)
+        with runs[s].lock():
+            runs[s].clear()
+    todo = fresh + evaluate
+    print(f"{len(unique)} runs, {len(unique) - len(todo)} already finished, {len(fresh) + len(again)} to train"
+          + (f" ({len(again)} again)" if again else "") + (f", {len(evaluate) - len(again)} to evaluate" if len(evaluate) > len(again) else ""),
+          file=sys.stderr, flush=True)
     threads = max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 else 0
-    args = [(s, scale, data_dir, str(root), threads) for s in todo]
+    args = [(s, scale, data_dir, str(root), threads, products.get(s, ())) for s in todo]
     progress = _Progress(len(todo))
     if jobs > 1 and len(todo) > 1:
         context = get_context("spawn")
@@ -139,7 +160,7 @@ def run_sweep(specs: list[RunSpec], scale: Scale, root: Path, data_dir: str | No
         try:
             futures = {pool.submit(_run_one, a): a[0] for a in args}
             for fut in as_completed(futures):
-                progress.done(futures[fut], fut.result())
+                progress.done(futures[fut], fut.result(), trained=futures[fut] not in evaluate or futures[fut] in again)
         except BaseException as exc:  # a run failed or was interrupted (its checkpoint is saved), or this process
             stop.set()  # was stopped (Ctrl-C, SIGTERM): no new run starts, not even those already queued to a worker
             if not isinstance(exc, Exception):  # stopped: the running runs checkpoint and stop too, not finish
@@ -149,26 +170,25 @@ def run_sweep(specs: list[RunSpec], scale: Scale, root: Path, data_dir: str | No
             pool.shutdown(wait=True, cancel_futures=True)
     else:
         for a in args:
-            progress.done(a[0], _run_one(a))
-    return {s: RunDir(Path(root) / "runs" / s.slug).results() for s in unique}
+            progress.done(a[0], _run_one(a), trained=a[0] not in evaluate or a[0] in again)
+    return {s: runs[s].results() for s in unique}
 
 
 class _Progress:
-    """One line per finished run: its test perplexity and tokens per parameter, runs left, and an ETA."""
+    """One line per finished run: its test perplexity and tokens per parameter (or that it was evaluated),
+    runs left, and an ETA."""
 
     def __init__(self, total: int) -> None:
         self.total, self.finished, self.started = total, 0, time.perf_counter()
 
-    def done(self, spec: RunSpec, res: dict) -> None:
+    def done(self, spec: RunSpec, res: dict, trained: bool = True) -> None:
         self.finished += 1
         elapsed = time.perf_counter() - self.started
         eta = elapsed / self.finished * (self.total - self.finished)
-        print(
-            f"  [{self.finished}/{self.total}] {spec.slug}: test ppl {res['test_perplexity']:.3f}, "
-            f"{res['tokens_seen']:,} tokens in {res['wall_time_s']:.0f} s; elapsed {elapsed / 60:.1f} min, ETA {eta / 60:.1f} min",
-            file=sys.stderr,
-            flush=True,
-        )
+        what = (f"test ppl {res['test_perplexity']:.3f}, {res['tokens_seen']:,} tokens in {res['wall_time_s']:.0f} s" if trained
+                else "evaluated from its checkpoint")
+        print(f"  [{self.finished}/{self.total}] {spec.slug}: {what}; elapsed {elapsed / 60:.1f} min, ETA {eta / 60:.1f} min",
+              file=sys.stderr, flush=True)
 
 
 def _check_finished(spec: RunSpec, scale: Scale, root: Path, data_dir: str | None) -> None:

@@ -8,6 +8,7 @@ what a run left behind.
     .lock           held (flock) by the process writing the run; holds its pid
     metrics.jsonl   one record per logged step (also metrics.csv, tensorboard/)
     results.json    the final results; its presence means the run is finished
+    evals/          what analyses computed from the final weights (`cem.experiments.products`)
 
 One rule decides whether two runs are the same: `run_identity` (the model, the tokenizer, the corpus, and
 every training setting except the `RUNTIME_KEYS`, which may change between a run and its resumption); one
@@ -149,6 +150,10 @@ class RunDir:
     def tensorboard_dir(self) -> Path:
         return self.path / "tensorboard"
 
+    @property
+    def evals_dir(self) -> Path:
+        return self.path / "evals"
+
     # ------------------------------------------------------------------ identity
 
     def read_run(self) -> dict | None:
@@ -214,7 +219,7 @@ class RunDir:
 
     def parts(self) -> tuple[Path, ...]:
         """The folders a run writes here (removed by `clear`)."""
-        return (self.tokenizer_dir, self.ckpt_dir, self.path / "ckpt.old", self.tensorboard_dir)
+        return (self.tokenizer_dir, self.ckpt_dir, self.path / "ckpt.old", self.tensorboard_dir, self.evals_dir)
 
     def foreign(self) -> Path | None:
         """One of the run's folders (`parts`) in a directory that records no run (no run.json), so that
@@ -291,8 +296,13 @@ class RunDir:
         self.run_json.unlink(missing_ok=True)
 
     def start_extension(self) -> None:
-        """Mark a finished run as unfinished again before it is extended (its results.json goes)."""
+        """Mark a finished run as unfinished again before it is extended (its results.json goes, and so do
+        the evaluations of its final weights, which change)."""
         self.results_json.unlink(missing_ok=True)
+        if self.evals_dir.is_symlink():  # a link is removed, never what it points to
+            self.evals_dir.unlink()
+        else:
+            shutil.rmtree(self.evals_dir, ignore_errors=True)
 
     def write_run(self, identity: dict, run: RunConfig, total_steps: int, tokenizer) -> None:
         """Record the run (run.json) and save its tokenizer."""

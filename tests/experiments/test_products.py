@@ -1,0 +1,70 @@
+"""Run products (`cem.experiments.products`): computed by the sweep as soon as a run finishes, read by the
+analyses without the weights; a finished run that lacks one is evaluated from its checkpoint, or trained
+again where the checkpoint is gone (checkpoints are not committed: a later session may be on another machine)."""
+
+import json
+import shutil
+
+import pytest
+
+from cem.experiments import RunSpec, get_scale
+from cem.experiments.analysis import CONTEXT_USE, context_use
+from cem.experiments.products import MissingWeights
+from cem.experiments.sweep import run_sweep
+from cem.training import RunDir
+
+
+def _setup(corpus, tmp_path, monkeypatch):
+    monkeypatch.setenv("CEM_CACHE_DIR", str(tmp_path / "cache"))
+    return get_scale("smoke", data=str(corpus)), tmp_path / "res"
+
+
+def test_products_are_computed_as_runs_finish_and_read_without_the_weights(corpus, tmp_path, monkeypatch, capsys):
+    scale, root = _setup(corpus, tmp_path, monkeypatch)
+    specs = [RunSpec.make("micro", "llama", seed=i) for i in (0, 1)]
+    run_sweep(specs, scale, root, jobs=2, products={s: (CONTEXT_USE,) for s in specs})  # in the workers
+    for s in specs:
+        run = RunDir(root / "runs" / s.slug)
+        stored = json.loads(CONTEXT_USE.path(run.path).read_text())
+        assert CONTEXT_USE.path(run.path).parent == run.evals_dir
+        assert stored == json.loads(json.dumps(context_use(run.path)))  # what the weights give
+        shutil.rmtree(run.ckpt_dir)
+        assert CONTEXT_USE.get(run.path) == stored  # read: the weights are no longer needed
+    capsys.readouterr()
+    run_sweep(specs, scale, root, products={s: (CONTEXT_USE,) for s in specs})
+    assert "2 runs, 2 already finished, 0 to train\n" in capsys.readouterr().err
+
+
+def test_a_finished_run_without_its_product_is_evaluated_or_trained_again(corpus, tmp_path, monkeypatch, capsys):
+    scale, root = _setup(corpus, tmp_path, monkeypatch)
+    spec = RunSpec.make("micro", "llama", seed=0)
+    run = RunDir(root / "runs" / spec.slug)
+    run_sweep([spec], scale, root)  # an experiment that reads nothing from the weights
+    results = run.results_json.read_bytes()
+    capsys.readouterr()
+    run_sweep([spec], scale, root, products={spec: (CONTEXT_USE,)})  # one that does: from the checkpoint
+    err = capsys.readouterr().err
+    assert "1 already finished" not in err and "0 to train, 1 to evaluate" in err and "evaluated from its checkpoint" in err
+    assert CONTEXT_USE.exists(run.path) and run.results_json.read_bytes() == results  # not trained again
+    # the product and the checkpoint gone (a run finished on another machine, its results committed)
+    shutil.rmtree(run.evals_dir)
+    shutil.rmtree(run.ckpt_dir)
+    with pytest.raises(MissingWeights, match=f"{run.path} has no checkpoint to compute it from"):
+        CONTEXT_USE.get(run.path)
+    run_sweep([spec], scale, root, products={spec: (CONTEXT_USE,)})
+    err = capsys.readouterr().err
+    assert f"training {spec.slug} again: context_use.json must be computed from its weights" in err
+    assert "1 to train (1 again)" in err
+    assert CONTEXT_USE.exists(run.path) and run.checkpoint() is not None and run.results() is not None
+
+
+def test_a_product_is_never_written_through_a_planted_link(corpus, tmp_path, monkeypatch):
+    scale, root = _setup(corpus, tmp_path, monkeypatch)
+    spec = RunSpec.make("micro", "llama", seed=0)
+    run = RunDir(root / "runs" / spec.slug)
+    run_sweep([spec], scale, root)
+    (tmp_path / "victim").mkdir()
+    run.evals_dir.symlink_to(tmp_path / "victim")
+    with pytest.raises(ValueError, match="is a symbolic link; refusing to write through it"):
+        CONTEXT_USE.get(run.path)
+    assert list((tmp_path / "victim").iterdir()) == []
