@@ -146,7 +146,7 @@ def run_sweep(specs: list[RunSpec], scale: Scale, root: Path, data_dir: str | No
               "(it finished elsewhere; its earlier results stay in git history)", file=sys.stderr, flush=True)
         with runs[s].lock():
             runs[s].clear()
-    todo = fresh + evaluate
+    todo = evaluate + fresh  # first what lacks its products: a result cleared to train again is missing meanwhile
     print(f"{len(unique)} runs, {len(unique) - len(todo)} already finished, {len(fresh) + len(again)} to train"
           + (f" ({len(again)} again)" if again else "") + (f", {len(evaluate) - len(again)} to evaluate" if len(evaluate) > len(again) else ""),
           file=sys.stderr, flush=True)
