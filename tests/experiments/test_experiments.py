@@ -1,6 +1,7 @@
 """The experiment suite: the protocol of every scale, shared runs, paired statistics and verdicts, one
 experiment end to end with resume, the report's budget check, test-time and energy analyses."""
 
+import json
 import math
 import shutil
 from dataclasses import replace
@@ -154,6 +155,26 @@ def test_learning_rate_protocol_end_to_end(corpus, tmp_path, monkeypatch):
     assert chosen_lr == min(sweep, key=sweep.get)
     assert len(sweep) in (2, 3)  # grown by one factor of 2 where the best rate was at an end
     assert {r["lr"] for r in summary["rows"]} == {chosen_lr}
+
+
+def test_a_recorded_learning_rate_choice_stands_when_a_sweep_run_changes(corpus, tmp_path, monkeypatch):
+    """A sweep's decision is recorded when it finishes; a sweep run trained again later (whose validation loss
+    moves by noise) does not re-decide it, and the summary says which rate is now lowest."""
+    monkeypatch.setenv("CEM_CACHE_DIR", str(tmp_path / "cache"))
+    kw = smoke(corpus, seeds=(0,), recursion_seeds=(0,), lr_sweep=True, lrs=(1e-3, 4e-3), lr_extend=1)
+    root = tmp_path / "res"
+    first = run_experiment("lr", "smoke", root, **kw)
+    pick = first["chosen"]["micro"]["lr"]
+    record = json.loads((root / "lr" / "choices.json").read_text())["micro-llama"]
+    assert record["lr"] == pick and record["seeds"] == [0] and set(record["grid"]) == {r["lr"] for r in first["rows"]}
+    other = next(r["lr"] for r in first["rows"] if r["lr"] != pick)
+    path = root / "runs" / RunSpec.make("micro", "llama", train={"lr": other}).with_seed(0).slug / "results.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "valid_loss": -1.0}))  # as if trained again
+    again = run_experiment("lr", "smoke", root, **kw)
+    assert again["chosen"]["micro"]["lr"] == pick and again["chosen"]["micro"]["best_now"]["lr"] == other
+    (root / "lr" / "choices.json").write_text('{"micro-llama": {"lr": "fast"}}')
+    with pytest.raises(ValueError, match="choices.json is corrupted: its entry micro-llama is not a recorded sweep"):
+        run_experiment("lr", "smoke", root, **kw)
 
 
 def test_fig2c_end_to_end_with_resume_and_the_budget_check(corpus, tmp_path, monkeypatch, capsys):

@@ -5,6 +5,10 @@ The grid starts as the scale's `lrs` (spaced by factors of 2). A rate is judged 
 loss over the sweep's seeds (`Scale.sweep_seeds`); while the best rate sits at an end of the grid, the grid
 grows by one factor of 2 on that side (at most `Scale.lr_extend` times), so the chosen rate is bracketed.
 The chosen rate is a grid point, so the sweep's own runs are the Llama baseline's runs at that rate.
+
+A finished sweep's decision is made once and recorded in RESULTS/lr/choices.json (committed with the runs):
+every run of its size depends on it, so a sweep run trained again later (`cem.experiments.products`), whose
+validation loss moves by noise, never re-decides it.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from ..io import atomic_write_json, read_json
 from .scales import Scale
 from .sweep import RunSpec, run_sweep
 
@@ -40,20 +45,58 @@ def extend(grid: tuple[float, ...], best: float, first: tuple[float, ...], limit
     return None
 
 
+def _record(root: Path) -> Path:
+    return Path(root) / "lr" / "choices.json"
+
+
+def recorded(scale: Scale, size: str, arch: str, root: Path) -> dict | None:
+    """The recorded decision of the sweep of `arch` at `size` (None: none, or one made with other seeds or
+    another first grid, which this sweep does not reuse)."""
+    path = _record(root)
+    if not path.exists():
+        return None
+    entry = read_json(path).get(f"{size}-{arch}")
+    if entry is None:
+        return None
+    try:
+        grid = tuple(float(x) for x in entry["grid"])
+        first, seeds, best = tuple(float(x) for x in entry["first_grid"]), tuple(int(x) for x in entry["seeds"]), float(entry["lr"])
+        losses = {float(k): float(v) for k, v in entry["valid_loss"].items()}
+    except (KeyError, TypeError, ValueError, AttributeError):
+        raise ValueError(f"{path} is corrupted: its entry {size}-{arch} is not a recorded sweep (lr, grid, first_grid, seeds, valid_loss)") from None
+    if best not in grid:
+        raise ValueError(f"{path} is corrupted: the chosen rate {best:g} of {size}-{arch} is not in its grid")
+    if first != tuple(scale.grid(size, arch)) or seeds != scale.sweep_seeds(size):
+        return None
+    return {"lr": best, "grid": grid, "valid_loss": losses}
+
+
 def sweep(scale: Scale, size: str, arch: str, root: Path, data_dir: str | None = None, jobs: int = 1) -> tuple[float, tuple[float, ...], dict]:
     """Train the sweep of `arch` at `size` until its best rate is bracketed; returns (best rate, final grid,
-    mean validation loss per rate)."""
-    grid = scale.grid(size, arch)
+    mean validation loss per rate). A recorded decision stands: its runs are only trained where missing."""
+    first = scale.grid(size, arch)
+    done = recorded(scale, size, arch, root)
+    grid = done["grid"] if done else first
     while True:
         specs = sweep_specs(scale, size, arch, grid)
         print(f"== learning-rate sweep: {arch} {size}, rates {', '.join(f'{lr:g}' for lr in grid)}", file=sys.stderr, flush=True)
         results = run_sweep(specs, scale, root, data_dir, jobs)
+        if done:
+            return done["lr"], tuple(sorted(grid)), done["valid_loss"]
         losses = {lr: mean_valid_loss([results[RunSpec.make(size, arch, train={"lr": lr}).with_seed(s)] for s in scale.sweep_seeds(size)]) for lr in grid}
         best = min(grid, key=lambda lr: losses[lr])
-        grown = extend(grid, best, scale.grid(size, arch), scale.lr_extend)
+        grown = extend(grid, best, first, scale.lr_extend)
         if grown is None:
+            _write_record(root, f"{size}-{arch}", {"lr": best, "grid": sorted(grid), "first_grid": list(first),
+                                                  "seeds": list(scale.sweep_seeds(size)), "valid_loss": {str(k): v for k, v in losses.items()}})
             return best, tuple(sorted(grid)), losses
         grid = grown
+
+
+def _write_record(root: Path, key: str, entry: dict) -> None:
+    path = _record(root)
+    record = read_json(path) if path.exists() else {}
+    atomic_write_json(path, {**record, key: entry})
 
 
 def choose(scale: Scale, size: str, arch: str, root: Path, data_dir: str | None = None, jobs: int = 1) -> Scale:

@@ -69,14 +69,19 @@ def lr_products(s: Scale, v: Variant, seed: int) -> list[Product]:
 
 
 def lr_findings(c: Context):
-    """The rate each size's variants train at (chosen on mean validation loss), and the regime check: is
-    each size's Llama above n-gram level (`analysis.regime_check`)?"""
+    """The rate each size's variants train at (chosen on mean validation loss when its sweep finished, and
+    recorded: `cem.experiments.lr`), and the regime check: is each size's Llama above n-gram level
+    (`analysis.regime_check`)? Where a sweep run was trained again since and the best rate now differs, the
+    summary says so (`best_now`); the recorded choice stands, since every run of its size trained at it."""
     chosen = {}
     for size in c.scale.sizes:
         rows = [r for r in c.rows if r["group"] == size]
         best = min(rows, key=lambda r: r["valid_loss"])
-        edge = best["lr"] in (min(r["lr"] for r in rows), max(r["lr"] for r in rows))
-        chosen[size] = {"lr": best["lr"], "valid_loss": best["valid_loss"], "bracketed": not edge, "seeds": best["seeds"]}
+        pick = next((r for r in rows if r["lr"] == dict(c.scale.chosen_lrs).get(size)), best)
+        edge = pick["lr"] in (min(r["lr"] for r in rows), max(r["lr"] for r in rows))
+        chosen[size] = {"lr": pick["lr"], "valid_loss": pick["valid_loss"], "bracketed": not edge, "seeds": pick["seeds"]}
+        if pick is not best:
+            chosen[size]["best_now"] = {"lr": best["lr"], "valid_loss": best["valid_loss"]}
     if not c.scale.findings:  # a smoke run: no regime check (its n-grams would be fit on a toy corpus)
         return [], {"chosen": chosen}
     findings, regime = analysis.regime_check(c, chosen)

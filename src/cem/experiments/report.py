@@ -232,7 +232,10 @@ def write_report(results_dir: str | Path, allow_short: bool = False) -> Path:
             lines += _curves(s)
         if "chosen" in s:
             lines += [""] + [f"- {size}: chosen rate {c['lr']:g} (mean validation loss {c['valid_loss']:.4f}, seeds {c['seeds']})"
-                             + ("" if c["bracketed"] else " **at an end of the grid: not bracketed**") for size, c in s["chosen"].items()]
+                             + ("" if c["bracketed"] else " **at an end of the grid: not bracketed**")
+                             + (f"; with runs trained again since, {c['best_now']['lr']:g} is now lowest ({c['best_now']['valid_loss']:.4f}): "
+                                "the recorded choice stands, every run of the size trained at it" if "best_now" in c else "")
+                             for size, c in s["chosen"].items()]
         if "trend" in s:
             lines += [""] + [f"- {name}: slope {t['slope']['mean']:+.4f} nats per e-fold of parameters [95% CI {t['slope']['lo']:+.4f}, {t['slope']['hi']:+.4f}] "
                              "(tested sizes only)" for name, t in s["trend"].items() if "slope" in t]
