@@ -68,3 +68,31 @@ def test_a_product_is_never_written_through_a_planted_link(corpus, tmp_path, mon
     with pytest.raises(ValueError, match="is a symbolic link; refusing to write through it"):
         CONTEXT_USE.get(run.path)
     assert list((tmp_path / "victim").iterdir()) == []
+
+
+def test_a_run_another_sweep_holds_is_waited_for_not_an_error(corpus, tmp_path, monkeypatch, capsys):
+    """Two sweeps over the same results (two terminals, or two lanes of a suite) that both need a run: the
+    second waits for the first to release it, then takes what it left, instead of failing."""
+    import threading
+
+    from cem.experiments import sweep
+
+    scale, root = _setup(corpus, tmp_path, monkeypatch)
+    monkeypatch.setattr(sweep, "LOCK_POLL_S", 0.2)
+    spec = RunSpec.make("micro", "llama", seed=0)
+    run = RunDir(root / "runs" / spec.slug)
+    held, release = threading.Event(), threading.Event()
+
+    def other_sweep():
+        with run.lock():
+            held.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=other_sweep)
+    holder.start()
+    held.wait(30)
+    threading.Timer(1.0, release.set).start()
+    results = run_sweep([spec], scale, root, products={spec: (CONTEXT_USE,)})
+    holder.join()
+    assert f"{spec.slug}: run directory {run.path} is in use by another process" in capsys.readouterr().err
+    assert results[spec] is not None and CONTEXT_USE.exists(run.path)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
 
-from ..training.rundir import RunDir, run_identity, run_name
+from ..training.rundir import RunDir, RunLockedError, run_identity, run_name
 from .scales import Scale
 from .stats import mean_std
 
@@ -70,6 +70,7 @@ def run_config(spec: RunSpec, scale: Scale, data_dir: str | None):
     return load_run_config(None, {**{f"train.{k}": v for k, v in train.items()}, **{f"model.{k}": v for k, v in spec.model}})
 
 
+LOCK_POLL_S = 30.0  # how often a sweep looks again at a run that another sweep over the same results holds
 _STOP = None  # in a worker of a parallel sweep: the sweep's stop event (`_init_worker`)
 _PARENT = None  # and the sweep's pid
 
@@ -111,14 +112,23 @@ def _run_one(args) -> dict | None:
     if threads:
         torch.set_num_threads(threads)
     out = Path(root) / "runs" / spec.slug
-    res = RunDir(out).results()
-    if res is None:
-        # resume what a previous sweep started; a fresh run starts without the "no checkpoint" notice of --resume
-        res = train(run_config(spec, scale, data_dir), out, resume=RunDir(out).read_run() is not None, progress=False)
+    waiting = False
+    while (res := RunDir(out).results()) is None:
+        try:  # resume what a previous sweep started; a fresh run starts without the "no checkpoint" notice of --resume
+            res = train(run_config(spec, scale, data_dir), out, resume=RunDir(out).read_run() is not None, progress=False)
+        except RunLockedError as e:  # another sweep over the same results trains it: wait, then take what it left
+            if not waiting:
+                print(f"  {spec.slug}: {e}; waiting for it", file=sys.stderr, flush=True)
+                waiting = True
+            if _STOP is not None and _STOP.is_set():
+                return None
+            time.sleep(LOCK_POLL_S)
+            continue
         if isinstance(res, Interrupted):
             if _PARENT is not None and os.getppid() != _PARENT:  # the sweep is gone: nobody waits for this worker
                 os._exit(143)
             raise SystemExit(f"interrupted while training {spec.slug}; run the same command again to resume")
+        break
     for product in products:  # while the weights are here (`cem.experiments.products`)
         product.get(out, data_dir)
     return res
@@ -144,7 +154,7 @@ def run_sweep(specs: list[RunSpec], scale: Scale, root: Path, data_dir: str | No
         names = ", ".join(p.name for p in missing(products[s], runs[s].path))
         print(f"training {s.slug} again: {names} must be computed from its weights and its checkpoint is gone "
               "(it finished elsewhere; its earlier results stay in git history)", file=sys.stderr, flush=True)
-        with runs[s].lock():
+        with contextlib.suppress(RunLockedError), runs[s].lock():  # locked: another sweep is at it already
             runs[s].clear()
     todo = evaluate + fresh  # first what lacks its products: a result cleared to train again is missing meanwhile
     print(f"{len(unique)} runs, {len(unique) - len(todo)} already finished, {len(fresh) + len(again)} to train"
