@@ -352,6 +352,9 @@ def cmd_experiment(args) -> int:
         pick_device(args.device)  # an unknown device is refused before any run starts
     if Path(results).exists() and not Path(results).is_dir():
         raise ValueError(f"--results {results} is a file; name a folder for the results")
+    if args.plan:
+        print(ex.format_plan(ex.plan(args.scale, results, ids, **overrides)))
+        return 0
     for summary in run_suite(args.scale, results, args.data_dir, args.jobs, ids, args.device, **overrides):
         for f in summary["findings"]:
             print(f"{summary['experiment']}: [{f['verdict']}] {f['claim']} -- {f['evidence']}")
@@ -496,6 +499,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", help="device of the analyses that evaluate trained models: " + DEVICE_HELP)
     p.add_argument("--allow-short", action="store_true", dest="allow_short",
                    help="write the report even if runs are short of the Chinchilla budget (its first line says so)")
+    p.add_argument("--plan", action="store_true", help="only say what would be trained and evaluated, per experiment, and an estimate of the time")
     p.set_defaults(func=cmd_experiment)
 
     p = sub.add_parser("report", help="write RESULTS_DIR/report.md from experiment results")

@@ -177,6 +177,32 @@ def test_a_recorded_learning_rate_choice_stands_when_a_sweep_run_changes(corpus,
         run_experiment("lr", "smoke", root, **kw)
 
 
+def test_plan_says_what_would_be_trained_without_training(corpus, tmp_path, monkeypatch, capsys):
+    """`cem experiment ... --plan`: the runs per experiment by status and the hours left, nothing trained; at
+    a sweeping scale whose base sweep is undecided, only the sweep's runs can be named."""
+    from cem.cli import main
+    from cem.experiments import plan
+
+    monkeypatch.setenv("CEM_CACHE_DIR", str(tmp_path / "cache"))
+    root = tmp_path / "res"
+    before = plan("smoke", root, ("fig2c",), **smoke(corpus))
+    assert before["experiments"]["fig2c"] == {"finished": 0, "train": 10, "evaluate": 0, "again": 0}
+    assert before["unestimated"] == 10 and not root.exists()  # no finished run to time them by; nothing written
+    run_experiment("fig2c", "smoke", root, **smoke(corpus))
+    after = plan("smoke", root, ("fig2c", "test-time"), **smoke(corpus))
+    # fig2c's Llama runs are test-time's Llama-reuse runs, whose depth study is computed from their checkpoints
+    assert after["experiments"]["fig2c"] == {"finished": 8, "train": 0, "evaluate": 2, "again": 0}
+    assert after["experiments"]["test-time"]["train"] > 0 and after["unestimated"] == 0 and after["core_hours"] > 0
+    runs = sorted(p.name for p in (root / "runs").iterdir())
+    capsys.readouterr()
+    assert main(["experiment", "fig2c,test-time", "--scale", "smoke", "--results", str(root), "--plan"]) == 0
+    out = capsys.readouterr().out
+    assert "nothing is trained" in out and "fig2c" in out and "core-hours" in out
+    assert sorted(p.name for p in (root / "runs").iterdir()) == runs
+    sweeping = plan("smoke", tmp_path / "other", ("fig2a",), **smoke(corpus, lr_sweep=True, lrs=(1e-3, 4e-3)))
+    assert sweeping["undecided"] == {"micro-llama": 4} and sweeping["experiments"] == {} and sweeping["total"]["train"] == 4
+
+
 def test_fig2c_end_to_end_with_resume_and_the_budget_check(corpus, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("CEM_CACHE_DIR", str(tmp_path / "cache"))
     summary = run_experiment("fig2c", "smoke", tmp_path / "res", **smoke(corpus))

@@ -2,7 +2,7 @@
 
 from .registry import ALL_IDS, EXPERIMENTS, SUITE_ORDER, akima_optimum
 from .report import write_report
-from .runner import run_experiment, run_suite
+from .runner import format_plan, plan, run_experiment, run_suite
 from .scales import SCALES, Scale, get_scale
 from .sweep import RunSpec, Variant, run_sweep
 
@@ -15,7 +15,9 @@ __all__ = [
     "Scale",
     "Variant",
     "akima_optimum",
+    "format_plan",
     "get_scale",
+    "plan",
     "run_experiment",
     "run_suite",
     "run_sweep",

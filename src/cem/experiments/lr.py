@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import math
 import sys
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..io import atomic_write_json, read_json
+from ..training.rundir import RunDir
 from .scales import Scale
 from .sweep import RunSpec, run_sweep
 
@@ -71,25 +72,44 @@ def recorded(scale: Scale, size: str, arch: str, root: Path) -> dict | None:
     return {"lr": best, "grid": grid, "valid_loss": losses}
 
 
-def sweep(scale: Scale, size: str, arch: str, root: Path, data_dir: str | None = None, jobs: int = 1) -> tuple[float, tuple[float, ...], dict]:
-    """Train the sweep of `arch` at `size` until its best rate is bracketed; returns (best rate, final grid,
-    mean validation loss per rate). A recorded decision stands: its runs are only trained where missing."""
+@dataclass(frozen=True)
+class SweepState:
+    """Where a sweep stands: its chosen rate (None while undecided), its grid so far, the mean validation
+    loss per rate, and the runs still to train (a dry look: `sweep(..., dry=True)`)."""
+
+    best: float | None
+    grid: tuple[float, ...]
+    losses: dict
+    pending: tuple = ()
+
+
+def sweep(scale: Scale, size: str, arch: str, root: Path, data_dir: str | None = None, jobs: int = 1, dry: bool = False) -> SweepState:
+    """Train the sweep of `arch` at `size` until its best rate is bracketed. A recorded decision stands: its
+    runs are only trained where missing. With `dry`, nothing is trained: the decision the finished runs
+    allow, or the runs it waits for."""
     first = scale.grid(size, arch)
     done = recorded(scale, size, arch, root)
     grid = done["grid"] if done else first
     while True:
         specs = sweep_specs(scale, size, arch, grid)
-        print(f"== learning-rate sweep: {arch} {size}, rates {', '.join(f'{lr:g}' for lr in grid)}", file=sys.stderr, flush=True)
-        results = run_sweep(specs, scale, root, data_dir, jobs)
+        if dry:
+            results = {s: RunDir(Path(root) / "runs" / s.slug).results() for s in specs}
+        else:
+            print(f"== learning-rate sweep: {arch} {size}, rates {', '.join(f'{lr:g}' for lr in grid)}", file=sys.stderr, flush=True)
+            results = run_sweep(specs, scale, root, data_dir, jobs)
+        pending = tuple(s for s in specs if results[s] is None)
         if done:
-            return done["lr"], tuple(sorted(grid)), done["valid_loss"]
+            return SweepState(done["lr"], tuple(sorted(grid)), done["valid_loss"], pending)
+        if pending:
+            return SweepState(None, tuple(sorted(grid)), {}, pending)
         losses = {lr: mean_valid_loss([results[RunSpec.make(size, arch, train={"lr": lr}).with_seed(s)] for s in scale.sweep_seeds(size)]) for lr in grid}
         best = min(grid, key=lambda lr: losses[lr])
         grown = extend(grid, best, first, scale.lr_extend)
         if grown is None:
-            _write_record(root, f"{size}-{arch}", {"lr": best, "grid": sorted(grid), "first_grid": list(first),
-                                                  "seeds": list(scale.sweep_seeds(size)), "valid_loss": {str(k): v for k, v in losses.items()}})
-            return best, tuple(sorted(grid)), losses
+            if not dry:
+                _write_record(root, f"{size}-{arch}", {"lr": best, "grid": sorted(grid), "first_grid": list(first),
+                                                      "seeds": list(scale.sweep_seeds(size)), "valid_loss": {str(k): v for k, v in losses.items()}})
+            return SweepState(best, tuple(sorted(grid)), losses)
         grid = grown
 
 
@@ -101,9 +121,13 @@ def _write_record(root: Path, key: str, entry: dict) -> None:
 
 def choose(scale: Scale, size: str, arch: str, root: Path, data_dir: str | None = None, jobs: int = 1) -> Scale:
     """The scale with the sweep of `arch` at `size` finished and recorded (for Llama: the size's chosen rate)."""
-    best, grid, _ = sweep(scale, size, arch, root, data_dir, jobs)
-    grids = tuple((k, g) for k, g in scale.lr_grids if k != f"{size}-{arch}") + ((f"{size}-{arch}", grid),)
+    return with_choice(scale, size, arch, sweep(scale, size, arch, root, data_dir, jobs))
+
+
+def with_choice(scale: Scale, size: str, arch: str, state: SweepState) -> Scale:
+    """The scale with a decided sweep's grid (and, for Llama, its rate) recorded."""
+    grids = tuple((k, g) for k, g in scale.lr_grids if k != f"{size}-{arch}") + ((f"{size}-{arch}", state.grid),)
     chosen = scale.chosen_lrs
     if arch == "llama":
-        chosen = tuple((z, lr) for z, lr in chosen if z != size) + ((size, best),)
+        chosen = tuple((z, lr) for z, lr in chosen if z != size) + ((size, state.best),)
     return replace(scale, lr_grids=grids, chosen_lrs=chosen)

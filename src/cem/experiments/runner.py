@@ -86,6 +86,112 @@ def train_runs(ids, sc: Scale, root: Path, data_dir: str | None = None, jobs: in
     return sc, results
 
 
+def plan(scale: str = "cpu", results_dir: str | Path | None = None, ids=None, **scale_overrides) -> dict:
+    """What `run_suite` would train and evaluate, without doing either (`cem experiment ... --plan`): the
+    learning-rate decisions so far (a size whose sweep is undecided has runs that cannot be named yet), each
+    experiment's runs by `run_status` (with every experiment's products), and the core-hours of training
+    left (`_estimate_seconds`; runs of a size with no finished run are counted in `unestimated`)."""
+    from .sweep import run_status
+
+    sc = get_scale(scale, **scale_overrides)
+    ids = tuple(ids or sc.suite or SUITE_ORDER)
+    for i in ids:
+        _check_id(i)
+    root = Path(results_dir or f"results/{scale}")
+    undecided, decided, status = {}, list(sc.sizes), {}
+    if sc.lr_sweep:
+        decided = []
+        for size in [sc.base] + [z for z in sc.sizes if z != sc.base]:
+            state = lr.sweep(sc, size, "llama", root, dry=True)
+            if state.best is None:
+                undecided[f"{size}-llama"] = len(state.pending)
+                status.update({spec: "train" for spec in state.pending})
+                if size == sc.base:  # every other size's grid is centred on the base size's rate
+                    break
+                continue
+            sc = lr.with_choice(sc, size, "llama", state)
+            decided.append(size)
+        if "fig3a" in ids and sc.base in decided:
+            state = lr.sweep(sc, sc.base, "cem-t2", root, dry=True)
+            if state.best is None:
+                undecided[f"{sc.base}-cem-t2"] = len(state.pending)
+            else:
+                sc = lr.with_choice(sc, sc.base, "cem-t2", state)
+    known = replace(sc, sizes=tuple(z for z in sc.sizes if z in decided))
+    experiments, products = {}, _products(ids, known) if sc.base in decided else {}
+    for i in ids if sc.base in decided else ():
+        specs = list(dict.fromkeys(_specs(i, known)))
+        for spec in specs:
+            status.setdefault(spec, run_status(spec, root, products.get(spec, ())))
+        experiments[i] = {k: sum(status[x] == k for x in specs) for k in ("finished", "train", "evaluate", "again")}
+    total = {k: sum(v == k for v in status.values()) for k in ("finished", "train", "evaluate", "again")}
+    hours, unestimated = 0.0, 0
+    for spec in (x for x, v in status.items() if v in ("train", "again")):
+        seconds = _estimate_seconds(spec, root)
+        if seconds is None:
+            unestimated += 1
+        else:
+            hours += seconds / 3600
+    return {"scale": sc.name, "results": str(root), "chosen_lrs": dict(sc.chosen_lrs), "undecided": undecided,
+            "experiments": experiments, "total": total, "core_hours": hours, "unestimated": unestimated}
+
+
+def format_plan(p: dict) -> str:
+    """A plan (`plan`) as a few lines: the learning rates, a table of the runs per experiment, the totals."""
+    lines = [f"plan at the {p['scale']} scale in {p['results']} (nothing is trained or evaluated by --plan)"]
+    if p["chosen_lrs"]:
+        lines.append("learning rates chosen: " + ", ".join(f"{z} {lr:g}" for z, lr in p["chosen_lrs"].items()))
+    for key, n in p["undecided"].items():
+        lines.append(f"sweep {key} undecided: {n} of its runs to train first" + ("; the runs at its rate are not counted yet" if key.endswith("-llama") else ""))
+    cols = ("finished", "train", "evaluate", "again")
+    lines.append(f"{'experiment':<12}" + "".join(f"{c:>10}" for c in ("finished", "to train", "evaluate", "again")))
+    for exp_id, counts in p["experiments"].items():
+        lines.append(f"{exp_id:<12}" + "".join(f"{counts[c]:>10}" for c in cols))
+    if p["total"]:
+        lines.append(f"{'all (once)':<12}" + "".join(f"{p['total'][c]:>10}" for c in cols))
+    lines.append(f"training left: about {p['core_hours']:.1f} core-hours (one thread per run: divide by --jobs), from the wall "
+                 "times of finished runs of the same size, scaled by training FLOPs where the architecture differs"
+                 + (f"; {p['unestimated']} runs of sizes with no finished run are not counted" if p["unestimated"] else "")
+                 + ". 'again': finished runs whose checkpoint is gone and whose weights an analysis needs; "
+                 "'evaluate': that analysis is computed from their checkpoint.")
+    return "\n".join(lines)
+
+
+def _estimate_seconds(spec, root: Path) -> float | None:
+    """Training seconds left for a run: the median wall time of finished runs of its size, architecture and
+    model settings (any seed or rate), else of finished runs of its size scaled by training FLOPs per token
+    (the budget is the size's); times the share of its steps not yet checkpointed. None: no finished run of
+    its size."""
+    import statistics
+
+    from ..model import model_config
+    from ..model.flops import train_flops_per_token
+    from ..training import RunDir
+    from ..training.checkpoint import read_manifest
+
+    def flops(arch: str, model: dict) -> int:
+        return train_flops_per_token(model_config(spec.size, arch, **model))
+
+    runs = root / "runs"
+    same, scaled = [], []
+    for d in runs.glob(f"{spec.size}-*") if runs.is_dir() else ():
+        res = RunDir(d).results()
+        if res is None or "wall_time_s" not in res or res.get("config", {}).get("train", {}).get("preset") != spec.size:
+            continue
+        arch, model = res["config"]["train"]["arch"], res["config"].get("model_overrides") or {}
+        if arch == spec.arch and model == dict(spec.model):
+            same.append(res["wall_time_s"])
+        scaled.append(res["wall_time_s"] * flops(spec.arch, dict(spec.model)) / flops(arch, model))
+    if not scaled:
+        return None
+    seconds = statistics.median(same or scaled)
+    run = RunDir(runs / spec.slug)
+    ckpt, recorded = run.checkpoint(), run.read_run()
+    if ckpt is not None and recorded and recorded.get("total_steps"):
+        seconds *= max(0.0, 1 - read_manifest(ckpt)["step"] / recorded["total_steps"])
+    return seconds
+
+
 def _analyse(exp_id: str, sc: Scale, root: Path, results: dict, data_dir: str | None, device: str) -> dict:
     exp = EXPERIMENTS[exp_id]
     out = root / exp_id

@@ -134,6 +134,20 @@ def _run_one(args) -> dict | None:
     return res
 
 
+def run_status(spec: RunSpec, root: Path, products=()) -> str:
+    """What a sweep does with a run: "finished" (nothing), "train" (unfinished: train it, or resume),
+    "evaluate" (finished, lacking one of its `products`: computed from its checkpoint) or "again" (finished,
+    lacking a product, and its checkpoint is gone: trained again)."""
+    from .products import missing
+
+    run = RunDir(Path(root) / "runs" / spec.slug)
+    if run.results() is None:
+        return "train"
+    if not missing(products, run.path):
+        return "finished"
+    return "evaluate" if run.checkpoint() is not None else "again"
+
+
 def run_sweep(specs: list[RunSpec], scale: Scale, root: Path, data_dir: str | None = None, jobs: int = 1,
               products: dict | None = None) -> dict[RunSpec, dict]:
     """Train every spec not finished yet under `root/runs/`, and compute each spec's `products` (what its
@@ -147,9 +161,10 @@ def run_sweep(specs: list[RunSpec], scale: Scale, root: Path, data_dir: str | No
     for s in unique:
         _check_finished(s, scale, root, data_dir)
     runs = {s: RunDir(Path(root) / "runs" / s.slug) for s in unique}
-    fresh = [s for s in unique if runs[s].results() is None]
-    evaluate = [s for s in unique if s not in fresh and missing(products.get(s, ()), runs[s].path)]
-    again = [s for s in evaluate if runs[s].checkpoint() is None]
+    status = {s: run_status(s, root, products.get(s, ())) for s in unique}
+    fresh = [s for s in unique if status[s] == "train"]
+    evaluate = [s for s in unique if status[s] in ("evaluate", "again")]
+    again = [s for s in unique if status[s] == "again"]
     for s in again:
         names = ", ".join(p.name for p in missing(products[s], runs[s].path))
         print(f"training {s.slug} again: {names} must be computed from its weights and its checkpoint is gone "
