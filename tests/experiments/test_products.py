@@ -70,29 +70,35 @@ def test_a_product_is_never_written_through_a_planted_link(corpus, tmp_path, mon
     assert list((tmp_path / "victim").iterdir()) == []
 
 
-def test_a_run_another_sweep_holds_is_waited_for_not_an_error(corpus, tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_a_run_another_sweep_holds_is_put_off_then_waited_for(corpus, tmp_path, monkeypatch, capfd, jobs):
     """Two sweeps over the same results (two terminals, or two lanes of a suite) that both need a run: the
-    second waits for the first to release it, then takes what it left, instead of failing."""
+    second trains its other runs first, then waits for the first to release that one and takes what it
+    left, instead of failing on the lock."""
     import threading
+    import time
 
     from cem.experiments import sweep
 
     scale, root = _setup(corpus, tmp_path, monkeypatch)
     monkeypatch.setattr(sweep, "LOCK_POLL_S", 0.2)
-    spec = RunSpec.make("micro", "llama", seed=0)
-    run = RunDir(root / "runs" / spec.slug)
-    held, release = threading.Event(), threading.Event()
+    held, free = RunSpec.make("micro", "llama", seed=0), RunSpec.make("micro", "llama", seed=1)
+    run = RunDir(root / "runs" / held.slug)
+    holding = threading.Event()
 
-    def other_sweep():
+    def other_sweep():  # holds its run until this sweep has finished the other one (at most 2 minutes)
         with run.lock():
-            held.set()
-            release.wait(30)
+            holding.set()
+            deadline = time.time() + 120
+            while not RunDir(root / "runs" / free.slug).results_json.exists() and time.time() < deadline:
+                time.sleep(0.2)
 
     holder = threading.Thread(target=other_sweep)
     holder.start()
-    held.wait(30)
-    threading.Timer(1.0, release.set).start()
-    results = run_sweep([spec], scale, root, products={spec: (CONTEXT_USE,)})
+    holding.wait(30)
+    results = run_sweep([held, free], scale, root, jobs=jobs, products={s: (CONTEXT_USE,) for s in (held, free)})
     holder.join()
-    assert f"{spec.slug}: run directory {run.path} is in use by another process" in capsys.readouterr().err
-    assert results[spec] is not None and CONTEXT_USE.exists(run.path)
+    err = capfd.readouterr().err  # the workers' lines too
+    assert f"{held.slug}: run directory {run.path} is in use by another process" in err
+    assert err.index(f"[1/2] {free.slug}") < err.index(f"[2/2] {held.slug}")  # the free run did not wait
+    assert all(results[s] is not None and CONTEXT_USE.exists(root / "runs" / s.slug) for s in (held, free))

@@ -8,7 +8,8 @@ import os
 import signal
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor
+from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
@@ -101,8 +102,11 @@ def _stop_workers(pool: ProcessPoolExecutor) -> None:
                 os.kill(proc.pid, signal.SIGTERM)
 
 
-def _run_one(args) -> dict | None:
-    spec, scale, data_dir, root, threads, products = args
+HELD = "held"  # what `_run_one` returns, without waiting, for a run another sweep holds
+
+
+def _run_one(args) -> dict | str | None:
+    spec, scale, data_dir, root, threads, products, wait = args
     if _STOP is not None and _STOP.is_set():
         return None  # the sweep is stopping: a run already handed to this worker's queue does not start
     import torch
@@ -116,10 +120,12 @@ def _run_one(args) -> dict | None:
     while (res := RunDir(out).results()) is None:
         try:  # resume what a previous sweep started; a fresh run starts without the "no checkpoint" notice of --resume
             res = train(run_config(spec, scale, data_dir), out, resume=RunDir(out).read_run() is not None, progress=False)
-        except RunLockedError as e:  # another sweep over the same results trains it: wait, then take what it left
-            if not waiting:
-                print(f"  {spec.slug}: {e}; waiting for it", file=sys.stderr, flush=True)
-                waiting = True
+        except RunLockedError as e:  # another sweep over the same results trains it: later, or wait and take what it left
+            if not wait or not waiting:
+                print(f"  {spec.slug}: {e}; {'waiting for it' if wait else 'put off until the other runs are done'}", file=sys.stderr, flush=True)
+            if not wait:
+                return HELD
+            waiting = True
             if _STOP is not None and _STOP.is_set():
                 return None
             time.sleep(LOCK_POLL_S)
@@ -176,16 +182,28 @@ def run_sweep(specs: list[RunSpec], scale: Scale, root: Path, data_dir: str | No
           + (f" ({len(again)} again)" if again else "") + (f", {len(evaluate) - len(again)} to evaluate" if len(evaluate) > len(again) else ""),
           file=sys.stderr, flush=True)
     threads = max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 else 0
-    args = [(s, scale, data_dir, str(root), threads, products.get(s, ())) for s in todo]
+    # a run another sweep over the same results holds is put off until the others are done, then waited for
+    args = [(s, scale, data_dir, str(root), threads, products.get(s, ()), False) for s in todo]
     progress = _Progress(len(todo))
+
+    def done(a, res) -> tuple | None:
+        """The run again, to wait for, if another sweep held it; else its progress line."""
+        if isinstance(res, str):
+            return (*a[:-1], True)
+        progress.done(a[0], res, trained=a[0] not in evaluate or a[0] in again)
+        return None
+
     if jobs > 1 and len(todo) > 1:
         context = get_context("spawn")
         stop = context.Event()
         pool = ProcessPoolExecutor(jobs, mp_context=context, initializer=_init_worker, initargs=(stop, os.getpid()))
         try:
-            futures = {pool.submit(_run_one, a): a[0] for a in args}
-            for fut in as_completed(futures):
-                progress.done(futures[fut], fut.result(), trained=futures[fut] not in evaluate or futures[fut] in again)
+            pending = {pool.submit(_run_one, a): a for a in args}
+            while pending:
+                for fut in wait_futures(pending, return_when=FIRST_COMPLETED)[0]:
+                    again_later = done(pending.pop(fut), fut.result())
+                    if again_later:
+                        pending[pool.submit(_run_one, again_later)] = again_later
         except BaseException as exc:  # a run failed or was interrupted (its checkpoint is saved), or this process
             stop.set()  # was stopped (Ctrl-C, SIGTERM): no new run starts, not even those already queued to a worker
             if not isinstance(exc, Exception):  # stopped: the running runs checkpoint and stop too, not finish
@@ -194,8 +212,12 @@ def run_sweep(specs: list[RunSpec], scale: Scale, root: Path, data_dir: str | No
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
     else:
-        for a in args:
-            progress.done(a[0], _run_one(a), trained=a[0] not in evaluate or a[0] in again)
+        queue = list(args)
+        while queue:
+            a = queue.pop(0)
+            again_later = done(a, _run_one(a))
+            if again_later:
+                queue.append(again_later)
     return {s: runs[s].results() for s in unique}
 
 
