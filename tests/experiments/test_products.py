@@ -102,3 +102,36 @@ def test_a_run_another_sweep_holds_is_put_off_then_waited_for(corpus, tmp_path, 
     assert f"{held.slug}: run directory {run.path} is in use by another process" in err
     assert err.index(f"[1/2] {free.slug}") < err.index(f"[2/2] {held.slug}")  # the free run did not wait
     assert all(results[s] is not None and CONTEXT_USE.exists(root / "runs" / s.slug) for s in (held, free))
+
+
+def test_a_product_another_sweep_is_computing_is_not_computed_twice(corpus, tmp_path, monkeypatch, capfd):
+    """Two lanes that both need a finished run's product: the one that finds the run held waits, then reads
+    what the other wrote, instead of evaluating the same weights again."""
+    import threading
+    import time
+
+    from cem.experiments import sweep
+    from cem.io import atomic_write_json
+
+    scale, root = _setup(corpus, tmp_path, monkeypatch)
+    monkeypatch.setattr(sweep, "LOCK_POLL_S", 0.2)
+    spec = RunSpec.make("micro", "llama", seed=0)
+    run = RunDir(root / "runs" / spec.slug)
+    run_sweep([spec], scale, root)  # finished, no product yet
+    holding = threading.Event()
+    written = {"short": [8, 16], "short_loss": 1.0, "long_loss": 0.5, "by": "the other lane"}
+
+    def other_lane():  # holds the run while it "computes" the product
+        with run.lock():
+            holding.set()
+            time.sleep(1.0)
+            CONTEXT_USE.path(run.path).parent.mkdir(exist_ok=True)
+            atomic_write_json(CONTEXT_USE.path(run.path), written)
+
+    holder = threading.Thread(target=other_lane)
+    holder.start()
+    holding.wait(30)
+    run_sweep([spec], scale, root, products={spec: (CONTEXT_USE,)})
+    holder.join()
+    assert "waiting for it" in capfd.readouterr().err
+    assert json.loads(CONTEXT_USE.path(run.path).read_text()) == written  # read, not computed again

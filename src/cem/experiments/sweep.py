@@ -112,15 +112,27 @@ def _run_one(args) -> dict | str | None:
     import torch
 
     from ..training import Interrupted, train
+    from .products import missing
 
     if threads:
         torch.set_num_threads(threads)
     out = Path(root) / "runs" / spec.slug
     waiting = False
-    while (res := RunDir(out).results()) is None:
-        try:  # resume what a previous sweep started; a fresh run starts without the "no checkpoint" notice of --resume
-            res = train(run_config(spec, scale, data_dir), out, resume=RunDir(out).read_run() is not None, progress=False)
-        except RunLockedError as e:  # another sweep over the same results trains it: later, or wait and take what it left
+    while True:
+        try:
+            res = RunDir(out).results()
+            if res is None:  # resume what a previous sweep started; a fresh run starts without --resume's notice
+                res = train(run_config(spec, scale, data_dir), out, resume=RunDir(out).read_run() is not None, progress=False)
+                if isinstance(res, Interrupted):
+                    if _PARENT is not None and os.getppid() != _PARENT:  # the sweep is gone: nobody waits for this worker
+                        os._exit(143)
+                    raise SystemExit(f"interrupted while training {spec.slug}; run the same command again to resume")
+            if missing(products, out):  # while the weights are here (`cem.experiments.products`), held like training
+                with RunDir(out).lock():
+                    for product in products:
+                        product.get(out, data_dir)
+            return res
+        except RunLockedError as e:  # another sweep over the same results is at it: later, or wait and take what it left
             if not wait or not waiting:
                 print(f"  {spec.slug}: {e}; {'waiting for it' if wait else 'put off until the other runs are done'}", file=sys.stderr, flush=True)
             if not wait:
@@ -129,15 +141,6 @@ def _run_one(args) -> dict | str | None:
             if _STOP is not None and _STOP.is_set():
                 return None
             time.sleep(LOCK_POLL_S)
-            continue
-        if isinstance(res, Interrupted):
-            if _PARENT is not None and os.getppid() != _PARENT:  # the sweep is gone: nobody waits for this worker
-                os._exit(143)
-            raise SystemExit(f"interrupted while training {spec.slug}; run the same command again to resume")
-        break
-    for product in products:  # while the weights are here (`cem.experiments.products`)
-        product.get(out, data_dir)
-    return res
 
 
 def run_status(spec: RunSpec, root: Path, products=()) -> str:
