@@ -267,6 +267,12 @@ def test_test_time_and_energy(corpus, tmp_path, monkeypatch):
     for d in runs:
         shutil.rmtree(d / "ckpt")
     assert run_experiment("test-time", "smoke", tmp_path / "res", **scale)["curves"] == tt["curves"]
+    study = next((runs[1] / "evals").glob("depth_study_*.json"))  # a study made with other exit rules is refused
+    stale = json.loads(study.read_text())
+    study.write_text(json.dumps({**stale, "rules": stale["rules"][:1]}))
+    with pytest.raises(ValueError, match="was computed at other depths or exit rules"):
+        run_experiment("test-time", "smoke", tmp_path / "res", **scale)
+    study.write_text(json.dumps(stale))
     report = write_report(tmp_path / "res", allow_short=True).read_text()
     assert "oracle: lowest loss per token" in report and "gain over fixed T at equal FLOPs" in report
     en = run_experiment("energy", "smoke", tmp_path / "res", **scale)  # its run trained again: its checkpoint went above

@@ -220,6 +220,11 @@ def test_time_study(c: Context) -> tuple[list, dict]:
         product = depth_product(c.scale, v)
         vsteps = list(dict(product.kwargs)["steps"])
         runs = [product.get(d, c.data_dir, c.device) for d in dirs]
+        for d, r in zip(dirs, runs):  # a study is compared across seeds row by row: same depths, same exit rules
+            rules = [(x["rule"], x["tol"]) for x in r["rules"]]
+            if [x["eval_steps"] for x in r["curve"]] != vsteps or rules not in ([], [tuple(x) for x in EXIT_RULES_STUDIED]):
+                raise ValueError(f"{product.path(d)} was computed at other depths or exit rules ({[x['eval_steps'] for x in r['curve']]}, "
+                                 f"{rules}) than this analysis compares ({vsteps}, {list(EXIT_RULES_STUDIED)}); remove it to compute it again")
         curves[v.label] = _curve_rows(vsteps, [r["curve"] for r in runs])
         oracle[v.label] = {"test_loss": mean_std([r["oracle"]["test_loss"] for r in runs])[0],
                            "mean_best_steps": mean_std([r["oracle"]["mean_best_steps"] for r in runs])[0],
