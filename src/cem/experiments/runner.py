@@ -15,6 +15,7 @@ import torch
 from ..checks import check_positive_int
 from ..device import cpu_model
 from ..io import atomic_write_json
+from ..training import RunDir
 from . import lr
 from .findings import Context
 from .registry import ALL_IDS, EXPERIMENTS, SUITE_ORDER
@@ -126,8 +127,9 @@ def plan(scale: str = "cpu", results_dir: str | Path | None = None, ids=None, **
         experiments[i] = {k: sum(status[x] == k for x in specs) for k in ("finished", "train", "evaluate", "again")}
     total = {k: sum(v == k for v in status.values()) for k in ("finished", "train", "evaluate", "again")}
     hours, unestimated = 0.0, 0
+    finished = [r for r in (RunDir(d).results() for d in sorted((root / "runs").glob("*"))) if r is not None] if (root / "runs").is_dir() else []
     for spec in (x for x, v in status.items() if v in ("train", "again")):
-        seconds = _estimate_seconds(spec, root)
+        seconds = _estimate_seconds(spec, root, finished)
         if seconds is None:
             unestimated += 1
         else:
@@ -157,26 +159,23 @@ def format_plan(p: dict) -> str:
     return "\n".join(lines)
 
 
-def _estimate_seconds(spec, root: Path) -> float | None:
-    """Training seconds left for a run: the median wall time of finished runs of its size, architecture and
-    model settings (any seed or rate), else of finished runs of its size scaled by training FLOPs per token
-    (the budget is the size's); times the share of its steps not yet checkpointed. None: no finished run of
-    its size."""
+def _estimate_seconds(spec, root: Path, finished: list[dict]) -> float | None:
+    """Training seconds left for a run: the median wall time of the `finished` runs (their results) of its
+    size, architecture and model settings (any seed or rate), else of those of its size scaled by training
+    FLOPs per token (the budget is the size's); times the share of its steps not yet checkpointed. None: no
+    finished run of its size."""
     import statistics
 
     from ..model import model_config
     from ..model.flops import train_flops_per_token
-    from ..training import RunDir
     from ..training.checkpoint import read_manifest
 
     def flops(arch: str, model: dict) -> int:
         return train_flops_per_token(model_config(spec.size, arch, **model))
 
-    runs = root / "runs"
     same, scaled = [], []
-    for d in runs.glob(f"{spec.size}-*") if runs.is_dir() else ():
-        res = RunDir(d).results()
-        if res is None or "wall_time_s" not in res or res.get("config", {}).get("train", {}).get("preset") != spec.size:
+    for res in finished:
+        if "wall_time_s" not in res or res.get("config", {}).get("train", {}).get("preset") != spec.size:
             continue
         arch, model = res["config"]["train"]["arch"], res["config"].get("model_overrides") or {}
         if arch == spec.arch and model == dict(spec.model):
@@ -185,7 +184,7 @@ def _estimate_seconds(spec, root: Path) -> float | None:
     if not scaled:
         return None
     seconds = statistics.median(same or scaled)
-    run = RunDir(runs / spec.slug)
+    run = RunDir(root / "runs" / spec.slug)
     ckpt, recorded = run.checkpoint(), run.read_run()
     if ckpt is not None and recorded and recorded.get("total_steps"):
         seconds *= max(0.0, 1 - read_manifest(ckpt)["step"] / recorded["total_steps"])

@@ -103,6 +103,14 @@ class EvalSettings:
     tokenizer: str = "byte"  # the run's tokenizer spec: which token shards of `data` are its own
 
 
+def _remove_folder(directory: Path) -> None:
+    """Remove a run's folder; a link there is removed, never what it points to."""
+    if directory.is_symlink():
+        directory.unlink()
+    else:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
 class RunLockedError(ValueError):
     """Another live process holds the run directory."""
 
@@ -289,20 +297,14 @@ class RunDir:
         for path in (self.results_json, self.metrics_jsonl, self.metrics_csv):
             path.unlink(missing_ok=True)
         for directory in self.parts():
-            if directory.is_symlink():  # a link is removed, never what it points to
-                directory.unlink()
-            else:
-                shutil.rmtree(directory, ignore_errors=True)
+            _remove_folder(directory)
         self.run_json.unlink(missing_ok=True)
 
     def start_extension(self) -> None:
         """Mark a finished run as unfinished again before it is extended (its results.json goes, and so do
         the evaluations of its final weights, which change)."""
         self.results_json.unlink(missing_ok=True)
-        if self.evals_dir.is_symlink():  # a link is removed, never what it points to
-            self.evals_dir.unlink()
-        else:
-            shutil.rmtree(self.evals_dir, ignore_errors=True)
+        _remove_folder(self.evals_dir)
 
     def write_run(self, identity: dict, run: RunConfig, total_steps: int, tokenizer) -> None:
         """Record the run (run.json) and save its tokenizer."""
