@@ -264,6 +264,13 @@ def test_test_time_and_energy(corpus, tmp_path, monkeypatch):
     # each run's depth study was computed as it finished, so the analysis needs no checkpoint now
     runs = [tmp_path / "res" / "runs" / spec.slug for spec in _specs("test-time", get_scale("smoke", **scale))]
     assert all(len(list((d / "evals").glob("depth_study_*.json"))) == 1 for d in runs)
+    extra = {d for d in runs if list((d / "evals").glob("extra_steps_*.json"))}  # CEM models only
+    assert extra and all("llama" not in d.name for d in extra) and all("llama" in d.name for d in set(runs) - extra)
+    assert set(tt["extra_steps"]) == set(cem)
+    e = tt["extra_steps"]["full CEM trained T=1"]
+    assert (e["base"], e["more"]) == (1, 2)
+    assert set(e["cost"]) == {"all", "attention", "mlp", "layer blocks.0.attn", "layer blocks.0.mlp", "layer blocks.1.attn", "layer blocks.1.mlp"}
+    assert all(c["n"] == 2 for c in e["cost"].values())
     for d in runs:
         shutil.rmtree(d / "ckpt")
     assert run_experiment("test-time", "smoke", tmp_path / "res", **scale)["curves"] == tt["curves"]
@@ -275,11 +282,30 @@ def test_test_time_and_energy(corpus, tmp_path, monkeypatch):
     study.write_text(json.dumps(stale))
     report = write_report(tmp_path / "res", allow_short=True).read_text()
     assert "oracle: lowest loss per token" in report and "gain over fixed T at equal FLOPs" in report
+    assert "| full CEM trained T=2 | 2 → 4 |" in report and "only 1.mlp" in report
     en = run_experiment("energy", "smoke", tmp_path / "res", **scale)  # its run trained again: its checkpoint went above
     layers = en["energy"]
     assert len(layers) == 2 * 2  # micro: 2 blocks x (attention, MLP)
     assert all(len(r["energy"]) == 5 and r["trained_steps"] == 2 for r in layers)
     assert (tmp_path / "res" / "energy" / "energy.png").exists()
+
+
+def test_extra_steps_matches_the_depth_study(corpus, tmp_path):
+    """`extra_steps` from T to T is free, and all layers at `more` is the depth study's loss at that T."""
+    from cem.experiments.analysis import depth_study, extra_steps
+
+    scale = smoke(corpus, seeds=(0,), recursion_seeds=(0,))
+    spec = next(s for s in _specs("test-time", get_scale("smoke", **scale)) if s.arch == "cem")
+    run_experiment("test-time", "smoke", tmp_path / "res", **scale)
+    run = tmp_path / "res" / "runs" / spec.slug
+    same = extra_steps(run, 2, 2, max_batches=2, device="cpu")
+    assert set(same["loss"]) == {"none", "all", "attention", "mlp"} and len(same["layers"]) == 4
+    assert all(v == same["loss"]["none"] for v in [*same["loss"].values(), *same["layers"].values()])
+    study = depth_study(run, steps=(1, 3), max_batches=2, device="cpu", rules=())
+    more = extra_steps(run, 1, 3, max_batches=2, device="cpu")
+    assert more["loss"]["none"] == pytest.approx(study["curve"][0]["test_loss"], abs=1e-9)
+    assert more["loss"]["all"] == pytest.approx(study["curve"][1]["test_loss"], abs=1e-9)
+    assert more["loss"]["attention"] != more["loss"]["mlp"]  # each part alone is its own evaluation
 
 
 def test_unknown_experiment():

@@ -169,6 +169,53 @@ def depth_product(scale, variant) -> Product:
     return Product(depth_study, name, (("max_batches", batches), ("steps", steps)))
 
 
+@torch.no_grad()
+def extra_steps(run_dir: Path, base: int, more: int, data_dir: str | None = None, max_batches: int | None = None,
+                device: str = "auto") -> dict:
+    """Where evaluating past the trained depth costs: the test loss (nats) with every CEM layer at `base`
+    steps (`none` more), then with some of them at `more` steps and the others still at `base`: `all`, the
+    `attention` layers, the `mlp` layers, and each layer alone (`layers`, by module name). On the first
+    `max_batches` batches of 16 test windows (None: the whole split)."""
+    from contextlib import ExitStack
+
+    from ..layers import CEMAttention, CEMMLP
+
+    model, split, seq_len = load_run(run_dir, data_dir, device)
+    dev = next(model.parameters()).device
+    named = {n: m for n, m in model.named_modules() if isinstance(m, DescentLayer)}
+    if not named:
+        raise ValueError(f"{run_dir}: extra_steps needs a model with CEM layers")
+    model.set_steps(base)
+
+    def loss(names: list[str]) -> float:
+        with ExitStack() as stack:
+            for n in names:
+                stack.enter_context(named[n].test_time(steps=more))
+            return float(token_losses(model, split, seq_len, dev, max_batches).mean())
+
+    kinds = {"attention": [n for n, m in named.items() if isinstance(m, CEMAttention)],
+             "mlp": [n for n, m in named.items() if isinstance(m, CEMMLP)]}
+    out = {"base": base, "more": more, "loss": {"none": loss([]), "all": loss(list(named))}}
+    out["loss"].update({kind: loss(names) for kind, names in kinds.items() if names})
+    out["layers"] = {n: loss([n]) for n in named}
+    return out
+
+
+def extra_steps_product(scale, variant) -> Product:
+    """The test-time experiment's second product of a CEM variant's run: `extra_steps` from its mean trained
+    depth m to 2m, on a quarter of the depth study's test batches (at least one)."""
+    m = variant.tags.get("mean_depth", variant.tags["steps"])
+    batches = scale.test_time_batches and max(1, scale.test_time_batches // 4)
+    return Product(extra_steps, f"extra_steps_{round(m)}_{round(2 * m)}_{batches or 'all'}.json",
+                   (("base", round(m)), ("max_batches", batches), ("more", round(2 * m))))
+
+
+def test_time_products(scale, variant, seed: int | None = None) -> list[Product]:
+    """What the test-time study reads from each run's weights: the depth study, and for a CEM model (a
+    variant without a Llama `kind`) where its extra steps cost."""
+    return [depth_product(scale, variant)] + ([] if variant.tags.get("kind") else [extra_steps_product(scale, variant)])
+
+
 def _cached(path: Path, compute):
     if not path.exists():
         atomic_write_json(path, compute())
@@ -237,6 +284,15 @@ def test_time_study(c: Context) -> tuple[list, dict]:
                        regret=mean_std([x["test_loss"] - r["oracle"]["test_loss"] for x, r in zip(rows, runs)])[0],
                        oracle_rank_correlation=_mean_defined([x["oracle_rank_correlation"] for x in rows]))
             adaptive[f"{v.label}, {rule} rule, tol {tol:g}"] = [row]
+    extra = {}  # where the steps from m to 2m cost: per part of the model, the paired loss increase
+    for v in c.variants:
+        if v.tags.get("kind"):
+            continue
+        product = extra_steps_product(c.scale, v)
+        runs = [product.get(c.root / "runs" / v.spec.with_seed(s).slug, c.data_dir, c.device) for s in c.scale.seeds_for("recursion")]
+        cost = {part: Interval.of([r["loss"][part] - r["loss"]["none"] for r in runs]).to_dict() for part in runs[0]["loss"] if part != "none"}
+        cost.update({f"layer {name}": Interval.of([r["layers"][name] - r["loss"]["none"] for r in runs]).to_dict() for name in runs[0]["layers"]})
+        extra[v.label] = {"base": runs[0]["base"], "more": runs[0]["more"], "loss": mean_std([r["loss"]["none"] for r in runs])[0], "cost": cost}
     findings = []
     deeper = next((v.label for v in c.variants if v.tags.get("kind") == "deeper"), None)
     for v in c.variants:
@@ -266,7 +322,7 @@ def test_time_study(c: Context) -> tuple[list, dict]:
                 f"{at['flops_per_token'] / 1e6:.2f}M vs {other['flops_per_token'] / 1e6:.2f}M",
                 d.to_dict(), family="ours", p=d.p,
             ))
-    return findings, {"curves": curves, "adaptive": adaptive, "oracle": oracle}
+    return findings, {"curves": curves, "adaptive": adaptive, "oracle": oracle, "extra_steps": extra}
 
 
 @torch.no_grad()

@@ -217,9 +217,13 @@ def plot_step_sizes(summary, title, path):
 
 def plot_test_time(summary, title, path):
     """Left: test perplexity against forward FLOPs per token as T at evaluation grows, one line per trained
-    model (fixed T), plain reuse of a Llama dashed, the deeper Llama a star. Right: each exit rule's test-loss
-    gain over the fixed-T curve at the same FLOPs (> 0: the rule spends its steps where they help)."""
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 5.5), gridspec_kw={"width_ratios": [3, 2]})
+    model (fixed T), plain reuse of a Llama dashed, the deeper Llama a star. Middle: each exit rule's test-loss
+    gain over the fixed-T curve at the same FLOPs (> 0: the rule spends its steps where they help). Right:
+    where the steps from m to 2m cost, per CEM model: its attention layers alone, its MLP layers alone, all."""
+    extra = summary.get("extra_steps") or {}
+    fig, axes = plt.subplots(1, 3 if extra else 2, figsize=(18 if extra else 13, 5.5),
+                             gridspec_kw={"width_ratios": [3, 2, 2] if extra else [3, 2]})
+    ax, bx = axes[0], axes[1]
     for label, rows in summary["curves"].items():
         x = [r["flops_per_token"] / 1e6 for r in rows]
         y = [r["test_perplexity"] for r in rows]
@@ -243,7 +247,7 @@ def plot_test_time(summary, title, path):
             continue
         names.append(f"{label} ({row['steps_used']:.1f} steps)")
         gains.append(g["mean"])
-        errs.append(max(0.0, (g["hi"] - g["lo"]) / 2) if g["n"] > 1 else 0.0)
+        errs.append(_half_width(g))
     if names:
         bx.barh(range(len(names)), gains, xerr=errs, capsize=2, color="tab:gray")
         bx.set_yticks(range(len(names)), names, fontsize=5)
@@ -253,15 +257,34 @@ def plot_test_time(summary, title, path):
         bx.grid(alpha=0.3, axis="x")
     else:
         bx.set_axis_off()
+    if extra:
+        cx, parts, height = axes[2], ("attention", "mlp", "all"), 0.27
+        for j, part in enumerate(parts):
+            costs = [e["cost"].get(part) for e in extra.values()]
+            ys = [i + (j - 1) * height for i in range(len(extra))]
+            cx.barh(ys, [c["mean"] if c else 0.0 for c in costs], height, xerr=[_half_width(c) if c else 0.0 for c in costs],
+                    capsize=2, label={"mlp": "MLP layers only", "attention": "attention layers only", "all": "every CEM layer"}[part])
+        cx.set_yticks(range(len(extra)), [textwrap.fill(f"{label} ({e['base']} → {e['more']})", 36) for label, e in extra.items()], fontsize=5)
+        cx.axvline(0, color="black", lw=0.8)
+        cx.invert_yaxis()
+        cx.set_xlabel("test loss increase from m to 2m steps (nats)")
+        cx.grid(alpha=0.3, axis="x")
+        cx.legend(fontsize=6)
     n = next(iter(summary["curves"].values()))[0]["test_perplexity_ci"]["n"]
     _finish_panels(fig, title, path, f"Left: mean test perplexity over {n} seeds; error bars: 95% confidence interval of the mean (t). "
-                   f"Right: each exit rule (at most the deepest T, per position) minus the fixed-T curve interpolated at the rule's average "
-                   f"FLOPs, mean over {n} seeds with its 95% interval; the energy the energy rule also computes is not counted.")
+                   f"Middle: each exit rule (at most the deepest T, per position) minus the fixed-T curve interpolated at the rule's average "
+                   f"FLOPs, mean over {n} seeds with its 95% interval; the energy the energy rule also computes is not counted."
+                   + (" Right: the test loss with the named CEM layers at twice the mean trained depth m (the others at m) minus the loss "
+                      f"with all at m, mean over {n} seeds with its 95% interval." if extra else ""))
+
+
+def _half_width(interval: dict) -> float:
+    """Half the width of a 95% interval (0 for one seed)."""
+    return max(0.0, (interval["hi"] - interval["lo"]) / 2) if interval["n"] > 1 else 0.0
 
 
 def _ci_err(r: dict) -> float:
-    ci = r["test_perplexity_ci"]
-    return max(0.0, (ci["hi"] - ci["lo"]) / 2) if ci["n"] > 1 else 0.0
+    return _half_width(r["test_perplexity_ci"])
 
 
 def plot_energy(summary, title, path):
