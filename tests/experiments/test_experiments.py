@@ -270,7 +270,7 @@ def test_test_time_and_energy(corpus, tmp_path, monkeypatch):
     e = tt["extra_steps"]["full CEM trained T=1"]
     assert (e["base"], e["more"]) == (1, 2)
     assert set(e["cost"]) == {"all", "attention", "mlp", "layer blocks.0.attn", "layer blocks.0.mlp", "layer blocks.1.attn", "layer blocks.1.mlp"}
-    assert all(c["n"] == 2 for c in e["cost"].values())
+    assert all(c["n"] == 2 for c in [*e["cost"].values(), *e["guarded"].values()])
     for d in runs:
         shutil.rmtree(d / "ckpt")
     assert run_experiment("test-time", "smoke", tmp_path / "res", **scale)["curves"] == tt["curves"]
@@ -282,7 +282,7 @@ def test_test_time_and_energy(corpus, tmp_path, monkeypatch):
     study.write_text(json.dumps(stale))
     report = write_report(tmp_path / "res", allow_short=True).read_text()
     assert "oracle: lowest loss per token" in report and "gain over fixed T at equal FLOPs" in report
-    assert "| full CEM trained T=2 | 2 → 4 |" in report and "only 1.mlp" in report
+    assert "| full CEM trained T=2 | 2 → 4 |" in report and "only 1.mlp" in report and "energy-guarded steps at m" in report
     en = run_experiment("energy", "smoke", tmp_path / "res", **scale)  # its run trained again: its checkpoint went above
     layers = en["energy"]
     assert len(layers) == 2 * 2  # micro: 2 blocks x (attention, MLP)
@@ -306,6 +306,9 @@ def test_extra_steps_matches_the_depth_study(corpus, tmp_path):
     assert more["loss"]["none"] == pytest.approx(study["curve"][0]["test_loss"], abs=1e-9)
     assert more["loss"]["all"] == pytest.approx(study["curve"][1]["test_loss"], abs=1e-9)
     assert more["loss"]["attention"] != more["loss"]["mlp"]  # each part alone is its own evaluation
+    assert more["guarded"]["guard"] == 4 and all(math.isfinite(v) for v in more["guarded"].values())
+    unguarded = extra_steps(run, 1, 3, max_batches=2, device="cpu", guard=0)  # a guard of 0 halvings is the plain step
+    assert unguarded["guarded"] == {"guard": 0, "base": more["loss"]["none"], "more": more["loss"]["all"]}
 
 
 def test_unknown_experiment():

@@ -169,12 +169,17 @@ def depth_product(scale, variant) -> Product:
     return Product(depth_study, name, (("max_batches", batches), ("steps", steps)))
 
 
+GUARD_STUDIED = 4  # halvings of an energy-raising step in `extra_steps`' guarded evaluation
+
+
 @torch.no_grad()
 def extra_steps(run_dir: Path, base: int, more: int, data_dir: str | None = None, max_batches: int | None = None,
-                device: str = "auto") -> dict:
+                device: str = "auto", guard: int = GUARD_STUDIED) -> dict:
     """Where evaluating past the trained depth costs: the test loss (nats) with every CEM layer at `base`
     steps (`none` more), then with some of them at `more` steps and the others still at `base`: `all`, the
-    `attention` layers, the `mlp` layers, and each layer alone (`layers`, by module name). On the first
+    `attention` layers, the `mlp` layers, and each layer alone (`layers`, by module name). `guarded`: every
+    layer at `base` and at `more` with energy-guarded steps (a step that raises the layer's energy is halved
+    up to `guard` times, `cem.layers.steps`), which makes every step a descent step. On the first
     `max_batches` batches of 16 test windows (None: the whole split)."""
     from contextlib import ExitStack
 
@@ -198,6 +203,8 @@ def extra_steps(run_dir: Path, base: int, more: int, data_dir: str | None = None
     out = {"base": base, "more": more, "loss": {"none": loss([]), "all": loss(list(named))}}
     out["loss"].update({kind: loss(names) for kind, names in kinds.items() if names})
     out["layers"] = {n: loss([n]) for n in named}
+    with model.test_time(guard=guard):
+        out["guarded"] = {"guard": guard, "base": loss([]), "more": loss(list(named))}
     return out
 
 
@@ -206,8 +213,8 @@ def extra_steps_product(scale, variant) -> Product:
     depth m to 2m, on a quarter of the depth study's test batches (at least one)."""
     m = variant.tags.get("mean_depth", variant.tags["steps"])
     batches = scale.test_time_batches and max(1, scale.test_time_batches // 4)
-    return Product(extra_steps, f"extra_steps_{round(m)}_{round(2 * m)}_{batches or 'all'}.json",
-                   (("base", round(m)), ("max_batches", batches), ("more", round(2 * m))))
+    return Product(extra_steps, f"extra_steps_{round(m)}_{round(2 * m)}_{batches or 'all'}_guard{GUARD_STUDIED}.json",
+                   (("base", round(m)), ("guard", GUARD_STUDIED), ("max_batches", batches), ("more", round(2 * m))))
 
 
 def test_time_products(scale, variant, seed: int | None = None) -> list[Product]:
@@ -292,7 +299,9 @@ def test_time_study(c: Context) -> tuple[list, dict]:
         runs = [product.get(c.root / "runs" / v.spec.with_seed(s).slug, c.data_dir, c.device) for s in c.scale.seeds_for("recursion")]
         cost = {part: Interval.of([r["loss"][part] - r["loss"]["none"] for r in runs]).to_dict() for part in runs[0]["loss"] if part != "none"}
         cost.update({f"layer {name}": Interval.of([r["layers"][name] - r["loss"]["none"] for r in runs]).to_dict() for name in runs[0]["layers"]})
-        extra[v.label] = {"base": runs[0]["base"], "more": runs[0]["more"], "loss": mean_std([r["loss"]["none"] for r in runs])[0], "cost": cost}
+        guarded = {f"guarded at {k}": Interval.of([r["guarded"][k] - r["loss"]["none"] for r in runs]).to_dict() for k in ("base", "more")}
+        extra[v.label] = {"base": runs[0]["base"], "more": runs[0]["more"], "loss": mean_std([r["loss"]["none"] for r in runs])[0],
+                          "cost": cost, "guarded": guarded}
     findings = []
     deeper = next((v.label for v in c.variants if v.tags.get("kind") == "deeper"), None)
     for v in c.variants:
