@@ -309,6 +309,8 @@ def test_extra_steps_matches_the_depth_study(corpus, tmp_path):
     assert more["guarded"]["guard"] == 4 and all(math.isfinite(v) for v in more["guarded"].values())
     unguarded = extra_steps(run, 1, 3, max_batches=2, device="cpu", guard=0)  # a guard of 0 halvings is the plain step
     assert unguarded["guarded"] == {"guard": 0, "base": more["loss"]["none"], "more": more["loss"]["all"]}
+    same_path = extra_steps(run, 2, 2, max_batches=2, device="cpu")  # finer steps from T to T: the same steps
+    assert same_path["finer"] == same_path["loss"]["none"] and more["finer"] not in (more["loss"]["none"], more["loss"]["all"])
 
 
 def test_unknown_experiment():

@@ -166,16 +166,18 @@ def test_layer_test_time_is_temporary(rand):
     layer = build("mlp", rand, recursion=Recursion(steps=2))
     h = torch.randn(B, J, D, dtype=torch.float64)
     with torch.no_grad():
-        with layer.test_time(steps=3, guard=1) as same:
-            assert same is layer and (layer.steps, layer.adaptive_tol, layer.guard) == (3, None, 1)
+        with layer.test_time(steps=3, guard=1, step_size=0.5) as same:
+            assert same is layer and (layer.steps, layer.adaptive_tol, layer.guard, layer.step_size) == (3, None, 1, 0.5)
             out = layer(h)
-        assert (layer.steps, layer.adaptive_tol, layer.guard) == (2, None, 0)
-        layer.steps, layer.guard = 3, 1
+        assert (layer.steps, layer.adaptive_tol, layer.guard, layer.step_size) == (2, None, 0, 1.0)
+        layer.steps, layer.guard, layer.step_size = 3, 1, 0.5
         torch.testing.assert_close(out, layer(h))
-        layer.steps, layer.guard = 2, 0
-        with pytest.raises(ValueError, match="adaptive_tol"), layer.test_time(steps=4, adaptive_tol=-1.0):
-            pass
-    assert (layer.steps, layer.adaptive_tol, layer.guard) == (2, None, 0)
+        layer.steps, layer.guard, layer.step_size = 2, 0, 1.0
+        assert not torch.allclose(out, layer(h))
+        for bad in (dict(adaptive_tol=-1.0), dict(step_size=0.0)):
+            with pytest.raises(ValueError, match=next(iter(bad))), layer.test_time(steps=4, **bad):
+                pass
+    assert (layer.steps, layer.adaptive_tol, layer.guard, layer.step_size) == (2, None, 0, 1.0)
 
 
 def test_set_steps_on_a_users_own_model():

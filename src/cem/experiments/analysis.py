@@ -179,8 +179,9 @@ def extra_steps(run_dir: Path, base: int, more: int, data_dir: str | None = None
     steps (`none` more), then with some of them at `more` steps and the others still at `base`: `all`, the
     `attention` layers, the `mlp` layers, and each layer alone (`layers`, by module name). `guarded`: every
     layer at `base` and at `more` with energy-guarded steps (a step that raises the layer's energy is halved
-    up to `guard` times, `cem.layers.steps`), which makes every step a descent step. On the first
-    `max_batches` batches of 16 test windows (None: the whole split)."""
+    up to `guard` times, `cem.layers.steps`), which makes every step a descent step. `finer`: every layer at
+    `more` steps of size η·base/more, the same total step length as `base` steps of η in finer steps. On the
+    first `max_batches` batches of 16 test windows (None: the whole split)."""
     from contextlib import ExitStack
 
     from ..layers import CEMAttention, CEMMLP
@@ -192,10 +193,11 @@ def extra_steps(run_dir: Path, base: int, more: int, data_dir: str | None = None
         raise ValueError(f"{run_dir}: extra_steps needs a model with CEM layers")
     model.set_steps(base)
 
-    def loss(names: list[str]) -> float:
+    def loss(names: list[str], shrink: float = 1.0) -> float:
+        """The loss with the layers `names` at `more` steps of η·`shrink`, the others as they are."""
         with ExitStack() as stack:
             for n in names:
-                stack.enter_context(named[n].test_time(steps=more))
+                stack.enter_context(named[n].test_time(steps=more, step_size=named[n].step_size * shrink))
             return float(token_losses(model, split, seq_len, dev, max_batches).mean())
 
     kinds = {"attention": [n for n, m in named.items() if isinstance(m, CEMAttention)],
@@ -205,6 +207,7 @@ def extra_steps(run_dir: Path, base: int, more: int, data_dir: str | None = None
     out["layers"] = {n: loss([n]) for n in named}
     with model.test_time(guard=guard):
         out["guarded"] = {"guard": guard, "base": loss([]), "more": loss(list(named))}
+    out["finer"] = loss(list(named), base / more)
     return out
 
 
@@ -300,6 +303,7 @@ def test_time_study(c: Context) -> tuple[list, dict]:
         cost = {part: Interval.of([r["loss"][part] - r["loss"]["none"] for r in runs]).to_dict() for part in runs[0]["loss"] if part != "none"}
         cost.update({f"layer {name}": Interval.of([r["layers"][name] - r["loss"]["none"] for r in runs]).to_dict() for name in runs[0]["layers"]})
         guarded = {f"guarded at {k}": Interval.of([r["guarded"][k] - r["loss"]["none"] for r in runs]).to_dict() for k in ("base", "more")}
+        guarded["finer steps at 2m"] = Interval.of([r["finer"] - r["loss"]["none"] for r in runs]).to_dict()
         extra[v.label] = {"base": runs[0]["base"], "more": runs[0]["more"], "loss": mean_std([r["loss"]["none"] for r in runs])[0],
                           "cost": cost, "guarded": guarded}
     findings = []

@@ -202,12 +202,15 @@ class DescentLayer(nn.Module):
 
     @contextmanager
     def test_time(
-        self, steps: int | None = None, adaptive_tol: float | None = None, guard: int | None = None, adaptive_rule: str | None = None
+        self, steps: int | None = None, adaptive_tol: float | None = None, guard: int | None = None, adaptive_rule: str | None = None,
+        step_size: float | None = None,
     ):
         """Run the `with` block at these test-time knobs (None keeps this layer's own): T, `adaptive_tol`,
-        `guard` and `adaptive_rule`; afterwards the layer has its own back, whatever happened."""
-        saved = self.steps, self.adaptive_tol, self.guard, self.adaptive_rule
+        `guard`, `adaptive_rule` and η (`step_size`); afterwards the layer has its own back, whatever happened."""
+        saved = self.steps, self.adaptive_tol, self.guard, self.adaptive_rule, self.step_size
         try:
+            if step_size is not None:
+                self.step_size = step_size
             if steps is not None:
                 self.steps = steps
             if adaptive_tol is not None:
@@ -218,7 +221,7 @@ class DescentLayer(nn.Module):
                 self.adaptive_rule = adaptive_rule
             yield self
         finally:
-            self.steps, self.adaptive_tol, self.guard, self.adaptive_rule = saved
+            self.steps, self.adaptive_tol, self.guard, self.adaptive_rule, self.step_size = saved
 
     def reset_steps_used(self) -> None:
         """Zero the step counters read by `steps_used`."""
