@@ -234,7 +234,7 @@ def test_test_time_and_energy(corpus, tmp_path, monkeypatch):
     tt = run_experiment("test-time", "smoke", tmp_path / "res", **scale)
     cem = ["full CEM trained T=1", "full CEM trained T=2", "full CEM trained T~U{1..3}", "full CEM, T~PLN(3), backprop through 2",
            "full CEM, T~U{1..3}, fixed-point penalty", "full CEM, T~U{1..3}, η_t = 2^-t",
-           "full CEM, T~PLN(3), backprop through 2, η_t = 2^-t, fixed-point penalty"]
+           "full CEM, T~PLN(3), backprop through 2, η_t = 2^-t, fixed-point penalty", "full CEM, T~U{1..3}, η_t = 1/T"]
     assert set(tt["curves"]) == {*cem, "Llama, plain reuse at test time", "Llama with 4 layers"}
     for label, curve in tt["curves"].items():
         if label == "Llama with 4 layers":  # evaluated as trained
