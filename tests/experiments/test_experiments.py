@@ -311,6 +311,9 @@ def test_extra_steps_matches_the_depth_study(corpus, tmp_path):
     assert unguarded["guarded"] == {"guard": 0, "base": more["loss"]["none"], "more": more["loss"]["all"]}
     same_path = extra_steps(run, 2, 2, max_batches=2, device="cpu")  # finer steps from T to T: the same steps
     assert same_path["finer"] == same_path["loss"]["none"] and more["finer"] not in (more["loss"]["none"], more["loss"]["all"])
+    inverse = next(s for s in _specs("test-time", get_scale("smoke", **scale)) if dict(s.model).get("step_schedule") == "inverse")
+    flow = extra_steps(tmp_path / "res" / "runs" / inverse.slug, 1, 3, max_batches=2, device="cpu")
+    assert flow["finer"] == flow["loss"]["all"]  # under η/T, 3 steps already have the path length of 1: η is kept
 
 
 def test_unknown_experiment():

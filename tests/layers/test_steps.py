@@ -84,6 +84,19 @@ def test_learned_schedule_runs_beyond_its_trained_steps():
     assert geometric(2, 3) == geometric(2, 16)
 
 
+def test_path_length_sums_the_step_sizes():
+    """Σ_t η_t of a recursion of T steps, per schedule (the extra-steps study scales η by its ratios)."""
+    assert StepSize(Recursion(step_size=0.5)).path_length(4) == 2.0
+    assert [StepSize(Recursion(step_size=0.9, schedule="inverse")).path_length(t) for t in (1, 3)] == [pytest.approx(0.9)] * 2
+    geometric = StepSize(Recursion(step_size=0.9, schedule="geometric", decay=0.5))
+    assert geometric.path_length(4) == pytest.approx(0.9 * (1 - 0.5**4) / (1 - 0.5))
+    learned = StepSize(Recursion(step_size=0.5, schedule="learned", learned_steps=2, learn_step_size=True))
+    with torch.no_grad():
+        learned.step_gains.copy_(torch.tensor([2.0, 3.0]))
+        learned.gain.fill_(2.0)
+    assert learned.path_length(3) == pytest.approx(2.0 * (1.0 + 1.5 + 1.5))
+
+
 def test_app_a_slopes_and_energy(rand):
     torch.testing.assert_close(alibi_slopes(4, kind="app-a"), torch.tensor([0.5, 0.25, 0.125, 0.0625], dtype=torch.float64))
     torch.testing.assert_close(alibi_slopes(8)[-1], torch.tensor(2.0**-8, dtype=torch.float64))

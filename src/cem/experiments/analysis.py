@@ -180,7 +180,8 @@ def extra_steps(run_dir: Path, base: int, more: int, data_dir: str | None = None
     `attention` layers, the `mlp` layers, and each layer alone (`layers`, by module name). `guarded`: every
     layer at `base` and at `more` with energy-guarded steps (a step that raises the layer's energy is halved
     up to `guard` times, `cem.layers.steps`), which makes every step a descent step. `finer`: every layer at
-    `more` steps of size η·base/more, the same total step length as `base` steps of η in finer steps. On the
+    `more` steps with η scaled to the path length Σ_t η_t of `base` steps (η·base/more under a constant
+    schedule; unchanged under η/T, whose path length is η at every T): the same path in finer steps. On the
     first `max_batches` batches of 16 test windows (None: the whole split)."""
     from contextlib import ExitStack
 
@@ -193,11 +194,14 @@ def extra_steps(run_dir: Path, base: int, more: int, data_dir: str | None = None
         raise ValueError(f"{run_dir}: extra_steps needs a model with CEM layers")
     model.set_steps(base)
 
-    def loss(names: list[str], shrink: float = 1.0) -> float:
-        """The loss with the layers `names` at `more` steps of η·`shrink`, the others as they are."""
+    def loss(names: list[str], finer: bool = False) -> float:
+        """The loss with the layers `names` at `more` steps, the others as they are; `finer`: with η scaled so
+        that the `more` steps have the path length (Σ_t η_t) of `base` steps."""
         with ExitStack() as stack:
             for n in names:
-                stack.enter_context(named[n].test_time(steps=more, step_size=named[n].step_size * shrink))
+                m = named[n]
+                eta = m.step_size * m.eta.path_length(base) / m.eta.path_length(more) if finer else None
+                stack.enter_context(m.test_time(steps=more, step_size=eta))
             return float(token_losses(model, split, seq_len, dev, max_batches).mean())
 
     kinds = {"attention": [n for n, m in named.items() if isinstance(m, CEMAttention)],
@@ -207,7 +211,7 @@ def extra_steps(run_dir: Path, base: int, more: int, data_dir: str | None = None
     out["layers"] = {n: loss([n]) for n in named}
     with model.test_time(guard=guard):
         out["guarded"] = {"guard": guard, "base": loss([]), "more": loss(list(named))}
-    out["finer"] = loss(list(named), base / more)
+    out["finer"] = loss(list(named), finer=True)
     return out
 
 

@@ -81,13 +81,14 @@ def _extra_steps(extra: dict) -> list[str]:
     lines += ["", "Where the steps past the trained depth cost: the test loss (nats, on a quarter of the batches above) when "
               "the named CEM layers run 2m steps and the others m, minus the loss with all at m (m: the mean trained depth, "
               "rounded); mean over seeds with its 95% interval. `only 0.mlp`: the first block's MLP alone."]
-    lines += ["", "| model | energy-guarded steps at m: loss increase (nats) | at 2m | 2m steps of half the size |", "|---|---|---|---|"]
+    lines += ["", "| model | energy-guarded steps at m: loss increase (nats) | at 2m | 2m finer steps, the path length of m |", "|---|---|---|---|"]
     lines += [f"| {label} | {ci(e['guarded']['guarded at base'])} | {ci(e['guarded']['guarded at more'])} | {ci(e['guarded']['finer steps at 2m'])} |"
               for label, e in extra.items()]
     return lines + ["", "Energy-guarded steps make every step descend its layer's energy (a step that raises it is halved, up to "
                     f"{GUARD_STUDIED} times); the loss with them minus the loss of the plain steps at m, as above. Positive at m: the "
-                    "trained model relies on steps that do not descend the energy. Last column: 2m steps of size η/2, the same path "
-                    "length as m steps of η in finer steps (closer to the energy's gradient flow), minus the loss at m."]
+                    "trained model relies on steps that do not descend the energy. Last column: 2m steps with η scaled so that their "
+                    "path length Σ_t η_t is that of m steps (η/2 under a constant η, unchanged under η/T): the same path in finer "
+                    "steps, closer to the energy's gradient flow, minus the loss at m."]
 
 
 def _short_runs(summaries: list[dict]) -> list[str]:

@@ -123,6 +123,11 @@ class StepSize(nn.Module):
             eta = eta * self.step_gains[min(t, self.step_gains.numel() - 1)]
         return eta if self.gain is None else eta * self.gain
 
+    @torch.no_grad()
+    def path_length(self, steps: int) -> float:
+        """Σ_t η_t over a recursion of `steps` steps: how far, in step sizes, its steps carry x in all."""
+        return float(sum(self(t, steps) for t in range(steps)))
+
     def extra_repr(self) -> str:
         decay = f", decay={self.decay}" if self.schedule == "geometric" else ""
         return f"step_size={self.step_size}, schedule={self.schedule}{decay}, learnable={self.gain is not None}"
