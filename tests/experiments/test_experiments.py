@@ -270,7 +270,7 @@ def test_test_time_and_energy(corpus, tmp_path, monkeypatch):
     e = tt["extra_steps"]["full CEM trained T=1"]
     assert (e["base"], e["more"]) == (1, 2)
     assert set(e["cost"]) == {"all", "attention", "mlp", "layer blocks.0.attn", "layer blocks.0.mlp", "layer blocks.1.attn", "layer blocks.1.mlp"}
-    assert all(c["n"] == 2 for c in [*e["cost"].values(), *e["guarded"].values()])
+    assert all(c["n"] == 2 for c in [*e["cost"].values(), *e["knobs"].values()]) and len(e["knobs"]) == 3
     for d in runs:
         shutil.rmtree(d / "ckpt")
     assert run_experiment("test-time", "smoke", tmp_path / "res", **scale)["curves"] == tt["curves"]

@@ -306,10 +306,10 @@ def test_time_study(c: Context) -> tuple[list, dict]:
         runs = [product.get(c.root / "runs" / v.spec.with_seed(s).slug, c.data_dir, c.device) for s in c.scale.seeds_for("recursion")]
         cost = {part: Interval.of([r["loss"][part] - r["loss"]["none"] for r in runs]).to_dict() for part in runs[0]["loss"] if part != "none"}
         cost.update({f"layer {name}": Interval.of([r["layers"][name] - r["loss"]["none"] for r in runs]).to_dict() for name in runs[0]["layers"]})
-        guarded = {f"guarded at {k}": Interval.of([r["guarded"][k] - r["loss"]["none"] for r in runs]).to_dict() for k in ("base", "more")}
-        guarded["finer steps at 2m"] = Interval.of([r["finer"] - r["loss"]["none"] for r in runs]).to_dict()
+        knobs = {f"guarded at {m}": Interval.of([r["guarded"][k] - r["loss"]["none"] for r in runs]).to_dict() for k, m in (("base", "m"), ("more", "2m"))}
+        knobs["finer at 2m"] = Interval.of([r["finer"] - r["loss"]["none"] for r in runs]).to_dict()
         extra[v.label] = {"base": runs[0]["base"], "more": runs[0]["more"], "loss": mean_std([r["loss"]["none"] for r in runs])[0],
-                          "cost": cost, "guarded": guarded}
+                          "cost": cost, "knobs": knobs}
     findings = []
     deeper = next((v.label for v in c.variants if v.tags.get("kind") == "deeper"), None)
     for v in c.variants:

@@ -82,8 +82,7 @@ def _extra_steps(extra: dict) -> list[str]:
               "the named CEM layers run 2m steps and the others m, minus the loss with all at m (m: the mean trained depth, "
               "rounded); mean over seeds with its 95% interval. `only 0.mlp`: the first block's MLP alone."]
     lines += ["", "| model | energy-guarded steps at m: loss increase (nats) | at 2m | 2m finer steps, the path length of m |", "|---|---|---|---|"]
-    lines += [f"| {label} | {ci(e['guarded']['guarded at base'])} | {ci(e['guarded']['guarded at more'])} | {ci(e['guarded']['finer steps at 2m'])} |"
-              for label, e in extra.items()]
+    lines += [f"| {label} | " + " | ".join(ci(e["knobs"][k]) for k in ("guarded at m", "guarded at 2m", "finer at 2m")) + " |" for label, e in extra.items()]
     return lines + ["", "Energy-guarded steps make every step descend its layer's energy (a step that raises it is halved, up to "
                     f"{GUARD_STUDIED} times); the loss with them minus the loss of the plain steps at m, as above. Positive at m: the "
                     "trained model relies on steps that do not descend the energy. Last column: 2m steps with η scaled so that their "
