@@ -276,8 +276,9 @@ def test_time_study(c: Context) -> tuple[list, dict]:
     training depth m lowers the loss against evaluating at m (the test-time compute question), and how it
     compares there with the deeper Llama (about the same FLOPs at m = 1: twice the layers)."""
     curves, adaptive, oracle = {}, {}, {}
+    run_dirs = {v.label: [c.root / "runs" / v.spec.with_seed(s).slug for s in c.scale.seeds_for("recursion")] for v in c.variants}
     for v in c.variants:
-        dirs = [c.root / "runs" / v.spec.with_seed(s).slug for s in c.scale.seeds_for("recursion")]
+        dirs = run_dirs[v.label]
         product = depth_product(c.scale, v)
         vsteps = list(dict(product.kwargs)["steps"])
         runs = [product.get(d, c.data_dir, c.device) for d in dirs]
@@ -303,7 +304,7 @@ def test_time_study(c: Context) -> tuple[list, dict]:
         if v.tags.get("kind"):
             continue
         product = extra_steps_product(c.scale, v)
-        runs = [product.get(c.root / "runs" / v.spec.with_seed(s).slug, c.data_dir, c.device) for s in c.scale.seeds_for("recursion")]
+        runs = [product.get(d, c.data_dir, c.device) for d in run_dirs[v.label]]
         cost = {part: Interval.of([r["loss"][part] - r["loss"]["none"] for r in runs]).to_dict() for part in runs[0]["loss"] if part != "none"}
         cost.update({f"layer {name}": Interval.of([r["layers"][name] - r["loss"]["none"] for r in runs]).to_dict() for name in runs[0]["layers"]})
         knobs = {f"guarded at {m}": Interval.of([r["guarded"][k] - r["loss"]["none"] for r in runs]).to_dict() for k, m in (("base", "m"), ("more", "2m"))}
