@@ -224,6 +224,7 @@ def test_fig2c_end_to_end_with_resume_and_the_budget_check(corpus, tmp_path, mon
         write_report(tmp_path / "res")
     report = write_report(tmp_path / "res", allow_short=True).read_text()
     assert report.startswith("> **Not the paper's protocol")
+    assert "with runs short of the paper's budget" in report and "with every run at the paper's budget" not in report
     assert f"> **Interim report: {len(SUITE_ORDER) - 1} of the {len(SUITE_ORDER)} experiments of the scale's suite are not analysed yet" in report
     assert "## fig2c" in report and "![fig2c](fig2c/fig2c.png)" in report and "Llama micro" in report and "95% CI" in report
 

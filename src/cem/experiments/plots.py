@@ -178,17 +178,23 @@ def plot_points(summary, title, path):
     _finish(fig, ax, title, path, _caption(summary) + " Pink: Llama; blue: CEM.")
 
 
+STEP_MARKS = {1: (-0.15, "#ff7f0e"), 2: (0.15, "#1f77b4")}  # x offset and colour of T=1 (x1) and T=2 (x2)
+STEP_LABELS = {1: "one step / one pass (T=1, x1)", 2: "two steps / two passes (T=2, x2)"}
+
+
 def plot_gains(summary, title, path):
     """Perplexity at T=1 (or x1) and T=2 (or x2) per setting (Fig. 3c, 4)."""
     rows = summary["rows"]
     fig, ax = plt.subplots(figsize=(5.5, 4.4))
-    groups = list(dict.fromkeys(r["group"] for r in rows))
+    groups, seen = list(dict.fromkeys(r["group"] for r in rows)), set()
     for i, g in enumerate(groups):
         rs = sorted((r for r in rows if r["group"] == g), key=lambda r: r["steps"])
-        for r, color, dx in zip(rs, ("#ff7f0e", "#1f77b4"), (-0.15, 0.15)):
-            label = ("one step / one pass (T=1, x1)" if color == "#ff7f0e" else "two steps / two passes (T=2, x2)") if i == 0 else None
-            ax.errorbar(i + dx, r["test_perplexity"], yerr=_err(r), fmt="o", color=color, capsize=3, label=label)
-        ax.plot([i - 0.15, i + 0.15], [r["test_perplexity"] for r in rs], color="gray", lw=1)
+        for r in rs:  # a control group (T=1 with a learned step gain) has its T=1 point only
+            (dx, color), label = STEP_MARKS[r["steps"]], STEP_LABELS[r["steps"]]
+            ax.errorbar(i + dx, r["test_perplexity"], yerr=_err(r), fmt="o", color=color, capsize=3, label=label if label not in seen else None)
+            seen.add(label)
+        if len(rs) == 2:
+            ax.plot([i + STEP_MARKS[r["steps"]][0] for r in rs], [r["test_perplexity"] for r in rs], color="gray", lw=1)
     ax.set_xticks(range(len(groups)), [textwrap.fill(g, 16) for g in groups], fontsize=8)
     ax.set_ylabel("test perplexity")
     ax.legend(fontsize=8)

@@ -129,9 +129,9 @@ def below_regime(f: dict, summary: dict, passing: dict[str, bool]) -> bool:
     return not all(passing.get(z, False) for z in sizes)
 
 
-def _opening(summaries: list[dict]) -> list[str]:
+def _opening(summaries: list[dict], short: bool = False) -> list[str]:
     """The paper's findings at this scale, in plain words with numbers; ours separately. Findings at a size
-    below n-gram level (`regime_sizes`) are marked †."""
+    below n-gram level (`regime_sizes`) are marked †; `short`: some runs are short of the budget."""
     passing = regime_sizes(summaries)
     below = {id(f) for s in summaries for f in s["findings"] if below_regime(f, s, passing)}
     paper = [(s["experiment"], f) for s in summaries if s.get("paper", True) for f in s["findings"] if f.get("family", "paper") == "paper"]
@@ -146,7 +146,7 @@ def _opening(summaries: list[dict]) -> list[str]:
 
     scale = summaries[0]["scale"]["name"]
     lines = [
-        f"**In plain words:** at the `{scale}` scale, with every run at the paper's budget, {sum(f['verdict'] == 'held' for _, f in paper)} of the "
+        f"**In plain words:** at the `{scale}` scale, {'with runs short of' if short else 'with every run at'} the paper's budget, {sum(f['verdict'] == 'held' for _, f in paper)} of the "
         f"paper's {len(paper)} findings checked hold, {sum(f['verdict'] == 'not held' for _, f in paper)} are contradicted (the interval excludes "
         f"zero with the other sign) and {sum(f['verdict'] == 'inconclusive' for _, f in paper)} cannot be told from seed noise. Each item below gives "
         "the seed-paired difference (perplexity, or relative where the claim is relative) with its 95% interval.",
@@ -232,7 +232,7 @@ def write_report(results_dir: str | Path, allow_short: bool = False) -> Path:
         "±log(1 + tolerance)) and \"matches or beats\" a non-inferiority test; they carry no p-value in a family.",
         "",
     ]
-    lines += _opening(summaries)
+    lines += _opening(summaries, bool(short))
     lr = next((x for x in summaries if x["experiment"] == "lr" and x.get("regime")), None)
     if lr:
         lines += ["", "**Regime check (validation):** " + "; ".join(

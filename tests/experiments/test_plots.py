@@ -1,0 +1,51 @@
+"""The experiments' figures: each one drawn from rows of the shape its experiment's variants give at the cpu
+scale (a control group with one point, several sizes, five seeds), so a figure cannot fail only after a
+suite of many hours has trained its runs."""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from cem.experiments import EXPERIMENTS, get_scale
+from cem.experiments.plots import plot_gains
+
+ROWS_ONLY = ("fig2a", "fig2b", "fig2c", "fig2d", "fig3b", "fig3c", "fig4", "step-size", "positional", "readings")  # plots that read the rows alone
+
+
+def rows_of(exp_id: str, seed: int = 0) -> tuple[list[dict], list[int]]:
+    """Rows as `summarize` writes them, with random per-seed perplexities, for the experiment's cpu variants."""
+    s = get_scale("cpu")
+    s = replace(s, chosen_lrs=tuple((z, 4e-3) for z in s.sizes))
+    exp, rng = EXPERIMENTS[exp_id], np.random.default_rng(seed)
+    seeds = list(s.seeds_for(exp.seeds))
+    rows = []
+    for v in exp.variants(s):
+        ppl = list(rng.uniform(3.0, 6.0, len(seeds)))
+        rows.append({"label": v.label, "size": v.spec.size, "arch": v.spec.arch, **v.tags, "seeds": seeds,
+                     "test_perplexity": float(np.mean(ppl)), "test_perplexity_per_seed": ppl,
+                     "parameters": 1e5 * (1 + s.sizes.index(v.spec.size)) * rng.uniform(0.8, 1.2)})
+    return rows, seeds
+
+
+@pytest.mark.parametrize("exp_id", ROWS_ONLY)
+def test_every_figure_draws_its_experiments_rows(exp_id, tmp_path):
+    rows, seeds = rows_of(exp_id)
+    path = tmp_path / f"{exp_id}.png"
+    EXPERIMENTS[exp_id].plot({"rows": rows, "seeds": seeds}, exp_id, path)
+    assert path.stat().st_size > 10_000
+
+
+def test_gains_draw_a_group_with_its_one_step_point_only(tmp_path, monkeypatch):
+    """fig3c and fig4's learned-step control has T=1 only: its point is drawn, and no line joins it."""
+    import matplotlib.axes
+
+    rows, seeds = rows_of("fig4")
+    assert any(sum(r["group"] == g for r in rows) == 1 for g in {r["group"] for r in rows})
+    joined = []
+    real = matplotlib.axes.Axes.plot
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", lambda self, *a, **k: joined.append(a) or real(self, *a, **k))
+    plot_gains({"rows": rows, "seeds": seeds}, "fig4", tmp_path / "fig4.png")
+    pairs = sum(sum(r["group"] == g for r in rows) == 2 for g in {r["group"] for r in rows})
+    assert len(joined) == pairs == 3
+    assert all(len(x) == len(y) == 2 for x, y in joined)
