@@ -29,20 +29,26 @@ def _caption(summary: dict) -> str:
     return f"Points: mean test perplexity over {n} seeds; error bars: 95% confidence interval of the mean (t, {n} seeds)."
 
 
+def _caption_below(fig, caption: str) -> float:
+    """Write the caption (7 pt, wrapped to the figure's width) at the bottom; returns the fraction of the
+    figure's height it takes, for `tight_layout` to keep the axes and their labels above it."""
+    text = textwrap.fill(caption, int(18 * fig.get_figwidth()))
+    fig.text(0.01, 0.005, text, fontsize=7, va="bottom")
+    return ((text.count("\n") + 1) * 7 * 1.25 / 72 + 0.08) / fig.get_figheight()
+
+
 def _finish(fig, ax, title: str, path: Path, caption: str) -> None:
     ax.set_title(textwrap.fill(title, 60), fontsize=9)
     ax.grid(alpha=0.3)
-    fig.text(0.01, 0.005, textwrap.fill(caption, 110), fontsize=7, va="bottom")
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    fig.tight_layout(rect=(0, _caption_below(fig, caption), 1, 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
 def _finish_panels(fig, title: str, path: Path, caption: str) -> None:
     """`_finish` for a figure of several panels: one title above them all, the caption below."""
-    fig.suptitle(textwrap.fill(title, 100), fontsize=9)
-    fig.text(0.01, 0.005, textwrap.fill(caption, 150), fontsize=7, va="bottom")
-    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    fig.suptitle(textwrap.fill(title, int(11 * fig.get_figwidth())), fontsize=9)
+    fig.tight_layout(rect=(0, _caption_below(fig, caption), 1, 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
@@ -273,7 +279,7 @@ def plot_test_time(summary, title, path):
         cx.set_yticks(range(len(extra)), [textwrap.fill(f"{label} ({e['base']} → {e['more']})", 36) for label, e in extra.items()], fontsize=5)
         cx.axvline(0, color="black", lw=0.8)
         cx.invert_yaxis()
-        cx.set_xlabel("test loss increase from m to 2m steps (nats)")
+        cx.set_xlabel("test loss increase, m → 2m steps (nats)")
         cx.grid(alpha=0.3, axis="x")
         cx.legend(fontsize=6)
     n = next(iter(summary["curves"].values()))[0]["test_perplexity_ci"]["n"]
