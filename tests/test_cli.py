@@ -614,6 +614,27 @@ def test_smoke_experiment_ends_with_its_report_and_exit_0(corpus_dir, tmp_path, 
     assert report.startswith("> **Not the paper's protocol") and "report:" in capsys.readouterr().out
 
 
+def test_rehearse_runs_a_scales_suite_in_shape_at_a_few_steps(corpus_dir, tmp_path, monkeypatch, capsys):
+    """--rehearse keeps the cpu scale's corpus, sizes, learning-rate sweep and analyses but trains each run 3
+    steps, into results/cpu-rehearsal, and writes the report marked short (exit 0)."""
+    monkeypatch.setenv("CEM_CACHE_DIR", str(tmp_path / "cache"))
+    (tmp_path / "data" / "wikitext-2").mkdir(parents=True)  # the cpu scale's corpus, made of the test corpus
+    for split in ("train", "valid", "test"):
+        (tmp_path / "data" / "wikitext-2" / f"{split}.txt").write_text((corpus_dir / f"{split}.txt").read_text())
+    monkeypatch.setenv("CEM_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.chdir(tmp_path)
+    assert main(["experiment", "lr,fig4", "--scale", "cpu", "--rehearse", "--seeds", "0"]) == 0
+    res = tmp_path / "results" / "cpu-rehearsal"
+    report = (res / "report.md").read_text()
+    assert report.startswith("> **Not the paper's protocol") and "3 steps per run" in report
+    runs = [json.loads((d / "results.json").read_text()) for d in (res / "runs").iterdir()]
+    assert {r["config"]["train"]["preset"] for r in runs} == {"cpu64", "cpu96", "cpu128"}  # every size's sweep
+    assert {r["steps"] for r in runs} == {3} and {r["config"]["train"]["seq_len"] for r in runs} == {32}
+    assert {r["config"]["train"]["final_eval_tokens"] for r in runs} == {4096}  # not the whole splits
+    assert (res / "fig4" / "fig4.png").is_file() and "regime" in json.loads((res / "lr" / "summary.json").read_text())
+    assert not (tmp_path / "results" / "cpu").exists()
+
+
 def test_stop_at_says_so_and_a_failed_start_leaves_no_folder(tiny_args, tmp_path, capsys):
     """--stop-at ends with a line saying where the checkpoint is; a run that fails before writing anything
     leaves no folder holding only `.lock` behind."""

@@ -345,7 +345,9 @@ def cmd_experiment(args) -> int:
     if args.seeds:
         seeds = _seeds(args.seeds)
         overrides.update(seeds=seeds, recursion_seeds=seeds)
-    results = args.results or f"results/{args.scale}"
+    if args.rehearse:
+        overrides.update(ex.rehearsal(ex.get_scale(args.scale)))
+    results = args.results or f"results/{args.scale}" + ("-rehearsal" if args.rehearse else "")
     if args.device not in (None, "auto"):
         from .device import pick_device
 
@@ -358,8 +360,9 @@ def cmd_experiment(args) -> int:
     for summary in run_suite(args.scale, results, args.data_dir, args.jobs, ids, args.device, **overrides):
         for f in summary["findings"]:
             print(f"{summary['experiment']}: [{f['verdict']}] {f['claim']} -- {f['evidence']}")
-    # the smoke scale's runs are short by design (a few steps): its report says so in its first line, no flag needed
-    print(f"report: {write_report(results, allow_short=args.allow_short or not ex.get_scale(args.scale).findings)}")
+    # the smoke scale's and a rehearsal's runs are short by design (a few steps): the report says so in its first line
+    short = args.allow_short or args.rehearse or not ex.get_scale(args.scale).findings
+    print(f"report: {write_report(results, allow_short=short)}")
     return 0
 
 
@@ -500,6 +503,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-short", action="store_true", dest="allow_short",
                    help="write the report even if runs are short of the Chinchilla budget (its first line says so)")
     p.add_argument("--plan", action="store_true", help="only say what would be trained and evaluated, per experiment, and an estimate of the time")
+    p.add_argument("--rehearse", action="store_true",
+                   help="the suite in shape (corpus, sizes, learning-rate sweeps, seeds, analyses, report) at 3 steps per run, into "
+                        "results/SCALE-rehearsal unless --results: finds a pipeline error in minutes, before a suite of hours; never findings")
     p.set_defaults(func=cmd_experiment)
 
     p = sub.add_parser("report", help="write RESULTS_DIR/report.md from experiment results")

@@ -3,7 +3,7 @@
 from .registry import ALL_IDS, EXPERIMENTS, SUITE_ORDER, akima_optimum
 from .report import write_report
 from .runner import format_plan, plan, run_experiment, run_suite
-from .scales import SCALES, Scale, get_scale
+from .scales import SCALES, Scale, get_scale, rehearsal
 from .sweep import RunSpec, Variant, run_sweep
 
 __all__ = [
@@ -18,6 +18,7 @@ __all__ = [
     "format_plan",
     "get_scale",
     "plan",
+    "rehearsal",
     "run_experiment",
     "run_suite",
     "run_sweep",

@@ -58,6 +58,7 @@ class Scale:
     test_time_batches: int | None = None  # test-time: batches of 16 test windows evaluated at every T (None: the whole split)
     suite: tuple[str, ...] | None = None  # the experiments `all` runs at this scale (None: every one)
     findings: bool = True  # False: results of this scale are never reported as findings
+    final_eval_tokens: int = 0  # tokens of the valid and test splits each run is judged on at its end (0: the whole splits)
     limits: str = ""  # what this scale's regime cannot test, said in its report's opening
 
     def train_settings(self) -> dict:
@@ -72,7 +73,7 @@ class Scale:
             "save_every": 200,
             "log_every": 25,
             "tensorboard": False,
-            "final_eval_tokens": 0,  # the whole valid and test splits: every run is judged on the same text
+            "final_eval_tokens": self.final_eval_tokens,  # 0, the whole splits: every run is judged on the same text
             "diverge_factor": 0.0,  # only a non-finite loss stops a run (a sweep over learning rates must not
         }  # stop at a merely high loss; the paper's runs had no such guard)
         if self.max_steps is not None:
@@ -147,3 +148,13 @@ SCALES = {
 def get_scale(name: str, **overrides) -> Scale:
     check_choice("scale", name, tuple(SCALES))
     return replace(SCALES[name], **overrides)
+
+
+def rehearsal(s: Scale) -> dict:
+    """Overrides that keep a scale's suite in shape (its corpus, sizes, learning-rate sweeps, seeds,
+    experiments, products and analyses) but train every run 3 steps on 4 x 32 tokens, judge it on the first
+    4,096 tokens of each split and evaluate the test-time T on 2 batches: `cem experiment ... --rehearse`
+    finds an error of the pipeline in minutes, not at the end of a suite of many hours. Its runs are short
+    of the budget: never findings."""
+    return dict(seq_len=32, batch_size=4, grad_accum=1, tokens=None, max_steps=3, final_eval_tokens=4096,
+                eval_steps=s.eval_steps[:4], test_time_batches=2)
