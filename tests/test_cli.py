@@ -616,14 +616,15 @@ def test_smoke_experiment_ends_with_its_report_and_exit_0(corpus_dir, tmp_path, 
 
 def test_rehearse_runs_a_scales_suite_in_shape_at_a_few_steps(corpus_dir, tmp_path, monkeypatch, capsys):
     """--rehearse keeps the cpu scale's corpus, sizes, learning-rate sweep and analyses but trains each run 3
-    steps, into results/cpu-rehearsal, and writes the report marked short (exit 0)."""
+    steps (and the GP study at its tiny setting), into results/cpu-rehearsal, and writes the report marked
+    short (exit 0)."""
     monkeypatch.setenv("CEM_CACHE_DIR", str(tmp_path / "cache"))
     (tmp_path / "data" / "wikitext-2").mkdir(parents=True)  # the cpu scale's corpus, made of the test corpus
     for split in ("train", "valid", "test"):
         (tmp_path / "data" / "wikitext-2" / f"{split}.txt").write_text((corpus_dir / f"{split}.txt").read_text())
     monkeypatch.setenv("CEM_DATA_DIR", str(tmp_path / "data"))
     monkeypatch.chdir(tmp_path)
-    assert main(["experiment", "lr,fig4", "--scale", "cpu", "--rehearse", "--seeds", "0"]) == 0
+    assert main(["experiment", "lr,fig4,table3", "--scale", "cpu", "--rehearse", "--seeds", "0"]) == 0
     res = tmp_path / "results" / "cpu-rehearsal"
     report = (res / "report.md").read_text()
     assert report.startswith("> **Not the paper's protocol") and "3 steps per run" in report
@@ -633,6 +634,8 @@ def test_rehearse_runs_a_scales_suite_in_shape_at_a_few_steps(corpus_dir, tmp_pa
     assert {r["config"]["train"]["final_eval_tokens"] for r in runs} == {4096}  # not the whole splits
     assert (res / "fig4" / "fig4.png").is_file() and "regime" in json.loads((res / "lr" / "summary.json").read_text())
     assert not (tmp_path / "results" / "cpu").exists()
+    gp = [json.loads(line) for line in (res / "table3" / "rows.jsonl").read_text().splitlines()]
+    assert {r["scale"] for r in gp} == {"tiny"}  # the GP study scaled down too
 
 
 def test_stop_at_says_so_and_a_failed_start_leaves_no_folder(tiny_args, tmp_path, capsys):
