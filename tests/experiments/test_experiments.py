@@ -97,6 +97,17 @@ def test_interval_is_the_t_interval():
     assert Interval.of([0.3]).verdict(+1) == "held"  # one seed: the sign alone
 
 
+def test_an_inconclusive_finding_says_how_many_seeds_would_detect_it():
+    """Paired differences of mean 0.01 and sd 0.02 (effect size 0.5): a two-sided 5% t-test has 80% power at
+    n = 33.4 (Cohen's tables: 34); an inconclusive `lower` finding says so, a held one does not."""
+    d = Interval.of([-0.01, 0.01, 0.03])
+    assert d.seeds_for_power() == 34 and Interval.of([0.01]).seeds_for_power() is None
+    assert Interval.of([0.5, 0.6, 0.7]).seeds_for_power() == 3  # a large effect: the seeds at hand suffice
+    f = lower(rows(a=(1.0, 1.0, 1.0), b=(0.99, 1.01, 1.03)), "a", "b", "a<b")
+    assert f.verdict == "inconclusive" and "about 34 paired seeds would detect it (80% power)" in f.evidence
+    assert "paired seeds would detect" not in lower(rows(a=(1.0, 1.2, 1.4), b=(1.02, 1.22, 1.43)), "a", "b", "a<b").evidence
+
+
 def rows(**loss):
     return [{"label": k, "test_perplexity": math.exp(sum(v) / len(v)), "test_loss_per_seed": list(v)} for k, v in loss.items()]
 

@@ -77,6 +77,12 @@ def _nats(d: Interval) -> str:
     return f"Δ {d.mean:+.4f} nats [95% CI {d.lo:+.4f}, {d.hi:+.4f}] ({pct(d.mean)} ppl [{pct(d.lo)}, {pct(d.hi)}]), {d.n} paired seeds, p = {d.p:.2g}"
 
 
+def _planning(d: Interval, verdict: str) -> str:
+    """For an inconclusive directional finding: the paired seeds that would detect its observed difference."""
+    n = d.seeds_for_power() if verdict == "inconclusive" else None
+    return f"; at the observed mean and spread, about {n} paired seeds would detect it (80% power)" if n else ""
+
+
 def paired(rows, a: str, b: str) -> Interval:
     """The interval of loss(a) - loss(b), paired by seed."""
     return Interval.of([x - y for x, y in zip(per_seed(rows, a), per_seed(rows, b))])
@@ -85,7 +91,8 @@ def paired(rows, a: str, b: str) -> Interval:
 def lower(rows, better: str, worse: str, claim: str, family: str = "paper") -> Finding:
     """Claim: `better` has a lower test loss than `worse` (paired difference worse - better > 0)."""
     d = paired(rows, worse, better)
-    return Finding(claim, d.verdict(+1), f"{_means(rows, better, worse)}; {worse} - {better}: {_nats(d)}", d.to_dict(), family, d.p)
+    verdict = d.verdict(+1)
+    return Finding(claim, verdict, f"{_means(rows, better, worse)}; {worse} - {better}: {_nats(d)}{_planning(d, verdict)}", d.to_dict(), family, d.p)
 
 
 def close(rows, a: str, b: str, claim: str, tolerance: float, family: str = "paper") -> Finding:
@@ -114,7 +121,7 @@ def gains_more(rows, reuse: tuple[str, str], cem: tuple[str, str], claim: str, f
     d = Interval.of([c - r for c, r in zip(g_cem, g_reuse)])
     evidence = (
         f"loss gain {cem[0]} → {cem[1]}: {Interval.of(g_cem).mean:+.4f} nats; plain reuse {reuse[0]} → {reuse[1]}: "
-        f"{Interval.of(g_reuse).mean:+.4f} nats; difference of gains {_nats(d)}"
+        f"{Interval.of(g_reuse).mean:+.4f} nats; difference of gains {_nats(d)}{_planning(d, d.verdict(+1))}"
     )
     return Finding(claim, d.verdict(+1), evidence, d.to_dict(), family, d.p)
 

@@ -77,6 +77,25 @@ class Interval:
             return "not held"
         return "inconclusive"
 
+    def seeds_for_power(self, power: float = 0.8) -> int | None:
+        """Paired seeds at which a two-sided 5% t-test would detect a difference of this mean with `power`,
+        at the observed spread (statsmodels' `TTestPower`): a planning figure for an inconclusive finding,
+        as noisy as the few seeds it rests on. None with fewer than 2 seeds, or no spread or no mean."""
+        from scipy import stats
+        from statsmodels.stats.power import TTestPower
+
+        if self.n < 2 or self.hi == self.lo or self.mean == 0:
+            return None
+        sd = (self.hi - self.mean) * math.sqrt(self.n) / float(stats.t.ppf(0.975, self.n - 1))
+        reached = lambda n: TTestPower().power(effect_size=abs(self.mean) / sd, nobs=n, alpha=0.05, alternative="two-sided") >= power  # noqa: E731
+        lo, hi = 2, 2
+        while not reached(hi):  # the power grows with n: double, then bisect
+            lo, hi = hi + 1, hi * 2
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if reached(mid) else (mid + 1, hi)
+        return lo
+
     def text(self, fmt: str = "+.3f") -> str:
         if self.n < 2:
             return f"{self.mean:{fmt}} (one seed, no interval)"
