@@ -204,12 +204,25 @@ def test_plan_says_what_would_be_trained_without_training(corpus, tmp_path, monk
     # fig2c's Llama runs are test-time's Llama-reuse runs, whose depth study is computed from their checkpoints
     assert after["experiments"]["fig2c"] == {"finished": 8, "train": 0, "evaluate": 2, "again": 0}
     assert after["experiments"]["test-time"]["train"] > 0 and after["unestimated"] == 0 and after["core_hours"] > 0
+    assert after["eval_core_hours"] == 0 and after["eval_unestimated"] > 0  # no product computed yet: no time to go by
     runs = sorted(p.name for p in (root / "runs").iterdir())
     capsys.readouterr()
     assert main(["experiment", "fig2c,test-time", "--scale", "smoke", "--results", str(root), "--plan"]) == 0
     out = capsys.readouterr().out
-    assert "nothing is trained" in out and "fig2c" in out and "core-hours" in out
+    assert "nothing is trained" in out and "fig2c" in out and "core-hours" in out and "Evaluations left" in out
     assert sorted(p.name for p in (root / "runs").iterdir()) == runs
+    # a product's time is recorded when it is computed, and estimates the same product of the runs still to go
+    from cem.experiments.products import recorded_times
+    from cem.experiments.runner import _products
+
+    llama = next(x for x in _specs("fig2c", get_scale("smoke", **smoke(corpus))) if x.arch == "llama" and x.seed == 0)
+    (product,) = _products(("test-time",), get_scale("smoke", **smoke(corpus)))[llama]
+    product.get(root / "runs" / llama.slug, str(corpus))
+    assert set(recorded_times(root / "runs" / llama.slug)) == {product.name}
+    timed = plan("smoke", root, ("fig2c", "test-time"), **smoke(corpus))
+    assert timed["eval_core_hours"] > 0 and timed["eval_unestimated"] < after["eval_unestimated"]
+    (root / "runs" / llama.slug / "evals" / "times.json").write_text('{"a": "slow", "b": [1]')
+    assert recorded_times(root / "runs" / llama.slug) == {}  # an unreadable record only loses the estimate
     sweeping = plan("smoke", tmp_path / "other", ("fig2a",), **smoke(corpus, lr_sweep=True, lrs=(1e-3, 4e-3)))
     assert sweeping["undecided"] == {"micro-llama": 4} and sweeping["experiments"] == {} and sweeping["total"]["train"] == 4
 

@@ -10,6 +10,7 @@ again (`cem.experiments.sweep`).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -47,8 +48,28 @@ class Product:
                     "again (`cem experiment`), which trains the run again and computes it"
                 )
             refuse_link(path.parent).mkdir(exist_ok=True)
+            started = time.perf_counter()
             atomic_write_json(path, self.fn(Path(run_dir), data_dir=data_dir, device=device, **dict(self.kwargs)))
+            _record_time(run_dir, self.name, time.perf_counter() - started)
         return read_json(path, mapping=False)
+
+
+TIMES = "times.json"  # evals/times.json: the seconds each product of the run took, by name (for `--plan`)
+
+
+def recorded_times(run_dir: str | Path) -> dict[str, float]:
+    """The seconds each product of a run took to compute, by name ({} when none were recorded, or the record
+    is unreadable: it only feeds an estimate)."""
+    path = RunDir(run_dir).evals_dir / TIMES
+    try:
+        times = read_json(path) if path.is_file() else {}
+    except ValueError:
+        return {}
+    return {k: float(v) for k, v in times.items() if isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0}
+
+
+def _record_time(run_dir: str | Path, name: str, seconds: float) -> None:
+    atomic_write_json(RunDir(run_dir).evals_dir / TIMES, {**recorded_times(run_dir), name: seconds})
 
 
 def missing(products, run_dir: str | Path) -> list[Product]:

@@ -18,6 +18,7 @@ from ..io import atomic_write_json
 from ..training import RunDir
 from . import lr
 from .findings import Context
+from .products import missing, recorded_times
 from .registry import ALL_IDS, EXPERIMENTS, SUITE_ORDER
 from .scales import Scale, get_scale
 from .sweep import run_sweep, summarize
@@ -127,15 +128,41 @@ def plan(scale: str = "cpu", results_dir: str | Path | None = None, ids=None, **
         experiments[i] = {k: sum(status[x] == k for x in specs) for k in ("finished", "train", "evaluate", "again")}
     total = {k: sum(v == k for v in status.values()) for k in ("finished", "train", "evaluate", "again")}
     hours, unestimated = 0.0, 0
-    finished = [r for r in (RunDir(d).results() for d in sorted((root / "runs").glob("*"))) if r is not None] if (root / "runs").is_dir() else []
+    dirs = sorted((root / "runs").glob("*")) if (root / "runs").is_dir() else []
+    finished = [(r, recorded_times(d)) for r, d in ((RunDir(d).results(), d) for d in dirs) if r is not None]
     for spec in (x for x, v in status.items() if v in ("train", "again")):
-        seconds = _estimate_seconds(spec, root, finished)
+        seconds = _estimate_seconds(spec, root, [r for r, _ in finished])
         if seconds is None:
             unestimated += 1
         else:
             hours += seconds / 3600
+    eval_hours, eval_unestimated = 0.0, 0
+    for spec in (x for x, v in status.items() if v != "finished"):
+        for product in missing(products.get(spec, ()), root / "runs" / spec.slug):
+            seconds = _product_seconds(spec, product.name, finished)
+            if seconds is None:
+                eval_unestimated += 1
+            else:
+                eval_hours += seconds / 3600
     return {"scale": sc.name, "results": str(root), "chosen_lrs": dict(sc.chosen_lrs), "undecided": undecided,
-            "experiments": experiments, "total": total, "core_hours": hours, "unestimated": unestimated}
+            "experiments": experiments, "total": total, "core_hours": hours, "unestimated": unestimated,
+            "eval_core_hours": eval_hours, "eval_unestimated": eval_unestimated}
+
+
+def _product_seconds(spec, name: str, finished: list[tuple[dict, dict]]) -> float | None:
+    """Seconds a product will take: the median of its recorded times (`products.recorded_times`) on finished
+    runs of the spec's size, architecture and model settings, else of its size. None: none recorded."""
+    import statistics
+
+    same, size = [], []
+    for res, times in finished:
+        train = res.get("config", {}).get("train", {})
+        if name not in times or train.get("preset") != spec.size:
+            continue
+        size.append(times[name])
+        if train.get("arch") == spec.arch and (res["config"].get("model_overrides") or {}) == dict(spec.model):
+            same.append(times[name])
+    return statistics.median(same or size) if size else None
 
 
 def format_plan(p: dict) -> str:
@@ -154,6 +181,8 @@ def format_plan(p: dict) -> str:
     lines.append(f"training left: about {p['core_hours']:.1f} core-hours (one thread per run: divide by --jobs), from the wall "
                  "times of finished runs of the same size, scaled by training FLOPs where the architecture differs"
                  + (f"; {p['unestimated']} runs of sizes with no finished run are not counted" if p["unestimated"] else "")
+                 + f". Evaluations left (run products): about {p['eval_core_hours']:.1f} core-hours, from their recorded times"
+                 + (f"; {p['eval_unestimated']} with no recorded time of that product at that size are not counted" if p["eval_unestimated"] else "")
                  + ". 'again': finished runs whose checkpoint is gone and whose weights an analysis needs; "
                  "'evaluate': that analysis is computed from their checkpoint.")
     return "\n".join(lines)
