@@ -95,6 +95,8 @@ def test_interval_is_the_t_interval():
     assert Interval.of([0.01, 0.02, 0.015]).within(0.05) == "held"
     assert Interval.of([0.10, 0.11, 0.12]).within(0.05) == "not held"
     assert Interval.of([0.3]).verdict(+1) == "held"  # one seed: the sign alone
+    assert Interval.of([0.5, 0.6, 0.7]).text("+.1f", "nats") == "+0.6 [95% CI +0.4, +0.8] nats, 3 paired seeds"
+    assert Interval.of([0.3]).text("+.1f", "nats") == "+0.3 nats (one seed, no interval)"
 
 
 def test_an_inconclusive_finding_says_how_many_seeds_would_detect_it():

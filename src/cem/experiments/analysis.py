@@ -325,7 +325,7 @@ def test_time_study(c: Context) -> tuple[list, dict]:
             findings.append(Finding(
                 f"(ours) {v.label}: {what} T={round(2 * m)}, twice the mean trained depth, lowers the test loss against T={round(m)}",
                 d.verdict(+1),
-                f"test loss at T={round(m)} minus at T={round(2 * m)}: {d.text('+.4f')} nats; mean perplexity "
+                f"test loss at T={round(m)} minus at T={round(2 * m)}: {d.text('+.4f', 'nats')}; mean perplexity "
                 + ", ".join(f"T={t}: {p:.3f}" for t, p in means.items()) + f"; lowest at T={min(means, key=means.get)}",
                 d.to_dict(), family="ours", p=d.p,
             ))
@@ -336,7 +336,7 @@ def test_time_study(c: Context) -> tuple[list, dict]:
             findings.append(Finding(
                 f"(ours) {v.label} at T={round(2 * m)} beats {deeper}",
                 d.verdict(+1),
-                f"{deeper} minus {v.label} at T={round(2 * m)}: {d.text('+.4f')} nats; forward FLOPs per token "
+                f"{deeper} minus {v.label} at T={round(2 * m)}: {d.text('+.4f', 'nats')}; forward FLOPs per token "
                 f"{at['flops_per_token'] / 1e6:.2f}M vs {other['flops_per_token'] / 1e6:.2f}M",
                 d.to_dict(), family="ours", p=d.p,
             ))
@@ -527,7 +527,7 @@ def regime_check(c: Context, chosen: dict) -> tuple[list, dict]:
             d.verdict(-1),
             f"validation perplexity: Llama {math.exp(best['valid_loss']):.3f} (lr {pick['lr']:g}); "
             + ", ".join(f"{g['order']}-gram {math.exp(g['valid_loss']):.3f}" for g in ngrams)
-            + f"; Llama - {REGIME_ORDER}-gram: {d.text('+.4f')} nats",
+            + f"; Llama - {REGIME_ORDER}-gram: {d.text('+.4f', 'nats')}",
             d.to_dict(), family="ours", p=d.p, sign=-1,
         ))
         a, b = SHORT_CONTEXT
@@ -536,7 +536,7 @@ def regime_check(c: Context, chosen: dict) -> tuple[list, dict]:
             f"of its window than at positions {a}-{b - 1})",
             gain.verdict(-1),
             f"loss at positions {a}-{b - 1} {out[size]['context']['short_loss']:.4f}, in the second half "
-            f"{out[size]['context']['long_loss']:.4f}; difference {gain.text('+.4f')} nats",
+            f"{out[size]['context']['long_loss']:.4f}; difference {gain.text('+.4f', 'nats')}",
             gain.to_dict(), family="ours", p=gain.p, sign=-1,
         ))
     return findings, {"regime": out}

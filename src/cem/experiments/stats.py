@@ -96,10 +96,12 @@ class Interval:
             lo, hi = (lo, mid) if reached(mid) else (mid + 1, hi)
         return lo
 
-    def text(self, fmt: str = "+.3f") -> str:
+    def text(self, fmt: str = "+.3f", unit: str = "") -> str:
+        """The mean with its interval (in `unit`, if given) and the seeds it rests on."""
+        unit = f" {unit}" if unit else ""
         if self.n < 2:
-            return f"{self.mean:{fmt}} (one seed, no interval)"
-        return f"{self.mean:{fmt}} [95% CI {self.lo:{fmt}}, {self.hi:{fmt}}], {self.n} paired seeds"
+            return f"{self.mean:{fmt}}{unit} (one seed, no interval)"
+        return f"{self.mean:{fmt}} [95% CI {self.lo:{fmt}}, {self.hi:{fmt}}]{unit}, {self.n} paired seeds"
 
     def to_dict(self) -> dict:
         return {"mean": self.mean, "lo": self.lo, "hi": self.hi, "n": self.n, "p": self.p}
