@@ -108,6 +108,8 @@ def test_an_inconclusive_finding_says_how_many_seeds_would_detect_it():
     f = lower(rows(a=(1.0, 1.0, 1.0), b=(0.99, 1.01, 1.03)), "a", "b", "a<b")
     assert f.verdict == "inconclusive" and "about 34 paired seeds would detect it (80% power)" in f.evidence
     assert "paired seeds would detect" not in lower(rows(a=(1.0, 1.2, 1.4), b=(1.02, 1.22, 1.43)), "a", "b", "a<b").evidence
+    against = lower(rows(a=(0.99, 1.01, 1.03), b=(1.0, 1.0, 1.0)), "a", "b", "a<b")  # the observed difference opposes the claim
+    assert "about 34 paired seeds would detect it, against the claim (80% power)" in against.evidence
 
 
 def rows(**loss):

@@ -77,10 +77,12 @@ def _nats(d: Interval) -> str:
     return f"Δ {d.mean:+.4f} nats [95% CI {d.lo:+.4f}, {d.hi:+.4f}] ({pct(d.mean)} ppl [{pct(d.lo)}, {pct(d.hi)}]), {d.n} paired seeds, p = {d.p:.2g}"
 
 
-def _planning(d: Interval, verdict: str) -> str:
-    """For an inconclusive directional finding: the paired seeds that would detect its observed difference."""
+def _planning(d: Interval, verdict: str, sign: int = 1) -> str:
+    """For an inconclusive directional finding: the paired seeds that would detect its observed difference
+    (which may lie on the other side of the claim)."""
     n = d.seeds_for_power() if verdict == "inconclusive" else None
-    return f"; at the observed mean and spread, about {n} paired seeds would detect it (80% power)" if n else ""
+    side = "" if d.mean * sign > 0 else ", against the claim"
+    return f"; at the observed mean and spread, about {n} paired seeds would detect it{side} (80% power)" if n else ""
 
 
 def paired(rows, a: str, b: str) -> Interval:
