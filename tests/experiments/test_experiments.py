@@ -289,6 +289,10 @@ def test_test_time_and_energy(corpus, tmp_path, monkeypatch):
     assert len(claims) == 3 and all(c.startswith("(ours) ") for c in claims)
     assert any("full CEM trained T=1 at T=2 beats Llama with 4 layers" in c for c in claims)
     assert all(f["family"] == "ours" and f["p"] is not None for f in tt["findings"])
+    # the answer in plain words: the CEM T=1 model at 2m (Llama reuse is not a CEM model), and against the deeper Llama
+    twice, vs = tt["answer"]["twice"], tt["answer"]["deeper"]
+    assert set(twice) == set(vs) == {"full CEM trained T=1"} and (twice["full CEM trained T=1"]["m"], twice["full CEM trained T=1"]["2m"]) == (1, 2)
+    assert twice["full CEM trained T=1"]["verdict"] == next(f["verdict"] for f in tt["findings"] if "twice the mean trained depth" in f["claim"] and "CEM" in f["claim"])
     assert (tmp_path / "res" / "test-time" / "test-time.png").exists()
     # each run's depth study was computed as it finished, so the analysis needs no checkpoint now
     runs = [tmp_path / "res" / "runs" / spec.slug for spec in _specs("test-time", get_scale("smoke", **scale))]
@@ -312,6 +316,8 @@ def test_test_time_and_energy(corpus, tmp_path, monkeypatch):
     report = write_report(tmp_path / "res", allow_short=True).read_text()
     assert "oracle: lowest loss per token" in report and "gain over fixed T at equal FLOPs" in report
     assert "| full CEM trained T=2 | 2 → 4 |" in report and "only 1.mlp" in report and "energy-guarded steps at m" in report
+    assert "**In plain words:** of 1 CEM model, these have a lower test loss at twice their mean trained depth" in report
+    assert "full CEM trained T=1 (T=1 → 2: " in report and "Against Llama with 4 layers" in report
     en = run_experiment("energy", "smoke", tmp_path / "res", **scale)  # its run trained again: its checkpoint went above
     layers = en["energy"]
     assert len(layers) == 2 * 2  # micro: 2 blocks x (attention, MLP)

@@ -311,7 +311,7 @@ def test_time_study(c: Context) -> tuple[list, dict]:
         knobs["finer at 2m"] = Interval.of([r["finer"] - r["loss"]["none"] for r in runs]).to_dict()
         extra[v.label] = {"base": runs[0]["base"], "more": runs[0]["more"], "loss": mean_std([r["loss"]["none"] for r in runs])[0],
                           "cost": cost, "knobs": knobs}
-    findings = []
+    findings, answer = [], {"twice": {}, "deeper": {}}  # answer: the question in plain words (`report`)
     deeper = next((v.label for v in c.variants if v.tags.get("kind") == "deeper"), None)
     for v in c.variants:
         if v.tags.get("kind") == "deeper":
@@ -329,6 +329,8 @@ def test_time_study(c: Context) -> tuple[list, dict]:
                 + ", ".join(f"T={t}: {p:.3f}" for t, p in means.items()) + f"; lowest at T={min(means, key=means.get)}",
                 d.to_dict(), family="ours", p=d.p,
             ))
+            if v.tags.get("kind") != "reuse":
+                answer["twice"][v.label] = {"m": round(m), "2m": round(2 * m), "verdict": findings[-1].verdict, "difference": d.to_dict()}
         if deeper is not None and more is not None and v.tags.get("kind") != "reuse":
             other = curves[deeper][0]
             d = Interval.of([a - b for a, b in zip(other["test_loss_per_seed"], more)])
@@ -340,7 +342,8 @@ def test_time_study(c: Context) -> tuple[list, dict]:
                 f"{at['flops_per_token'] / 1e6:.2f}M vs {other['flops_per_token'] / 1e6:.2f}M",
                 d.to_dict(), family="ours", p=d.p,
             ))
-    return findings, {"curves": curves, "adaptive": adaptive, "oracle": oracle, "extra_steps": extra}
+            answer["deeper"][v.label] = {"2m": round(2 * m), "verdict": findings[-1].verdict, "difference": d.to_dict(), "than": deeper}
+    return findings, {"curves": curves, "adaptive": adaptive, "oracle": oracle, "extra_steps": extra, "answer": answer}
 
 
 @torch.no_grad()

@@ -40,6 +40,27 @@ def _table(s: dict) -> list[str]:
     return out
 
 
+def _answer(answer: dict) -> list[str]:
+    """The test-time question in plain words: which CEM models are better at twice their mean trained depth
+    m than at m, and how each there compares with the FLOP-matched deeper Llama (paired 95% intervals)."""
+    def listing(group: dict, verdict: str) -> str:
+        at = lambda e: f"T={e['m']} → {e['2m']}" if "m" in e else f"at T={e['2m']}"  # noqa: E731
+        items = [f"{label} ({at(e)}: {e['difference']['mean']:+.3f} [{e['difference']['lo']:+.3f}, {e['difference']['hi']:+.3f}])"
+                 for label, e in group.items() if e["verdict"] == verdict]
+        return "; ".join(items) or "none"
+
+    twice, deeper = answer.get("twice", {}), answer.get("deeper", {})
+    lines = ["", f"**In plain words:** of {len(twice)} CEM model{'' if len(twice) == 1 else 's'}, these have a lower test loss at twice their mean trained depth "
+             f"than at it (loss at m minus at 2m, nats, 95% interval): {listing(twice, 'held')}. Higher there: "
+             f"{listing(twice, 'not held')}. Not told apart: {listing(twice, 'inconclusive')}."]
+    if deeper:
+        than = next(iter(deeper.values()))["than"]
+        lines[-1] += (f" Against {than} (the Llama of the same budget with twice the layers, loss of it minus the model's at 2m): "
+                      f"better {listing(deeper, 'held')}; worse {listing(deeper, 'not held')}; "
+                      f"not told apart {listing(deeper, 'inconclusive')}.")
+    return lines
+
+
 def _curves(s: dict) -> list[str]:
     curves = s["curves"]
     first = next(iter(curves.values()))
@@ -256,6 +277,8 @@ def write_report(results_dir: str | Path, allow_short: bool = False) -> Path:
         if "optima" in s:
             lines += [""] + [f"- {g}: best grid rate on validation {o.get('best_grid_lr', o['lr']):g}; Akima optimum of the mean validation loss: lr {o['lr']:.2e}, "
                              f"loss {o.get('valid_loss', float('nan')):.4f}" for g, o in s["optima"].items()]
+        if s.get("answer"):
+            lines += _answer(s["answer"])
         if "curves" in s:
             lines += _curves(s)
         if "chosen" in s:
