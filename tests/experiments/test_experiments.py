@@ -89,6 +89,8 @@ def test_interval_is_the_t_interval():
     values = [1.0, 2.0, 4.0]
     # mean 7/3, sample sd 1.5275, t_{0.975, 2} = 4.3027
     assert ci_halfwidth(values) == pytest.approx(4.302653 * 1.527525 / 3**0.5, rel=1e-5)
+    assert Interval.of(values).se == pytest.approx(1.527525 / 3**0.5, rel=1e-5)  # recovered from the half-width
+    assert math.isnan(Interval.of([0.3]).se)
     assert Interval.of([0.5, 0.6, 0.7]).verdict(+1) == "held"
     assert Interval.of([0.5, 0.6, 0.7]).verdict(-1) == "not held"
     assert Interval.of([-1.0, 0.6, 0.7]).verdict(+1) == "inconclusive"

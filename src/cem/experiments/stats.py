@@ -48,14 +48,22 @@ class Interval:
         m, h = mean_std(values)[0], ci_halfwidth(values)
         return cls(m, m - h, m + h, len(values), t_test_p(values))
 
+    @property
+    def se(self) -> float:
+        """Standard error of the mean, recovered from the interval's half-width (nan with fewer than 2 seeds)."""
+        from scipy import stats
+
+        if self.n < 2:
+            return float("nan")
+        return (self.hi - self.mean) / float(stats.t.ppf(0.975, self.n - 1))
+
     def exceeds(self, margin: float) -> float:
         """One-sided p-value that the mean exceeds `margin` is false (H0: mean >= margin), for non-inferiority."""
         from scipy import stats
 
         if self.n < 2 or self.hi == self.lo:
             return float("nan")
-        se = (self.hi - self.mean) / float(stats.t.ppf(0.975, self.n - 1))
-        return float(stats.t.cdf((self.mean - margin) / se, self.n - 1))
+        return float(stats.t.cdf((self.mean - margin) / self.se, self.n - 1))
 
     def verdict(self, sign: int = 1) -> str:
         """`held` when the interval excludes 0 on the side of `sign`, `not held` on the other side. With one
@@ -81,12 +89,11 @@ class Interval:
         """Paired seeds at which a two-sided 5% t-test would detect a difference of this mean with `power`,
         at the observed spread (statsmodels' `TTestPower`): a planning figure for an inconclusive finding,
         as noisy as the few seeds it rests on. None with fewer than 2 seeds, or no spread or no mean."""
-        from scipy import stats
         from statsmodels.stats.power import TTestPower
 
         if self.n < 2 or self.hi == self.lo or self.mean == 0:
             return None
-        sd = (self.hi - self.mean) * math.sqrt(self.n) / float(stats.t.ppf(0.975, self.n - 1))
+        sd = self.se * math.sqrt(self.n)  # the per-seed spread of the paired differences
         reached = lambda n: TTestPower().power(effect_size=abs(self.mean) / sd, nobs=n, alpha=0.05, alternative="two-sided") >= power  # noqa: E731
         lo, hi = 2, 2
         while not reached(hi):  # the power grows with n: double, then bisect
