@@ -1,7 +1,7 @@
 """The recursion options against independent references (float64): step-size schedules, the start point
 x^(0) = RMSNorm(h) of Algorithm 1 read literally, App. A's ALiBi slopes, random-depth training, and the
 training options for test-time compute (heavy-tailed depths, truncated backpropagation, the fixed-point
-penalty)."""
+penalty, the anchor)."""
 
 import pytest
 import torch
@@ -119,13 +119,15 @@ def test_app_a_slopes_and_energy(rand):
         (dict(step_decay=0.0), "step_decay"),
         (dict(step_decay=1.5), "step_decay"),
         (dict(backprop_steps=-1), "backprop_steps"),
+        (dict(anchor_weight=-0.5), "anchor_weight"),
+        (dict(anchor_weight=float("nan")), "anchor_weight"),
     ],
 )
 def test_bad_recursion_options(bad, match):
     """Recursion validates itself once, for the layers and for the config's `recursion(kind)`."""
     name, value = next(iter(bad.items()))
     with pytest.raises(ValueError, match=match):
-        Recursion(**{{"step_schedule": "schedule", "step_decay": "decay"}.get(name, name): value})
+        Recursion(**{{"step_schedule": "schedule", "step_decay": "decay", "anchor_weight": "anchor"}.get(name, name): value})
     with pytest.raises(ValueError, match=match):
         model_config("micro", "cem", **bad)
 
@@ -136,6 +138,7 @@ def test_config_gives_one_recursion_per_sublayer():
     assert cfg.recursion("attn") == Recursion(2, 1.0, "learned", 4, "norm", True)
     assert cfg.recursion("mlp") == Recursion(3, 0.5, "learned", 4, "norm", True)
     assert model_config("micro", "cem", mlp_steps=3).recursion("mlp").learned_steps == 3  # fixed depth: T gains
+    assert model_config("micro", "cem", anchor_weight=0.5).recursion("attn").anchor == 0.5
     with pytest.raises(ValueError, match="unknown sublayer 'head'"):
         cfg.recursion("head")
 
@@ -361,3 +364,71 @@ def test_model_objective_adds_the_fixed_point_penalty():
     assert not any(m.track_fixed_point for m in off.descent_layers())
     with pytest.raises(RuntimeError, match="fixed_point_weight"):
         off.fixed_point_penalty()
+
+
+def anchored_reference(layer, h, etas, lam):
+    """x^(0) = h; x^(t+1) = x^(t) + η_t ((-P ∇ε)(norm(x^(t))) - λ (x^(t) - h))."""
+    x = h
+    for eta in etas:
+        x = x + eta * (reference_direction(layer, x, h) - lam * (x - h))
+    return x.detach()
+
+
+@pytest.mark.parametrize("kind", ["attention", "mlp"])
+def test_anchor_pulls_every_step_back_to_the_start(rand, kind):
+    """`anchor` = λ: the recursion equals the reference, on every path that takes its steps (plain, checkpointed,
+    truncated backprop, the checked loop of the inference options); T = 1 is the plain layer's."""
+    T, eta, lam = 3, 0.8, 0.7
+    layer = build(kind, rand, recursion=Recursion(steps=T, step_size=eta, anchor=lam), precond="diag")
+    h = torch.randn(B, J, D, dtype=torch.float64)
+    expected = anchored_reference(layer, h, [eta] * T, lam)
+    with torch.no_grad():
+        torch.testing.assert_close(layer(h), expected, rtol=1e-10, atol=1e-10)
+        plain = build(kind, rand, recursion=Recursion(steps=T, step_size=eta), precond="diag")
+        assert not torch.allclose(plain(h), expected, rtol=1e-3)
+        with layer.test_time(steps=1), plain.test_time(steps=1):
+            torch.testing.assert_close(layer(h), plain(h), rtol=0, atol=0)  # the first step starts at x^(0): no pull
+        with layer.test_time(adaptive_tol=0.0, adaptive_rule="update"):  # the checked loop, never stopping
+            torch.testing.assert_close(layer(h), expected, rtol=1e-10, atol=1e-10)
+    layer.train()
+    layer.checkpoint_steps = True
+    torch.testing.assert_close(layer(h.requires_grad_(True)).detach(), expected, rtol=1e-10, atol=1e-10)
+    layer.checkpoint_steps, layer.backprop_steps = False, 1
+    torch.testing.assert_close(layer(h).detach(), expected, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("kind", ["attention", "mlp"])
+def test_anchored_guard_never_raises_the_anchored_objective(rand, kind):
+    """With an anchor the guarded steps descend E(norm(x)) + λ/2 ‖x - x^(0)‖², position by position."""
+    lam = 0.5
+    layer = build(kind, rand, recursion=Recursion(steps=1, step_size=4.0, anchor=lam))
+    h = torch.randn(B, J, D, dtype=torch.float64)
+
+    def path(guard):
+        out = []
+        for T in range(1, 7):
+            with layer.test_time(steps=T, guard=guard):
+                x = layer(h)
+            out.append(layer.energy(layer.norm(x), h) + 0.5 * lam * (x - h).pow(2).sum(-1))
+        return torch.stack([layer.energy(layer.norm(h), h)] + out)
+
+    with torch.no_grad():
+        guarded, plain = path(8), path(0)
+    assert (guarded[1:] <= guarded[:-1] + 1e-12).all()
+    assert (plain[1:] > plain[:-1]).any()  # the plain steps of this size do raise it: the guard acted
+
+
+@pytest.mark.parametrize("kind", ["attention", "mlp"])
+def test_anchor_bounds_the_drift_the_plain_recursion_has(rand, kind):
+    """Without an anchor, once u = norm(x) settles the steps keep adding d(u), so x moves away from h about
+    linearly in T; with an anchor the recursion settles at a fixed point a bounded distance from h."""
+    h = torch.randn(B, J, D, dtype=torch.float64)
+
+    def drift(lam, T):
+        layer = build(kind, rand, recursion=Recursion(steps=T, anchor=lam))
+        with torch.no_grad():
+            return (layer(h) - h).norm(dim=-1).mean().item()
+
+    assert drift(0.0, 256) > 1.9 * drift(0.0, 128) > 1.9**2 * drift(0.0, 64)
+    for lam in (0.5, 1.0):
+        assert abs(drift(lam, 256) - drift(lam, 128)) < 0.01 * drift(lam, 128) < drift(0.0, 128) / 10

@@ -19,6 +19,7 @@ VARIANTS = {
     "cem-eager": dict(arch="cem", attn_backend="eager"),
     "cem-norm-start-app-a": dict(arch="cem", start="norm", alibi="app-a", step_schedule="learned"),
     "llama-alibi-app-a": dict(arch="llama-alibi", alibi="app-a"),
+    "cem-anchor": dict(arch="cem", anchor_weight=0.1, step_schedule="geometric"),
 }
 
 
@@ -54,7 +55,7 @@ def cached_run(model, ids, cache_len=20):
 
 
 @pytest.mark.parametrize("options", [dict(adaptive_tol=0.02), dict(adaptive_tol=0.05, guard=3), dict(guard=4), dict(adaptive_tol=0.03, adaptive_rule="update")])
-@pytest.mark.parametrize("variant", ["cem-shared", "cem-perhead", "cem-exact", "cem-norm-start-app-a"])
+@pytest.mark.parametrize("variant", ["cem-shared", "cem-perhead", "cem-exact", "cem-norm-start-app-a", "cem-anchor"])
 def test_cached_inference_options_equal_full_forward(variant, options):
     """With adaptive or guarded steps every position takes its own steps, from its own u and causal context:
     decoding with the cache takes the same steps (same totals) and gives the same logits as the full pass."""

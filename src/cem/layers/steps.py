@@ -20,6 +20,14 @@ Training options of the recursion (test-time compute that keeps helping, docs/ex
   forward also computes the step the layer would take next, and keeps its relative size
   r = mean_i ‖η_T d(u_i^(T))‖² / ‖x_i^(T)‖² in `fixed_point_residual`, a penalty that pulls x^(T) towards a
   fixed point of the recursion, so that further steps change little.
+- `anchor` = λ (0 = off): every step is also pulled back towards the start point,
+  x^(t+1) = x^(t) + η_t (d(u^(t)) - λ (x^(t) - x^(0))), the step of the energy plus λ/2 ‖x - x^(0)‖² (the input
+  re-injected at every step, as in recurrent-depth models). Without it the recursion has no fixed point in x:
+  once u = norm(x) has converged, d(u) points along x and the steps keep adding it, so x drifts away from
+  the residual stream h it started at, linearly in T (docs/LOG.md). With it, ‖x^(t) - x^(0)‖ stays below
+  max ‖d‖ / λ for η_t λ <= 1, and a fixed point solves λ (x - x^(0)) = d(norm(x)); with η λ = 1 the step is
+  x^(t+1) = x^(0) + η d(u^(t)), a fixed-point iteration of the sublayer from its input. The first step
+  (x = x^(0)) is the plain one, so T = 1 is unchanged.
 
 Start points x^(0):
 - `residual`: x^(0) = h, the raw residual stream (docs/design.md; the residual connection is the start of the
@@ -29,7 +37,7 @@ Start points x^(0):
 
 Inference options (eval mode or `torch.no_grad()` only; a training forward with either on raises ValueError).
 They read the layer's own energy E (attention ε, MLP ξ) at u^(t) = norm(x^(t)) with the layer's fixed
-context, computed together with the step's direction (`direction(u, with_energy=True)`), or the size of
+context (with an `anchor` λ, E + λ/2 ‖x^(t) - x^(0)‖², the objective the anchored step descends), computed together with the step's direction (`direction(u, with_energy=True)`), or the size of
 the step itself, so position i's steps depend only on its own u_i and its causal context: cached decoding
 takes the same steps as the full forward pass.
 - `adaptive_tol` (None = off): position i stops after the step t where the exit rule (`adaptive_rule`,
@@ -68,7 +76,8 @@ class Recursion:
     """The recursion of one CEM layer (module docstring): T = `steps` descent steps of size η = `step_size`
     under `schedule`, from the `start` point; the `learned` schedule holds `learned_steps` per-step gains
     (None: T), the `geometric` one shrinks each step by `decay`, and `learn_step_size=True` adds one learned
-    scalar gain. `backprop_steps` truncates the backward pass to the last k steps. Validated when made."""
+    scalar gain. `backprop_steps` truncates the backward pass to the last k steps; `anchor` pulls each
+    step back towards x^(0). Validated when made."""
 
     steps: int = 1
     step_size: float = 1.0
@@ -78,6 +87,7 @@ class Recursion:
     learn_step_size: bool = False
     decay: float = 0.5
     backprop_steps: int | None = None
+    anchor: float = 0.0
 
     def __post_init__(self) -> None:
         check_positive_int("steps", self.steps)
@@ -89,6 +99,7 @@ class Recursion:
         check_finite("step_decay", self.decay, 0, 1, low_open=True)
         if self.backprop_steps is not None:
             check_positive_int("backprop_steps", self.backprop_steps)
+        check_finite("anchor_weight", self.anchor, 0)
         if not isinstance(self.learn_step_size, bool):
             raise ValueError(f"learn_step_size must be true or false, got {self.learn_step_size!r}")
 
@@ -151,6 +162,7 @@ class DescentLayer(nn.Module):
         self.eta = StepSize(recursion)
         self.drawn_steps: int | None = None
         self.backprop_steps = recursion.backprop_steps
+        self.anchor = float(recursion.anchor)
         self.adaptive_tol: float | None = None
         self.adaptive_rule = "energy"
         self.guard = 0
@@ -251,7 +263,8 @@ class DescentLayer(nn.Module):
         return (h, hn) if self.start == "residual" else (hn, None)
 
     def descend(self, h: Tensor, hn: Tensor, direction) -> Tensor:
-        """x^(0) from `start`, then x^(t+1) = x^(t) + η_t direction(norm(x^(t))) for t < T; returns x^(T).
+        """x^(0) from `start`, then x^(t+1) = x^(t) + η_t direction(norm(x^(t))) for t < T (minus η_t λ (x^(t) - x^(0))
+        with an `anchor` λ); returns x^(T).
 
         `direction(u, with_energy=False)` is the layer's -P ∇_u E; with `with_energy=True` it returns
         (direction, E(u)) with E per position (B, J), which the inference options need.
@@ -269,27 +282,31 @@ class DescentLayer(nn.Module):
             u_t = u if t == 0 else None
             if t < skipped:
                 with torch.no_grad():
-                    x = self._step(x, u_t, t, steps, direction)
+                    x = self._step(x, u_t, t, steps, direction, x0)
                 if t == skipped - 1:  # the skipped steps read as the identity in the backward pass
                     x = x0 + (x - x0.detach())
             elif checkpointed:  # only x^(t) is kept; the step's activations are recomputed in the backward pass
-                x = torch.utils.checkpoint.checkpoint(self._step, x, u_t, t, steps, direction, use_reentrant=False)
+                x = torch.utils.checkpoint.checkpoint(self._step, x, u_t, t, steps, direction, x0, use_reentrant=False)
             else:
-                x = self._step(x, u_t, t, steps, direction)
+                x = self._step(x, u_t, t, steps, direction, x0)
         if self.track_fixed_point and self.training and grad:
-            self.fixed_point_residual = self._next_step_size(x, steps, direction)
+            self.fixed_point_residual = self._next_step_size(x, steps, direction, x0)
         self._count(steps * x.shape[:-1].numel(), x.shape[:-1].numel())
         return x
 
-    def _next_step_size(self, x: Tensor, steps: int, direction) -> Tensor:
+    def _pull(self, d: Tensor, x: Tensor, x0: Tensor) -> Tensor:
+        """The step's direction with the anchor: d - λ (x - x^(0)) (d itself when λ = 0)."""
+        return d - self.anchor * (x - x0) if self.anchor else d
+
+    def _next_step_size(self, x: Tensor, steps: int, direction, x0: Tensor) -> Tensor:
         """r = mean_i ‖η_T d(u_i^(T))‖² / ‖x_i^(T)‖²: the relative size of the step after the last (a scalar)."""
-        step = self.eta(steps, steps + 1) * direction(self.norm(x))
+        step = self.eta(steps, steps + 1) * self._pull(direction(self.norm(x)), x, x0)
         dtype = torch.promote_types(x.dtype, torch.float32)  # bf16 activations: the ratio in float32
         return (step.to(dtype).pow(2).sum(-1) / x.to(dtype).pow(2).sum(-1).clamp_min(1e-12)).mean()
 
-    def _step(self, x: Tensor, u: Tensor | None, t: int, steps: int, direction) -> Tensor:
-        """x^(t+1) = x^(t) + η_t direction(u^(t)), with u^(t) = norm(x^(t)) unless given."""
-        return x + self.eta(t, steps) * direction(self.norm(x) if u is None else u)
+    def _step(self, x: Tensor, u: Tensor | None, t: int, steps: int, direction, x0: Tensor) -> Tensor:
+        """x^(t+1) = x^(t) + η_t direction(u^(t)), with u^(t) = norm(x^(t)) unless given (and the anchor's pull)."""
+        return x + self.eta(t, steps) * self._pull(direction(self.norm(x) if u is None else u), x, x0)
 
     def _descend_checked(self, x: Tensor, u: Tensor | None, steps: int, direction) -> Tensor:
         """The recursion with `adaptive_tol` and / or `guard` (module docstring): per-position steps."""
@@ -302,28 +319,38 @@ class DescentLayer(nn.Module):
         by_energy = tol is not None and self.adaptive_rule == "energy"
         need_energy = bool(guard) or by_energy  # the update rule alone needs no energy
 
-        def step_direction(point: Tensor) -> tuple[Tensor, Tensor | None]:
-            return direction(point, with_energy=True) if need_energy else (direction(point), None)
+        x0 = x
 
-        d, e = step_direction(self.norm(x) if u is None else u)
+        def step_direction(point: Tensor, u_point: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+            """The layer's direction at x = `point` and, when needed, the objective the step descends there:
+            E(norm(x)), plus λ/2 ‖x - x^(0)‖² with an anchor λ."""
+            u_point = self.norm(point) if u_point is None else u_point
+            if not need_energy:
+                return direction(u_point), None
+            d_point, e_point = direction(u_point, with_energy=True)
+            if self.anchor:
+                e_point = e_point + 0.5 * self.anchor * (point - x0).pow(2).sum(-1)
+            return d_point, e_point
+
+        d, e = step_direction(x, u)
         active = torch.ones(x.shape[:-1], dtype=torch.bool, device=x.device)
         used = torch.zeros(x.shape[:-1], dtype=torch.long, device=x.device)
         for t in range(steps):
-            eta = self.eta(t, steps)
+            eta, p = self.eta(t, steps), self._pull(d, x, x0)
             if t == steps - 1 and not guard:  # the last step: no energy needed after it
-                x = torch.where(active.unsqueeze(-1), x + eta * d, x)
+                x = torch.where(active.unsqueeze(-1), x + eta * p, x)
                 used += active
                 break
             eta = torch.full(x.shape[:-1], float(eta), dtype=x.dtype, device=x.device).unsqueeze(-1)  # η_t per position, halved by the guard
-            x_new = x + eta * d
-            d_new, e_new = step_direction(self.norm(x_new))
+            x_new = x + eta * p
+            d_new, e_new = step_direction(x_new)
             for _ in range(guard):
                 worse = active & (e_new > e)
                 if not bool(worse.any()):
                     break
                 eta = torch.where(worse.unsqueeze(-1), eta / 2, eta)
-                x_try = x + eta * d
-                d_try, e_try = direction(self.norm(x_try), with_energy=True)
+                x_try = x + eta * p
+                d_try, e_try = step_direction(x_try)
                 w = worse.unsqueeze(-1)
                 x_new, d_new, e_new = torch.where(w, x_try, x_new), torch.where(w, d_try, d_new), torch.where(worse, e_try, e_new)
             take = active & (e_new <= e) if guard else active

@@ -62,13 +62,14 @@ class ModelConfig:
     step_schedule: str = "constant"  # η_t: "constant" (η) | "inverse" (η / T) | "learned" (η · learned gain per step) | "geometric" (η · step_decay^t)
     step_decay: float = 0.5  # ρ of the geometric schedule, in (0, 1]
     learn_step_size: bool = False
-    # training the recursion for test-time compute (cem.layers.steps): random depths, truncated backprop, a fixed-point penalty
+    # training the recursion for test-time compute (cem.layers.steps): random depths, truncated backprop, a fixed-point penalty, an anchor
     train_depth: str = "fixed"  # training T: "fixed" (attn_steps / mlp_steps) | "model" / "layer" (drawn per batch for the model / each CEM layer)
     train_depth_dist: str = "uniform"  # the drawn T: "uniform" on 1..train_depth_max | "poisson-lognormal" (heavy-tailed, mean train_depth_mean, capped)
     train_depth_max: int = 3
     train_depth_mean: float = 2.0  # the poisson-lognormal draw's mean, in [1, train_depth_max]
     backprop_steps: int = 0  # differentiate only the last k steps of each CEM layer (0 = all)
     fixed_point_weight: float = 0.0  # λ: training loss + λ · mean over CEM layers of the next step's relative size² (0 = off)
+    anchor_weight: float = 0.0  # λ: each step also pulls x back towards x^(0), x += η_t (d(u) - λ (x - x^(0))) (0 = off)
     # inference options of the recursion (cem.layers.steps; eval / no_grad only), saved with the model
     adaptive_tol: float | None = None  # stop a position once the exit rule's quantity <= adaptive_tol (None = off)
     adaptive_rule: str = "energy"  # the exit rule: "energy" (relative energy decrease) | "update" (relative step size)
@@ -104,7 +105,7 @@ class ModelConfig:
         check_choice("adaptive_rule", self.adaptive_rule, EXIT_RULES)
         check_nonnegative_int("guard", self.guard, MAX_GUARD)
         for kind in ("attn", "mlp"):
-            self.recursion(kind)  # the recursion checks start, step_schedule, step_decay and learn_step_size
+            self.recursion(kind)  # the recursion checks start, step_schedule, step_decay, learn_step_size and anchor_weight
 
     def recursion(self, kind: str) -> Recursion:
         """The recursion of the CEM `kind` sublayer ("attn" or "mlp"): its own T and η, the schedule, start
@@ -114,7 +115,7 @@ class ModelConfig:
         steps, step_size = own[kind]
         learned_steps = max(steps, self.train_depth_max) if self.train_depth != "fixed" else steps
         return Recursion(steps, step_size, self.step_schedule, learned_steps, self.start, self.learn_step_size,
-                         self.step_decay, self.backprop_steps or None)
+                         self.step_decay, self.backprop_steps or None, self.anchor_weight)
 
     @property
     def head_dim(self) -> int:
