@@ -265,7 +265,8 @@ def test_test_time_and_energy(corpus, tmp_path, monkeypatch):
     tt = run_experiment("test-time", "smoke", tmp_path / "res", **scale)
     cem = ["full CEM trained T=1", "full CEM trained T=2", "full CEM trained T~U{1..3}", "full CEM, T~PLN(3), backprop through 2",
            "full CEM, T~U{1..3}, fixed-point penalty", "full CEM, T~U{1..3}, η_t = 2^-t",
-           "full CEM, T~PLN(3), backprop through 2, η_t = 2^-t, fixed-point penalty", "full CEM, T~U{1..3}, η_t = 1/T"]
+           "full CEM, T~PLN(3), backprop through 2, η_t = 2^-t, fixed-point penalty", "full CEM, T~U{1..3}, η_t = 1/T",
+           "full CEM, T~U{1..3}, anchored (λ = 1)"]
     assert set(tt["curves"]) == {*cem, "Llama, plain reuse at test time", "Llama with 4 layers"}
     for label, curve in tt["curves"].items():
         if label == "Llama with 4 layers":  # evaluated as trained
@@ -306,6 +307,10 @@ def test_test_time_and_energy(corpus, tmp_path, monkeypatch):
     assert (e["base"], e["more"]) == (1, 2)
     assert set(e["cost"]) == {"all", "attention", "mlp", "layer blocks.0.attn", "layer blocks.0.mlp", "layer blocks.1.attn", "layer blocks.1.mlp"}
     assert all(c["n"] == 2 for c in [*e["cost"].values(), *e["knobs"].values()]) and len(e["knobs"]) == 3
+    assert set(tt["drift"]) == set(cem) and all(len(d["drift"]) == len(d["cos_h"]) == len(d["radial"]) + 1 == 5 for d in tt["drift"].values())
+    plain, anchored = (tt["drift"][k]["drift"] for k in ("full CEM trained T~U{1..3}", "full CEM, T~U{1..3}, anchored (λ = 1)"))
+    assert plain[-1] > 4 * plain[0] and anchored[-1] < 2 * anchored[0]  # T = 16 against T = 1: the anchor stops the drift
+    assert "| along x, last doubling |" in write_report(tmp_path / "res", allow_short=True).read_text()
     for d in runs:
         shutil.rmtree(d / "ckpt")
     assert run_experiment("test-time", "smoke", tmp_path / "res", **scale)["curves"] == tt["curves"]

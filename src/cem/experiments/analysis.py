@@ -226,8 +226,8 @@ def extra_steps_product(scale, variant) -> Product:
 
 def test_time_products(scale, variant, seed: int | None = None) -> list[Product]:
     """What the test-time study reads from each run's weights: the depth study, and for a CEM model (a
-    variant without a Llama `kind`) where its extra steps cost."""
-    return [depth_product(scale, variant)] + ([] if variant.tags.get("kind") else [extra_steps_product(scale, variant)])
+    variant without a Llama `kind`) where its extra steps cost and how far its layers' outputs drift."""
+    return [depth_product(scale, variant)] + ([] if variant.tags.get("kind") else [extra_steps_product(scale, variant), DRIFT])
 
 
 def _cached(path: Path, compute):
@@ -300,6 +300,7 @@ def test_time_study(c: Context) -> tuple[list, dict]:
                        oracle_rank_correlation=_mean_defined([x["oracle_rank_correlation"] for x in rows]))
             adaptive[f"{v.label}, {rule} rule, tol {tol:g}"] = [row]
     extra = {}  # where the steps from m to 2m cost: per part of the model, the paired loss increase
+    drifts = {}  # how far the layers' outputs move from their inputs as T grows: the median layer, mean over seeds
     for v in c.variants:
         if v.tags.get("kind"):
             continue
@@ -311,6 +312,9 @@ def test_time_study(c: Context) -> tuple[list, dict]:
         knobs["finer at 2m"] = Interval.of([r["finer"] - r["loss"]["none"] for r in runs]).to_dict()
         extra[v.label] = {"base": runs[0]["base"], "more": runs[0]["more"], "loss": mean_std([r["loss"]["none"] for r in runs])[0],
                           "cost": cost, "knobs": knobs}
+        traces = [DRIFT.get(d, c.data_dir, c.device) for d in run_dirs[v.label]]
+        drifts[v.label] = {"steps": traces[0]["steps"], **{key: np.mean([np.median([r[key] for r in t["layers"].values()], axis=0) for t in traces], axis=0).tolist()
+                                                              for key in ("drift", "cos_h", "radial")}}
     findings, answer = [], {"twice": {}, "deeper": {}}  # answer: the question in plain words (`report`)
     deeper = next((v.label for v in c.variants if v.tags.get("kind") == "deeper"), None)
     for v in c.variants:
@@ -343,25 +347,38 @@ def test_time_study(c: Context) -> tuple[list, dict]:
                 d.to_dict(), family="ours", p=d.p,
             ))
             answer["deeper"][v.label] = {"2m": round(2 * m), "verdict": findings[-1].verdict, "difference": d.to_dict(), "than": deeper}
-    return findings, {"curves": curves, "adaptive": adaptive, "oracle": oracle, "extra_steps": extra, "answer": answer}
+    return findings, {"curves": curves, "adaptive": adaptive, "oracle": oracle, "extra_steps": extra, "drift": drifts, "answer": answer}
+
+
+def _layer_inputs(model, ids: torch.Tensor) -> dict[str, tuple[DescentLayer, torch.Tensor]]:
+    """Every CEM layer of `model` (by module name) with its true input h in a forward pass of `ids`."""
+    inputs: dict[str, torch.Tensor] = {}
+    layers = {name: m for name, m in model.named_modules() if isinstance(m, DescentLayer)}
+    hooks = [m.register_forward_pre_hook(lambda mod, args, name=name: inputs.__setitem__(name, args[0])) for name, m in layers.items()]
+    try:
+        model(ids)
+    finally:
+        for h in hooks:
+            h.remove()
+    return {name: (layer, inputs[name]) for name, layer in layers.items()}
+
+
+def _first_windows(run_dir: Path, n_seqs: int, data_dir: str | None, device: str):
+    """The trained model and the first `n_seqs` windows of its test split, as ids on the model's device."""
+    model, split, seq_len = load_run(run_dir, data_dir, device)
+    dev = next(model.parameters()).device
+    ids = torch.from_numpy(split.tokens[: n_seqs * seq_len].astype("int64")).view(n_seqs, seq_len).to(dev)
+    return model, ids
 
 
 @torch.no_grad()
 def energy_trace(run_dir: Path, max_steps: int = 4, n_seqs: int = 4, data_dir: str | None = None, device: str = "auto") -> list[dict]:
     """For every CEM layer of a trained model: the mean energy over held-out positions at steps t = 0..max_steps,
     each step taken from the layer's true input h (context fixed), as in the forward pass."""
-    model, split, seq_len = load_run(run_dir, data_dir, device)
-    dev = next(model.parameters()).device
-    ids = torch.from_numpy(split.tokens[: n_seqs * seq_len].astype("int64")).view(n_seqs, seq_len).to(dev)
-    inputs: dict[str, torch.Tensor] = {}
-    layers = {name: m for name, m in model.named_modules() if isinstance(m, DescentLayer)}
-    hooks = [m.register_forward_pre_hook(lambda mod, args, name=name: inputs.__setitem__(name, args[0])) for name, m in layers.items()]
-    model(ids)
-    for h in hooks:
-        h.remove()
+    model, ids = _first_windows(run_dir, n_seqs, data_dir, device)
     rows = []
-    for name, layer in layers.items():
-        h, trained = inputs[name], layer.steps
+    for name, (layer, h) in _layer_inputs(model, ids).items():
+        trained = layer.steps
         x0, _ = layer.start_point(h, layer.norm(h))
         energies = []
         for t in range(max_steps + 1):
@@ -373,6 +390,29 @@ def energy_trace(run_dir: Path, max_steps: int = 4, n_seqs: int = 4, data_dir: s
         kind = "attention" if ".attn" in name else "mlp"
         rows.append({"layer": name, "kind": kind, "trained_steps": trained, "energy": energies})
     return rows
+
+
+DRIFT_STEPS = (1, 2, 4, 8, 16)
+
+
+@torch.no_grad()
+def drift(run_dir: Path, steps: tuple = DRIFT_STEPS, n_seqs: int = 4, data_dir: str | None = None, device: str = "auto") -> dict:
+    """How far each CEM layer's output x^(T) moves from its input h as T grows (`cem.layers.steps`, `anchor`):
+    per T, the mean over positions of ‖x^(T) − h‖ / ‖h‖ (`drift`) and of cos(x^(T), h) (`cos_h`), and between
+    successive T the mean cos(x^(T') − x^(T), x^(T)) (`radial`: 1 when the later steps only lengthen x). From
+    each layer's true input in a forward pass at the trained depth, on the first `n_seqs` test windows."""
+    model, ids = _first_windows(run_dir, n_seqs, data_dir, device)
+    cos = lambda a, b: torch.nn.functional.cosine_similarity(a.double(), b.double(), dim=-1).mean().item()  # noqa: E731
+    layers = {}
+    for name, (layer, h) in _layer_inputs(model, ids).items():
+        outs = []
+        for t in steps:
+            with layer.test_time(steps=t):
+                outs.append(layer(h))
+        layers[name] = {"drift": [((x - h).norm(dim=-1) / h.norm(dim=-1)).mean().item() for x in outs],
+                        "cos_h": [cos(x, h) for x in outs],
+                        "radial": [cos(b - a, a) for a, b in zip(outs, outs[1:])]}
+    return {"steps": list(steps), "layers": layers}
 
 
 def energy_study(c: Context) -> tuple[list, dict]:
@@ -496,6 +536,7 @@ def context_use(run_dir: Path, data_dir: str | None = None, device: str = "auto"
 
 
 ENERGY = Product(energy_trace, "energy.json")  # of the energy experiment's first seed
+DRIFT = Product(drift, "drift_" + "_".join(map(str, DRIFT_STEPS)) + ".json")  # of every CEM model of the test-time experiment
 CONTEXT_USE = Product(context_use, "context_use.json")  # of the Llama runs at each size's chosen rate
 
 

@@ -381,14 +381,15 @@ def size_trend_findings(c: Context):
 
 
 # the test-time recipes (cem.layers.steps): Huginn's heavy-tailed depth with truncated backpropagation, a
-# fixed-point penalty, steps whose total length converges (geometric), all three, and steps whose total length
-# is the same at every T (η/T); each is trained with random depths
+# fixed-point penalty, steps whose total length converges (geometric), all three, steps whose total length
+# is the same at every T (η/T), and steps pulled back to their start (the anchor); each is trained with random depths
 RANDOM_DEPTH = dict(attn_steps=3, mlp_steps=3, train_depth="model", train_depth_max=3)
 HEAVY_DEPTH = dict(attn_steps=3, mlp_steps=3, train_depth="model", train_depth_dist="poisson-lognormal", train_depth_mean=3.0,
                    train_depth_max=8, backprop_steps=2)
 FIXED_POINT = dict(fixed_point_weight=0.1)  # λ: not swept at this scale; at micro (validation, one seed) 1 and 10 did no better
 GEOMETRIC = dict(step_schedule="geometric", step_decay=0.5)
 INVERSE = dict(step_schedule="inverse")  # η_t = η / T: the same total step length at every T, finer steps as T grows
+ANCHOR = dict(anchor_weight=1.0)  # λ η = 1: x^(t+1) = h + η d(u^(t)), the input re-injected at every step (no drift)
 
 
 def testtime_variants(s: Scale) -> list[Variant]:
@@ -411,6 +412,8 @@ def testtime_variants(s: Scale) -> list[Variant]:
                 {"group": "all three", "steps": 3, "mean_depth": 3}),
         Variant("full CEM, T~U{1..3}, η_t = 1/T", _spec(s, b, "cem", **RANDOM_DEPTH, **INVERSE),
                 {"group": "constant path length", "steps": 3, "mean_depth": 2}),
+        Variant("full CEM, T~U{1..3}, anchored (λ = 1)", _spec(s, b, "cem", **RANDOM_DEPTH, **ANCHOR),
+                {"group": "anchored steps", "steps": 3, "mean_depth": 2}),
         Variant(f"Llama with {2 * layers} layers", _spec(s, b, "llama", n_layers=2 * layers), {"group": "deeper Llama", "steps": 1, "kind": "deeper"}),
     ]
 

@@ -88,7 +88,22 @@ def _curves(s: dict) -> list[str]:
                   "a per-position depth could gain at most."]
     if s.get("extra_steps"):
         lines += _extra_steps(s["extra_steps"])
+    if s.get("drift"):
+        lines += _drift(s["drift"])
     return lines
+
+
+def _drift(drift: dict) -> list[str]:
+    """How far the CEM layers' outputs move from their inputs as T grows: one row per model."""
+    steps = next(iter(drift.values()))["steps"]
+    lines = ["", "| model | " + " | ".join(f"T={t}" for t in steps) + " | along x, last doubling |", "|---|" + "---|" * (len(steps) + 1)]
+    for label, d in drift.items():
+        lines.append(f"| {label} | " + " | ".join(f"{a:.2f} ({b:+.2f})" for a, b in zip(d["drift"], d["cos_h"])) + f" | {d['radial'][-1]:+.2f} |")
+    return lines + ["", "Cells: ‖x^(T) − h‖ / ‖h‖, how far a CEM layer's output has moved from its input h after T steps, with "
+                    "cos(x^(T), h) in brackets; the median layer, mean over seeds, on the first 4 test windows. Last column: "
+                    f"cos(x^({steps[-1]}) − x^({steps[-2]}), x^({steps[-2]})), 1 when the later steps only lengthen x. Without "
+                    "an anchor the recursion has no fixed point in x: once norm(x) settles, every step adds the same vector "
+                    "along x, so x moves away from h linearly in T (docs/design.md)."]
 
 
 def _extra_steps(extra: dict) -> list[str]:
