@@ -37,9 +37,10 @@ Start points x^(0):
 
 Inference options (eval mode or `torch.no_grad()` only; a training forward with either on raises ValueError).
 They read the layer's own energy E (attention ε, MLP ξ) at u^(t) = norm(x^(t)) with the layer's fixed
-context (with an `anchor` λ, E + λ/2 ‖x^(t) - x^(0)‖², the objective the anchored step descends), computed together with the step's direction (`direction(u, with_energy=True)`), or the size of
-the step itself, so position i's steps depend only on its own u_i and its causal context: cached decoding
-takes the same steps as the full forward pass.
+context (with an `anchor` λ, E + λ/2 ‖x^(t) - x^(0)‖², the objective the anchored step descends), computed
+together with the step's direction (`direction(u, with_energy=True)`), or the size of the step itself, so
+position i's steps depend only on its own u_i and its causal context: cached decoding takes the same steps
+as the full forward pass.
 - `adaptive_tol` (None = off): position i stops after the step t where the exit rule (`adaptive_rule`,
   `EXIT_RULES`) says more steps will change little, and keeps x^(t+1); the recursion ends early once every
   position has stopped, at most T steps in all. The rules:
