@@ -310,7 +310,14 @@ def test_test_time_and_energy(corpus, tmp_path, monkeypatch):
     assert set(tt["drift"]) == set(cem) and all(len(d["drift"]) == len(d["cos_h"]) == len(d["radial"]) + 1 == 5 for d in tt["drift"].values())
     plain, anchored = (tt["drift"][k]["drift"] for k in ("full CEM trained T~U{1..3}", "full CEM, T~U{1..3}, anchored (λ = 1)"))
     assert plain[-1] > 4 * plain[0] and anchored[-1] < 2 * anchored[0]  # T = 16 against T = 1: the anchor stops the drift
-    assert "| along x, last doubling |" in write_report(tmp_path / "res", allow_short=True).read_text()
+    against = tt["against_random_depth"]  # every other CEM model against plain random depth, at its m and 2m
+    assert set(against) == set(cem) - {"full CEM trained T~U{1..3}"} and against["full CEM trained T=1"]["m"]["T"] == 1
+    per_seed = lambda label, t: next(r["test_loss_per_seed"] for r in tt["curves"][label] if r["eval_steps"] == t)  # noqa: E731
+    expected = [a - b for a, b in zip(per_seed("full CEM trained T~U{1..3}", 2), per_seed("full CEM trained T=1", 2))]
+    assert against["full CEM trained T=1"]["2m"]["mean"] == pytest.approx(sum(expected) / 2)
+    assert "2m" not in against["full CEM trained T=2"]  # T = 4 is not among the smoke scale's depths
+    report = write_report(tmp_path / "res", allow_short=True).read_text()
+    assert "| along x, last doubling |" in report and "minus the model's at the same T" in report
     for d in runs:
         shutil.rmtree(d / "ckpt")
     assert run_experiment("test-time", "smoke", tmp_path / "res", **scale)["curves"] == tt["curves"]

@@ -347,7 +347,28 @@ def test_time_study(c: Context) -> tuple[list, dict]:
                 d.to_dict(), family="ours", p=d.p,
             ))
             answer["deeper"][v.label] = {"2m": round(2 * m), "verdict": findings[-1].verdict, "difference": d.to_dict(), "than": deeper}
-    return findings, {"curves": curves, "adaptive": adaptive, "oracle": oracle, "extra_steps": extra, "drift": drifts, "answer": answer}
+    return findings, {"curves": curves, "adaptive": adaptive, "oracle": oracle, "extra_steps": extra, "drift": drifts, "answer": answer,
+                      "against_random_depth": _against_random_depth(c.variants, curves)}
+
+
+def _against_random_depth(variants, curves: dict) -> dict:
+    """Each other CEM model against plain random depth (group `random depth`) at the model's own m and 2m:
+    the loss of random depth minus the model's, paired by seed (positive: the model is better there). A
+    table of what each recipe changes, not findings."""
+    plain = next((v.label for v in variants if v.tags.get("group") == "random depth"), None)
+    out = {}
+    for v in variants:
+        if plain is None or v.label == plain or v.tags.get("kind"):
+            continue
+        m = v.tags.get("mean_depth", v.tags["steps"])
+        cells = {}
+        for name, t in (("m", round(m)), ("2m", round(2 * m))):
+            ours, theirs = _loss_at(curves[v.label], t), _loss_at(curves[plain], t)
+            if ours is not None and theirs is not None:
+                cells[name] = {"T": t, **Interval.of([a - b for a, b in zip(theirs, ours)]).to_dict()}
+        if cells:
+            out[v.label] = {"than": plain, **cells}
+    return out
 
 
 def _layer_inputs(model, ids: torch.Tensor) -> dict[str, tuple[DescentLayer, torch.Tensor]]:

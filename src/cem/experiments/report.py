@@ -88,9 +88,21 @@ def _curves(s: dict) -> list[str]:
                   "a per-position depth could gain at most."]
     if s.get("extra_steps"):
         lines += _extra_steps(s["extra_steps"])
+    if s.get("against_random_depth"):
+        lines += _against_random_depth(s["against_random_depth"])
     if s.get("drift"):
         lines += _drift(s["drift"])
     return lines
+
+
+def _against_random_depth(table: dict) -> list[str]:
+    """What each recipe (and each fixed-depth model) changes against plain random depth, at its m and 2m."""
+    plain = next(iter(table.values()))["than"]
+    ci = lambda d: f"T={d['T']}: {d['mean']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}]" if d else "not evaluated"  # noqa: E731
+    lines = ["", "| model | at its mean trained depth m | at 2m |", "|---|---|---|"]
+    lines += [f"| {label} | {ci(e.get('m'))} | {ci(e.get('2m'))} |" for label, e in table.items()]
+    return lines + ["", f"Cells: the test loss of {plain} minus the model's at the same T (nats, mean over paired seeds with its 95% "
+                    "interval); positive: the model is better there than plain random depth. A table, not findings."]
 
 
 def _drift(drift: dict) -> list[str]:
