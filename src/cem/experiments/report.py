@@ -40,12 +40,17 @@ def _table(s: dict) -> list[str]:
     return out
 
 
+def _ci(d: dict, fmt: str = "+.3f") -> str:
+    """An interval (an `Interval.to_dict()`) as `mean [lo, hi]`."""
+    return f"{d['mean']:{fmt}} [{d['lo']:{fmt}}, {d['hi']:{fmt}}]"
+
+
 def _answer(answer: dict) -> list[str]:
     """The test-time question in plain words: which CEM models are better at twice their mean trained depth
     m than at m, and how each there compares with the FLOP-matched deeper Llama (paired 95% intervals)."""
     def listing(group: dict, verdict: str) -> str:
         at = lambda e: f"T={e['m']} → {e['2m']}" if "m" in e else f"at T={e['2m']}"  # noqa: E731
-        items = [f"{label} ({at(e)}: {e['difference']['mean']:+.3f} [{e['difference']['lo']:+.3f}, {e['difference']['hi']:+.3f}])"
+        items = [f"{label} ({at(e)}: {_ci(e['difference'])})"
                  for label, e in group.items() if e["verdict"] == verdict]
         return "; ".join(items) or "none"
 
@@ -79,7 +84,7 @@ def _curves(s: dict) -> list[str]:
                 extra = ""
                 if "gain_over_fixed" in r:
                     g = r["gain_over_fixed"]
-                    extra = f" {g['mean']:+.4f} [{g['lo']:+.4f}, {g['hi']:+.4f}] | {r['regret']:.4f} | {'n/a' if r['oracle_rank_correlation'] is None else format(r['oracle_rank_correlation'], '+.3f')} |"
+                    extra = f" {_ci(g, '+.4f')} | {r['regret']:.4f} | {'n/a' if r['oracle_rank_correlation'] is None else format(r['oracle_rank_correlation'], '+.3f')} |"
                 lines.append(f"| {label} | {r['eval_steps']} | {r['steps_used']:.2f} | {r['flops_per_token'] / 1e6:.2f} | {r['test_perplexity']:.3f} |{extra}")
     if s.get("oracle"):
         lines += ["", "| model | oracle: lowest loss per token over the evaluated T (nats) | its mean best T | best fixed T's loss (nats) |", "|---|---|---|---|"]
@@ -98,9 +103,9 @@ def _curves(s: dict) -> list[str]:
 def _against_random_depth(table: dict) -> list[str]:
     """What each recipe (and each fixed-depth model) changes against plain random depth, at its m and 2m."""
     plain = next(iter(table.values()))["than"]
-    ci = lambda d: f"T={d['T']}: {d['mean']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}]" if d else "not evaluated"  # noqa: E731
+    cell = lambda d: f"T={d['T']}: {_ci(d)}" if d else "not evaluated"  # noqa: E731
     lines = ["", "| model | at its mean trained depth m | at 2m |", "|---|---|---|"]
-    lines += [f"| {label} | {ci(e.get('m'))} | {ci(e.get('2m'))} |" for label, e in table.items()]
+    lines += [f"| {label} | {cell(e.get('m'))} | {cell(e.get('2m'))} |" for label, e in table.items()]
     return lines + ["", f"Cells: the test loss of {plain} minus the model's at the same T (nats, mean over paired seeds with its 95% "
                     "interval); positive: the model is better there than plain random depth. A table, not findings."]
 
@@ -121,16 +126,15 @@ def _drift(drift: dict) -> list[str]:
 def _extra_steps(extra: dict) -> list[str]:
     """Where a model's steps beyond its trained depth cost: one row per model, one column per part of it."""
     parts = list(next(iter(extra.values()))["cost"])
-    ci = lambda d: f"{d['mean']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}]"
     lines = ["", "| model | m → 2m | loss at m (nats) | " + " | ".join(p.replace("layer blocks.", "only ") for p in parts) + " |",
              "|---|---|---|" + "---|" * len(parts)]
     for label, e in extra.items():
-        lines.append(f"| {label} | {e['base']} → {e['more']} | {e['loss']:.4f} | " + " | ".join(ci(e["cost"][p]) for p in parts) + " |")
+        lines.append(f"| {label} | {e['base']} → {e['more']} | {e['loss']:.4f} | " + " | ".join(_ci(e["cost"][p]) for p in parts) + " |")
     lines += ["", "Where the steps past the trained depth cost: the test loss (nats, on a quarter of the batches above) when "
               "the named CEM layers run 2m steps and the others m, minus the loss with all at m (m: the mean trained depth, "
               "rounded); mean over seeds with its 95% interval. `only 0.mlp`: the first block's MLP alone."]
     lines += ["", "| model | energy-guarded steps at m: loss increase (nats) | at 2m | 2m finer steps, the path length of m |", "|---|---|---|---|"]
-    lines += [f"| {label} | " + " | ".join(ci(e["knobs"][k]) for k in ("guarded at m", "guarded at 2m", "finer at 2m")) + " |" for label, e in extra.items()]
+    lines += [f"| {label} | " + " | ".join(_ci(e["knobs"][k]) for k in ("guarded at m", "guarded at 2m", "finer at 2m")) + " |" for label, e in extra.items()]
     return lines + ["", "Energy-guarded steps make every step descend its layer's energy (a step that raises it is halved, up to "
                     f"{GUARD_STUDIED} times); the loss with them minus the loss of the plain steps at m, as above. Positive at m: the "
                     "trained model relies on steps that do not descend the energy. Last column: 2m steps with η scaled so that their "
