@@ -18,8 +18,9 @@ Training options of the recursion (test-time compute that keeps helping, docs/ex
   residual path to earlier layers keeps its gradient (their Jacobian I + η ∂d/∂x is read as I).
 - `track_fixed_point` (a layer attribute, set by the model when its `fixed_point_weight` > 0): a training
   forward also computes the step the layer would take next, and keeps its relative size
-  r = mean_i ‖η_T d(u_i^(T))‖² / ‖x_i^(T)‖² in `fixed_point_residual`, a penalty that pulls x^(T) towards a
-  fixed point of the recursion, so that further steps change little.
+  r = mean_i ‖η_T d(u_i^(T))‖² / ‖x_i^(T)‖² in `fixed_point_residual` (with an `anchor` λ, the next step
+  includes its pull: d - λ (x^(T) - x^(0))), a penalty that pulls x^(T) towards a fixed point of the
+  recursion, so that further steps change little.
 - `anchor` = λ (0 = off): every step is also pulled back towards the start point,
   x^(t+1) = x^(t) + η_t (d(u^(t)) - λ (x^(t) - x^(0))), the step of the energy plus λ/2 ‖x - x^(0)‖² (the input
   re-injected at every step, as in recurrent-depth models). Without it the recursion has no fixed point in x:
@@ -300,7 +301,8 @@ class DescentLayer(nn.Module):
         return d - self.anchor * (x - x0) if self.anchor else d
 
     def _next_step_size(self, x: Tensor, steps: int, direction, x0: Tensor) -> Tensor:
-        """r = mean_i ‖η_T d(u_i^(T))‖² / ‖x_i^(T)‖²: the relative size of the step after the last (a scalar)."""
+        """r = mean_i ‖η_T d(u_i^(T))‖² / ‖x_i^(T)‖²: the relative size of the step after the last (a scalar;
+        d includes the anchor's pull)."""
         step = self.eta(steps, steps + 1) * self._pull(direction(self.norm(x)), x, x0)
         dtype = torch.promote_types(x.dtype, torch.float32)  # bf16 activations: the ratio in float32
         return (step.to(dtype).pow(2).sum(-1) / x.to(dtype).pow(2).sum(-1).clamp_min(1e-12)).mean()
