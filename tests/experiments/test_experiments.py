@@ -551,3 +551,22 @@ def test_a_killed_sweep_takes_its_workers_with_it(corpus, tmp_path):
     proc.wait(timeout=30)
     assert _gone(workers, 60)
     assert all((r / "ckpt").is_dir() for r in runs)
+
+
+def test_report_sets_full_cems_own_best_rate_beside_the_rate_it_trained_at():
+    """The report names each size's rate and, once fig3a is in, how much lower full CEM's validation loss is
+    at its own best rate than at Llama's (the rate every base-size variant trains at)."""
+    from cem.experiments.report import _rates
+    from cem.experiments.registry import LR_GROUPS
+
+    scale = {"name": "cpu", "base": "cpu64", "chosen_lrs": [["cpu64", 0.008], ["cpu128", 0.002]]}
+    assert _rates([{"experiment": "fig2c", "scale": scale}])[1].endswith("cpu64 0.008, cpu128 0.002.")
+    rows = [{"group": LR_GROUPS[1], "lr": lr, "valid_loss": loss} for lr, loss in ((0.002, 1.50), (0.004, 1.45), (0.008, 1.62))]
+    fig3a = {"experiment": "fig3a", "scale": scale, "rows": rows,
+             "optima": {LR_GROUPS[1]: {"best_grid_lr": 0.004, "lr": 0.0041}}}
+    text = _rates([fig3a])[1]
+    assert "full CEM's own best rate on validation is 0.004" in text and "0.170 nats lower than at Llama's 0.008" in text
+    assert "train above their own optimum" in text
+    fig3a["optima"][LR_GROUPS[1]]["best_grid_lr"] = 0.008
+    assert "is Llama's rate too" in _rates([fig3a])[1]
+    assert _rates([{"experiment": "fig2c", "scale": {"base": "micro"}}]) == []  # a scale without a sweep

@@ -15,7 +15,7 @@ from pathlib import Path
 from ..io import read_json
 from .analysis import GUARD_STUDIED
 from .findings import Finding, adjust
-from .registry import SUITE_ORDER
+from .registry import LR_GROUPS, SUITE_ORDER
 
 MARK = {"held": "✅ held", "not held": "❌ not held", "inconclusive": "➖ inconclusive"}
 
@@ -228,6 +228,32 @@ def _opening(summaries: list[dict], short: bool = False) -> list[str]:
     return lines
 
 
+def _rates(summaries: list[dict]) -> list[str]:
+    """The rate each size trains at (its Llama baseline's best on validation, the paper's rule) and, once fig3a
+    is analysed, full CEM's own best rate at the base size beside it: how far from their optimum the base-size
+    CEM variants train."""
+    sc = summaries[0]["scale"]
+    chosen = dict(sc.get("chosen_lrs") or [])
+    if not chosen:
+        return []
+    line = ("**Learning rates:** every run of a size trains at its Llama baseline's best rate on validation (the paper's rule): "
+            + ", ".join(f"{size} {lr:g}" for size, lr in chosen.items()) + ".")
+    fig3a = next((s for s in summaries if s["experiment"] == "fig3a" and "optima" in s), None)
+    base, rate = sc["base"], chosen.get(sc["base"])
+    if fig3a and rate is not None:
+        best = fig3a["optima"][LR_GROUPS[1]]
+        rows = {r["lr"]: r for r in fig3a["rows"] if r["group"] == LR_GROUPS[1]}
+        if best["best_grid_lr"] == rate:
+            line += f" At {base}, full CEM's own best rate on validation (fig3a) is Llama's rate too."
+        elif rate in rows:
+            gap = rows[rate]["valid_loss"] - rows[best["best_grid_lr"]]["valid_loss"]
+            line += (f" At {base}, full CEM's own best rate on validation is {best['best_grid_lr']:g} (Akima {best['lr']:.2e}; fig3a), "
+                     f"and its mean validation loss there is {gap:.3f} nats lower than at Llama's {rate:g}: the base-size CEM variants "
+                     f"train {'above' if rate > best['best_grid_lr'] else 'below'} their own optimum, which handicaps them against Llama "
+                     "by about that much (fig3a compares the two, each at its own best rate).")
+    return ["", line]
+
+
 def _diff(f: dict) -> str:
     d = f["difference"]
     if d["n"] < 2:
@@ -285,6 +311,7 @@ def write_report(results_dir: str | Path, allow_short: bool = False) -> Path:
         "",
     ]
     lines += _opening(summaries, bool(short))
+    lines += _rates(summaries)
     lr = next((x for x in summaries if x["experiment"] == "lr" and x.get("regime")), None)
     if lr:
         lines += ["", "**Regime check (validation):** " + "; ".join(
