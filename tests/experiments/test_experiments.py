@@ -194,6 +194,30 @@ def test_a_recorded_learning_rate_choice_stands_when_a_sweep_run_changes(corpus,
         run_experiment("lr", "smoke", root, **kw)
 
 
+def test_fig3a_brackets_the_current_best_rate_when_a_run_trained_again_moves_it(corpus, tmp_path, monkeypatch):
+    """fig3a reads the whole curve: where a sweep run trained again has moved Llama's best rate (on the current
+    results) to an end of its grid, the grid grows until that best is bracketed again and the new rate joins
+    fig3a; the recorded choice, which every run of the size trained at, stands."""
+    from cem.experiments import plan
+
+    monkeypatch.setenv("CEM_CACHE_DIR", str(tmp_path / "cache"))
+    kw = smoke(corpus, seeds=(0,), recursion_seeds=(0,), lr_sweep=True, lrs=(1e-3, 4e-3), lr_extend=1)
+    root = tmp_path / "res"
+    run_experiment("fig3a", "smoke", root, **kw)
+    record = json.loads((root / "lr" / "choices.json").read_text())["micro-llama"]
+    end, new = (max(record["grid"]), 8e-3) if 8e-3 not in record["grid"] else (min(record["grid"]), 5e-4)
+    assert new not in record["grid"]  # the decision grew the grid on one side at most
+    path = root / "runs" / RunSpec.make("micro", "llama", train={"lr": end}).with_seed(0).slug / "results.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "valid_loss": -1.0}))  # as if trained again
+    assert plan("smoke", root, ("fig3a",), **kw)["experiments"]["fig3a"]["train"] == 1
+    summary = run_experiment("fig3a", "smoke", root, **kw)
+    again = json.loads((root / "lr" / "choices.json").read_text())["micro-llama"]
+    assert again["lr"] == record["lr"] and sorted(again["grid"]) == sorted(record["grid"] + [new])
+    assert new in {r["lr"] for r in summary["rows"] if r["group"] == "Llama"}
+    assert [list(x) for x in summary["scale"]["chosen_lrs"]] == [["micro", record["lr"]]]
+    assert plan("smoke", root, ("fig3a",), **kw)["experiments"]["fig3a"]["train"] == 0  # bracketed (or at the limit)
+
+
 def test_plan_says_what_would_be_trained_without_training(corpus, tmp_path, monkeypatch, capsys):
     """`cem experiment ... --plan`: the runs per experiment by status and the hours left, nothing trained; at
     a sweeping scale whose base sweep is undecided, only the sweep's runs can be named."""

@@ -8,7 +8,10 @@ The chosen rate is a grid point, so the sweep's own runs are the Llama baseline'
 
 A finished sweep's decision is made once and recorded in RESULTS/lr/choices.json (committed with the runs):
 every run of its size depends on it, so a sweep run trained again later (`cem.experiments.products`), whose
-validation loss moves by noise, never re-decides it.
+validation loss moves by noise, never re-decides it. Where the whole curve is read (fig3a's optima), a sweep
+can be asked to `rebracket`: if a run trained again has moved the best rate on the current results to an end
+of the grid, the grid grows as above until that best is bracketed again, and the grown grid is recorded; the
+chosen rate stands.
 """
 
 from __future__ import annotations
@@ -83,10 +86,14 @@ class SweepState:
     pending: tuple = ()
 
 
-def sweep(scale: Scale, size: str, arch: str, root: Path, data_dir: str | None = None, jobs: int = 1, dry: bool = False) -> SweepState:
+def sweep(scale: Scale, size: str, arch: str, root: Path, data_dir: str | None = None, jobs: int = 1, dry: bool = False,
+          rebracket: bool = False) -> SweepState:
     """Train the sweep of `arch` at `size` until its best rate is bracketed. A recorded decision stands: its
-    runs are only trained where missing. With `dry`, nothing is trained: the decision the finished runs
-    allow, or the runs it waits for."""
+    runs are only trained where missing (and, with `rebracket`, its grid grows until the best rate on the
+    current results is bracketed again: module docstring). With `dry`, nothing is trained: the decision the
+    finished runs allow, or the runs it waits for."""
+    key = f"{size}-{arch}"
+    scale = replace(scale, lr_grids=tuple((k, g) for k, g in scale.lr_grids if k != key))  # the sweep's own first grid
     first = scale.grid(size, arch)
     done = recorded(scale, size, arch, root)
     grid = done["grid"] if done else first
@@ -98,16 +105,21 @@ def sweep(scale: Scale, size: str, arch: str, root: Path, data_dir: str | None =
             print(f"== learning-rate sweep: {arch} {size}, rates {', '.join(f'{lr:g}' for lr in grid)}", file=sys.stderr, flush=True)
             results = run_sweep(specs, scale, root, data_dir, jobs)
         pending = tuple(s for s in specs if results[s] is None)
-        if done:
-            return SweepState(done["lr"], tuple(sorted(grid)), done["valid_loss"], pending)
-        if pending:
-            return SweepState(None, tuple(sorted(grid)), {}, pending)
+        if pending or (done and not rebracket):
+            return SweepState(done["lr"] if done else None, tuple(sorted(grid)), done["valid_loss"] if done else {}, pending)
         losses = {lr: mean_valid_loss([results[RunSpec.make(size, arch, train={"lr": lr}).with_seed(s)] for s in scale.sweep_seeds(size)]) for lr in grid}
         best = min(grid, key=lambda lr: losses[lr])
         grown = extend(grid, best, first, scale.lr_extend)
+        if done:  # rebracket: the decision stands, the grid grows around the current best
+            if grown is None:
+                return SweepState(done["lr"], tuple(sorted(grid)), done["valid_loss"], ())
+            if not dry:
+                _write_record(root, key, {**read_json(_record(root))[key], "grid": sorted(grown)})
+            grid = grown
+            continue
         if grown is None:
             if not dry:
-                _write_record(root, f"{size}-{arch}", {"lr": best, "grid": sorted(grid), "first_grid": list(first),
+                _write_record(root, key, {"lr": best, "grid": sorted(grid), "first_grid": list(first),
                                                       "seeds": list(scale.sweep_seeds(size)), "valid_loss": {str(k): v for k, v in losses.items()}})
             return SweepState(best, tuple(sorted(grid)), losses)
         grid = grown
@@ -119,15 +131,16 @@ def _write_record(root: Path, key: str, entry: dict) -> None:
     atomic_write_json(path, {**record, key: entry})
 
 
-def choose(scale: Scale, size: str, arch: str, root: Path, data_dir: str | None = None, jobs: int = 1) -> Scale:
+def choose(scale: Scale, size: str, arch: str, root: Path, data_dir: str | None = None, jobs: int = 1, rebracket: bool = False) -> Scale:
     """The scale with the sweep of `arch` at `size` finished and recorded (for Llama: the size's chosen rate)."""
-    return with_choice(scale, size, arch, sweep(scale, size, arch, root, data_dir, jobs))
+    return with_choice(scale, size, arch, sweep(scale, size, arch, root, data_dir, jobs, rebracket=rebracket))
 
 
 def with_choice(scale: Scale, size: str, arch: str, state: SweepState) -> Scale:
     """The scale with a decided sweep's grid (and, for Llama, its rate) recorded."""
-    grids = tuple((k, g) for k, g in scale.lr_grids if k != f"{size}-{arch}") + ((f"{size}-{arch}", state.grid),)
-    chosen = scale.chosen_lrs
-    if arch == "llama":
-        chosen = tuple((z, lr) for z, lr in chosen if z != size) + ((size, state.best),)
+    def put(pairs: tuple, key: str, value) -> tuple:  # in place where the key is there, else at the end
+        return tuple((k, value if k == key else v) for k, v in pairs) + (() if key in dict(pairs) else ((key, value),))
+
+    grids = put(scale.lr_grids, f"{size}-{arch}", state.grid)
+    chosen = put(scale.chosen_lrs, size, state.best) if arch == "llama" else scale.chosen_lrs
     return replace(scale, lr_grids=grids, chosen_lrs=chosen)

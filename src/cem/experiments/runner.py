@@ -70,7 +70,8 @@ def train_runs(ids, sc: Scale, root: Path, data_dir: str | None = None, jobs: in
     """Train every run the experiments `ids` need; returns the scale (with its chosen learning rates) and
     the results by spec. At a scale that sweeps learning rates (`cem.experiments.lr`) it goes size by size,
     the base first: a size's Llama sweep, then that size's runs in the order of `ids` (fig3a's CEM sweep is
-    extended, where its optimum is not bracketed yet, after the base size's other runs)."""
+    extended, where its optimum is not bracketed yet, after the base size's other runs; so is Llama's, where a run
+    trained again since its decision has moved its best rate to an end of the grid: `lr.sweep`'s `rebracket`)."""
     if not sc.lr_sweep:
         return sc, run_sweep([s for i in ids for s in _specs(i, sc)], sc, root, data_dir, jobs, _products(ids, sc))
     results: dict = {}
@@ -81,8 +82,9 @@ def train_runs(ids, sc: Scale, root: Path, data_dir: str | None = None, jobs: in
         specs = [s for i in ids for s in _specs(i, done)]
         print(f"== training the runs of {', '.join(ids)} at size {size} ({sc.name} scale)", file=sys.stderr, flush=True)
         results.update(run_sweep(specs, done, root, data_dir, jobs, _products(ids, done)))
-        if size == sc.base and "fig3a" in ids:
-            sc = lr.choose(sc, size, "cem-t2", root, data_dir, jobs)
+        if size == sc.base and "fig3a" in ids:  # fig3a reads both curves: each bracketed on the current results
+            for arch in ("cem-t2", "llama"):
+                sc = lr.choose(sc, size, arch, root, data_dir, jobs, rebracket=True)
     specs = [s for i in ids for s in _specs(i, sc)]
     results.update(run_sweep(specs, sc, root, data_dir, jobs, _products(ids, sc)))  # everything finished: only reads results
     return sc, results
@@ -114,11 +116,12 @@ def plan(scale: str = "cpu", results_dir: str | Path | None = None, ids=None, **
             sc = lr.with_choice(sc, size, "llama", state)
             decided.append(size)
         if "fig3a" in ids and sc.base in decided:
-            state = lr.sweep(sc, sc.base, "cem-t2", root, dry=True)
-            if state.best is None:
-                undecided[f"{sc.base}-cem-t2"] = len(state.pending)
-            else:
-                sc = lr.with_choice(sc, sc.base, "cem-t2", state)
+            for arch in ("cem-t2", "llama"):
+                state = lr.sweep(sc, sc.base, arch, root, dry=True, rebracket=True)
+                if state.best is None:
+                    undecided[f"{sc.base}-{arch}"] = len(state.pending)
+                else:  # a grid grown to bracket the current best: its new runs are fig3a's, counted below
+                    sc = lr.with_choice(sc, sc.base, arch, state)
     known = replace(sc, sizes=tuple(z for z in sc.sizes if z in decided))
     experiments, products = {}, _products(ids, known) if sc.base in decided else {}
     for i in ids if sc.base in decided else ():
