@@ -163,7 +163,7 @@ def fig2c_findings(c: Context):
 
 def fig2d_findings(c: Context):
     return _recursion_findings(c, "mlp") + [
-        lower(c.rows, f"Llama {c.scale.base}", "CEM MLP T=2", "CEM MLP still trails the gated MLP at T=2 (the gap narrows)")
+        lower(c.rows, f"Llama {c.scale.base}", "CEM MLP T=2", "CEM MLP still trails the gated MLP at T=2 (that the gap narrows with T is the T=2 vs T=1 finding)")
     ], {}
 
 
