@@ -590,7 +590,7 @@ def test_report_sets_full_cems_own_best_rate_beside_the_rate_it_trained_at():
              "optima": {LR_GROUPS[1]: {"best_grid_lr": 0.004, "lr": 0.0041}}}
     text = _rates([fig3a])[1]
     assert "full CEM's own best rate on validation is 0.004" in text and "0.170 nats lower than at Llama's 0.008" in text
-    assert "train above their own optimum" in text
+    assert "full CEM trains above its own optimum" in text
     fig3a["optima"][LR_GROUPS[1]]["best_grid_lr"] = 0.008
     assert "is Llama's rate too" in _rates([fig3a])[1]
     assert _rates([{"experiment": "fig2c", "scale": {"base": "micro"}}]) == []  # a scale without a sweep
