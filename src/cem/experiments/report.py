@@ -250,8 +250,8 @@ def _rates(summaries: list[dict]) -> list[str]:
             line += (f" At {base}, full CEM's own best rate on validation is {best['best_grid_lr']:g} (Akima {best['lr']:.2e}; fig3a), "
                      f"and its mean validation loss there is {gap:.3f} nats lower than at Llama's {rate:g}: at this size full CEM trains "
                      f"{'above' if rate > best['best_grid_lr'] else 'below'} its own optimum. The other CEM variants are not swept (the "
-                     "paper's rule), so their comparisons with Llama here may carry a handicap of that order; fig3a compares full CEM "
-                     "and Llama each at its own best rate.")
+                     "paper's rule), so their comparisons with Llama here, and the size trend's point at this size, may carry a handicap "
+                     "of that order; fig3a compares full CEM and Llama each at its own best rate.")
     return ["", line]
 
 
