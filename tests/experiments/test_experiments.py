@@ -484,8 +484,10 @@ def test_report_marks_findings_about_a_size_at_ngram_level():
     from cem.experiments.report import _opening, below_regime, regime_sizes
 
     scale = {"name": "cpu", "sizes": ["cpu64", "cpu128"], "base": "cpu64"}
+    nan = float("nan")  # cpu128: one seed, no interval: its sign decides, as in the regime finding's verdict
     lr = {"experiment": "lr", "scale": scale, "findings": [],
-          "regime": {"cpu64": {"difference": {"hi": 0.2}}, "cpu128": {"difference": {"hi": -0.05}}}}
+          "regime": {"cpu64": {"difference": {"mean": 0.1, "lo": 0.05, "hi": 0.2, "n": 3}},
+                     "cpu128": {"difference": {"mean": -0.05, "lo": nan, "hi": nan, "n": 1}}}}
     small = {"claim": "CEM attention close to Llama at cpu64", "verdict": "held", "family": "paper"}
     large = {"claim": "CEM attention close to Llama at cpu128", "verdict": "not held", "family": "paper"}
     base = {"claim": "recursion T=2 beats T=1", "verdict": "held", "family": "paper"}

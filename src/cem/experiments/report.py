@@ -16,6 +16,7 @@ from ..io import read_json
 from .analysis import GUARD_STUDIED
 from .findings import Finding, adjust
 from .registry import LR_GROUPS, SUITE_ORDER
+from .stats import Interval
 
 MARK = {"held": "✅ held", "not held": "❌ not held", "inconclusive": "➖ inconclusive"}
 
@@ -168,9 +169,10 @@ def _verdicts(f: dict) -> str:
 
 def regime_sizes(summaries: list[dict]) -> dict[str, bool]:
     """Per size, whether its Llama baseline beats the 5-gram on validation (the regime check of the `lr`
-    experiment: the whole interval of the paired difference below zero); empty without a regime check."""
+    experiment, judged as its finding is: the whole interval of the paired difference below zero, or with one
+    seed its sign); empty without a regime check."""
     lr = next((x for x in summaries if x["experiment"] == "lr" and x.get("regime")), None)
-    return {size: r["difference"]["hi"] < 0 for size, r in lr["regime"].items()} if lr else {}
+    return {size: Interval(**r["difference"]).verdict(-1) == "held" for size, r in lr["regime"].items()} if lr else {}
 
 
 def below_regime(f: dict, summary: dict, passing: dict[str, bool]) -> bool:
