@@ -232,8 +232,8 @@ def _opening(summaries: list[dict], short: bool = False) -> list[str]:
 
 def _rates(summaries: list[dict]) -> list[str]:
     """The rate each size trains at (its Llama baseline's best on validation, the paper's rule) and, once fig3a
-    is analysed, full CEM's own best rate at the base size beside it: how far from their optimum the base-size
-    CEM variants train."""
+    is analysed, full CEM's own best rate at the base size beside it: how far from its optimum full CEM trains
+    there (the only CEM variant swept)."""
     sc = summaries[0]["scale"]
     chosen = dict(sc.get("chosen_lrs") or [])
     if not chosen:
