@@ -4,7 +4,7 @@ the same shape as a peer of our Llama; ratios to our Llama, eager and compiled.
 
     python benchmarks/train_throughput.py [--device auto|cpu|cuda] [--out FILE.md] [--presets small 134M]
         [--seq-len N] [--batch B] [--steps N] [--warmup N] [--precision auto|bf16|fp32]
-        [--compile off|on|both] [--no-hf] [--threads N] [--timer cpu|wall] [--profile]
+        [--compile off|on|both] [--models "CEM T=1" ...] [--no-hf] [--threads N] [--timer cpu|wall] [--profile]
 
 MFU = tokens/s × train_flops_per_token(cfg, seq_len) / peak, where peak is the device's matmul FLOP/s
 measured by `cem.device.peak_flops` in this run (bf16 when training under bf16 autocast, fp32
@@ -82,6 +82,8 @@ def bench_preset(args, device, preset: str, peak: float) -> list[list[object]]:
 
     entries = []  # (name, cfg, model | None, note)
     for name, (arch, overrides) in MODELS.items():
+        if name != LLAMA and args.models and name not in args.models:
+            continue
         cfg = model_config(preset, arch, context=max(base.context, seq), **overrides)
         torch.manual_seed(args.seed)
         entries.append((name, cfg, LanguageModel(cfg), ""))
@@ -155,6 +157,8 @@ def main(argv: list[str] | None = None) -> Report:
     p.add_argument("--compile", default="both", choices=["off", "on", "both"],
                    help="torch.compile: eager rows, compiled rows, or both (default; compilation happens in the warm-up)")
     p.add_argument("--profile", action="store_true", help="also profile one eager step per model (torch.profiler)")
+    p.add_argument("--models", nargs="+", default=None, choices=[m for m in MODELS if m != LLAMA],
+                   help="the CEM models to time (default all; our Llama, the reference of every ratio, always runs)")
     p.add_argument("--no-hf", action="store_true", help="leave out transformers' LlamaForCausalLM")
     args = p.parse_args(argv)
     device = setup(args, repeats=(20, 30), warmup=(3, 2))

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import attention, common, decode, train_memory, train_throughput  # noqa: E402
+from benchmarks import attention, common, decode, kernel_tiles, train_memory, train_throughput  # noqa: E402
 
 
 def num(cell: str) -> float:
@@ -153,6 +153,41 @@ def test_train_throughput_smoke(tmp_path):
     assert num(rows["CEM T=2"]["GFLOP/token"]) > num(rows["CEM T=1"]["GFLOP/token"])
     text = check_markdown(out, "Training throughput", train_throughput.COLUMNS)
     assert "measured peak (fp32 matmul)" in text and "## Profile: tiny cem-t2" in text and "self ms" in text
+
+
+def test_train_throughput_models_picks_the_cem_rows_and_keeps_llama():
+    report = train_throughput.main(
+        ["--device", "cpu", "--presets", "tiny", "--steps", "1", "--warmup", "0", "--seq-len", "16", "--batch", "1",
+         "--compile", "off", "--no-hf", "--models", "CEM T=2"]  # fmt: skip
+    )
+    assert [r["model"] for r in report.table.records()] == ["Llama", "CEM T=2"]
+    with pytest.raises(SystemExit):
+        train_throughput.main(["--device", "cpu", "--models", "CEM T=3"])
+
+
+@pytest.mark.skipif(not kernel_tiles.HAS_TRITON, reason="needs triton (its interpreter on the CPU)")
+def test_kernel_tiles_smoke(tmp_path, monkeypatch):
+    """Every candidate is checked against float64 before it is timed; a config that fails to launch is a
+    note, and the walk goes on to the next."""
+    real = kernel_tiles.triton_cem_attention
+
+    def flaky(*a, config=None, **kw):
+        if config is not None and config.heads_per_program == 2:
+            raise RuntimeError("out of resource: shared memory")
+        return real(*a, config=config, **kw)
+
+    monkeypatch.setattr(kernel_tiles, "triton_cem_attention", flaky)
+    out = tmp_path / "tiles.md"
+    report = kernel_tiles.main(["--device", "cpu", "--seq", "20", "--diag", "shared", "none", "--out", str(out)])
+    rows = report.table.records()
+    assert [r["diag"] for r in rows] == ["shared"] * 3 + ["none"] * 3
+    for r in rows:
+        if "(16, 16, 2, 4, 1)" in r["config (m, n, G, warps, stages)"]:
+            assert r["fwd ms"] == "-" and "out of resource" in r["note"]
+        else:
+            assert r["note"] == "" and float(r["max rel err"]) < 1e-4 and float(r["fwd+bwd ms"]) > float(r["fwd ms"]) > 0
+    assert rows[0]["fwd ×default"] == "1.00" and "scores" in rows[0]["config (m, n, G, warps, stages)"]
+    check_markdown(out, "Fused CEM attention kernel: tile sizes", kernel_tiles.COLUMNS)
 
 
 def test_train_memory_smoke(tmp_path):
