@@ -8,7 +8,7 @@
 #            in fp32, bf16 and fp16 at the 134M shape (kernel_check.log)
 #   tiles    benchmarks/kernel_tiles.py: a grid of the kernel's tile sizes at the 134M training shape (bf16, L 2048),
 #            each checked against float64, then timed forward and backward against the heuristic default
-#            (kernel_tiles_cuda.md; TILES_BUDGET seconds, default 150)
+#            (kernel_tiles_cuda.md; TILES_BUDGET seconds, default 150; TILES_DIAG, default "shared none")
 #   tests    the CUDA cases of the kernel, attention-core and cache tests: the compiled Triton kernel and
 #            FlexAttention's backward against eager (tests_cuda.log)
 #   attention  benchmarks/attention.py at 2k and 8k, backends eager, sdpa, triton (flex does not compile at
@@ -33,7 +33,7 @@ for phase in "$@"; do
         $py -c "import torch, triton, platform; print('python', platform.python_version(), 'torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__); p = torch.cuda.get_device_properties(0); print(p.name, p.multi_processor_count, 'SMs', round(p.total_memory / 2**30, 1), 'GiB')"
       } 2>&1 | tee "$out/env.txt" ;;
     tiles)
-      timeout $(( ${TILES_BUDGET:-150} + 120 )) $py benchmarks/kernel_tiles.py --device cuda --budget-s ${TILES_BUDGET:-150} \
+      timeout $(( ${TILES_BUDGET:-150} + 120 )) $py benchmarks/kernel_tiles.py --device cuda --budget-s ${TILES_BUDGET:-150} --diag ${TILES_DIAG:-shared none} \
         --out "$out/kernel_tiles_cuda.md" 2>&1 | tee "$out/kernel_tiles.log" | tail -40 ;;
     tests)
       timeout 240 $py -m pytest -q -p no:cacheprovider --tb=short -k cuda tests/kernels tests/layers/test_attention_core.py \
