@@ -302,6 +302,28 @@ def test_kernels_compile_for_sm90():
     assert len(lines) == 9, res.stdout
 
 
+def test_default_tiles_are_the_measured_ones_for_16_bit_and_the_heuristic_elsewhere(monkeypatch):
+    """The H100 measurement (docs/benchmarks/kernel_tiles_h100.md) sets the 16-bit tiles of the scores and
+    no-diagonal kernels at head width <= 64; fp32, the per-head diagonal and wider heads keep the register
+    heuristic, whose choice must differ (a change to either rule shows here)."""
+    from cem.kernels import triton_attention
+    from cem.kernels.triton_attention import default_config
+
+    monkeypatch.setattr(triton_attention, "uses_interpreter", lambda device: False)  # the compiled path's tiles
+    cuda = torch.device("cuda")
+    for dtype in (torch.bfloat16, torch.float16):
+        for diag in ("scores", None):
+            fwd = default_config(12, 64, 768, dtype, cuda, backward=False, diag=diag)
+            bwd = default_config(12, 64, 768, dtype, cuda, backward=True, diag=diag)
+            assert (fwd.block_m, fwd.block_n, fwd.heads_per_program, fwd.num_warps, fwd.num_stages) == (16, 16, 4, 4, 1)
+            assert (bwd.block_m, bwd.block_n, bwd.heads_per_program, bwd.num_warps, bwd.num_stages) == (16, 32, 4, 4, 1)
+        assert default_config(2, 64, 128, dtype, cuda, diag="scores").heads_per_program == 2  # G never above the heads
+    for args in ((12, 64, 768, torch.float32, "scores"), (12, 64, 768, torch.bfloat16, "head"), (8, 128, 1024, torch.bfloat16, "scores")):
+        K, d, D, dtype, diag = args
+        c = default_config(K, d, D, dtype, cuda, diag=diag)
+        assert (c.heads_per_program, c.num_warps) != (4, 4) or c.block_n != 16, args
+
+
 def test_triton_self_check(monkeypatch):
     """The self-check that gates "auto" passes for the real kernel and catches a broken one."""
     monkeypatch.setattr(core, "_TRITON_OK", {})
