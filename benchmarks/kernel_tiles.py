@@ -30,15 +30,16 @@ from benchmarks.kernel_check import TOLERANCE, reference
 from cem.kernels.triton_attention import HAS_TRITON, KernelConfig, _Launch, triton_cem_attention
 
 # (block_m, block_n, heads_per_program, num_warps, num_stages), walked in this order until the budget is spent.
-# Small tiles with many heads a program first: on an H100 (bf16, 134M shape, 2026-11-26) one head a program with
-# flash-attention-sized tiles was 2-84x slower forward and 30-140x slower backward than the default (16, 16, 16),
-# the 3-D [G, M, d] tiles spilling (docs/benchmarks/gpu_h100.md); those come last.
+# First the region measured best on an H100 (bf16, 134M shape, 2026-11-26: G 4, 16-row tiles, 4 warps; see
+# docs/benchmarks/kernel_tiles_h100.md), then one head a program with FlashAttention-sized tiles: measured
+# 2-140x slower as 3-D (batched, mma.sync) dots, they now run as 2-D dots that Triton lowers to wgmma (`_bdot`),
+# untimed; then the rest of the small-tile region.
 GRID = [
-    (16, 16, 16, 4, 1), (16, 16, 16, 8, 2), (16, 32, 16, 8, 1), (32, 16, 16, 8, 1), (32, 32, 16, 8, 1),
-    (16, 16, 8, 8, 1), (16, 16, 8, 4, 1), (16, 32, 8, 8, 1), (32, 16, 8, 8, 1), (32, 32, 8, 8, 1),
-    (16, 16, 4, 4, 1), (16, 32, 4, 4, 1), (32, 32, 4, 8, 1), (16, 64, 4, 8, 1), (32, 64, 4, 8, 1),
-    (16, 16, 16, 8, 3), (16, 16, 2, 4, 1), (32, 32, 2, 4, 1), (64, 32, 1, 4, 2), (64, 64, 1, 4, 2),
-    (64, 64, 2, 8, 2), (128, 64, 1, 8, 2),
+    (16, 16, 4, 4, 1), (16, 32, 4, 4, 1), (64, 32, 1, 4, 2), (64, 64, 1, 4, 2), (128, 64, 1, 8, 2),
+    (64, 64, 1, 8, 2), (128, 32, 1, 4, 2), (64, 64, 1, 4, 3), (128, 64, 1, 4, 2), (64, 128, 1, 8, 2),
+    (32, 64, 1, 4, 2), (16, 16, 16, 4, 1), (32, 16, 16, 8, 1), (16, 16, 8, 4, 1), (32, 32, 2, 4, 1),
+    (16, 16, 16, 8, 2), (16, 32, 16, 8, 1), (32, 32, 8, 8, 1), (32, 32, 4, 8, 1), (16, 64, 4, 8, 1),
+    (16, 16, 2, 4, 1), (64, 64, 2, 8, 2),
 ]  # fmt: skip
 SMOKE_GRID = [(16, 16, 1, 4, 1), (16, 16, 2, 4, 1)]
 COLUMNS = ["diag", "config (m, n, G, warps, stages)", "fwd ms", "fwd+bwd ms", "bwd ms", "fwd ×default",

@@ -302,6 +302,28 @@ def test_kernels_compile_for_sm90():
     assert len(lines) == 9, res.stdout
 
 
+def test_one_head_a_program_lowers_to_wgmma_for_sm90():
+    """With G = 1 the per-head products are 2-D dots (`_bdot`), which Triton lowers to Hopper's wgmma; its
+    3-D (batched) dots become mma.sync, which the H100 measurement found slow at large tiles. No GPU needed."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    code = (
+        "import warnings; warnings.filterwarnings('ignore')\n"
+        "from cem.kernels.compile_check import compile_kernel\n"
+        "from cem.kernels.triton_attention import KernelConfig\n"
+        "for g in (1, 4):\n"
+        "    cfg = KernelConfig(block_m=64, block_n=32, block_dd=64, heads_per_program=g, num_warps=4, num_stages=2)\n"
+        "    for k in ('cem_fwd_kernel', 'cem_bwd_dq_kernel', 'cem_bwd_dk_kernel'):\n"
+        "        print(g, k, 'wgmma' in compile_kernel(k, 'bf16', 'scores', cfg, 64).asm['ptx'])\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    if res.returncode != 0 and ("no ptxas" in res.stderr or "No module named 'triton.backends.nvidia'" in res.stderr):
+        pytest.skip("this triton build cannot compile for NVIDIA targets")
+    assert res.returncode == 0, res.stderr[-3000:]
+    lines = res.stdout.split("\n")
+    assert [line.split()[2] for line in lines if line.startswith("1 ")] == ["True"] * 3, res.stdout
+    assert [line.split()[2] for line in lines if line.startswith("4 ")] == ["False"] * 3, res.stdout
+
+
 def test_default_tiles_are_the_measured_ones_for_16_bit_and_the_heuristic_elsewhere(monkeypatch):
     """The H100 measurement (docs/benchmarks/kernel_tiles_h100.md) sets the 16-bit tiles of the scores and
     no-diagonal kernels at head width <= 64; fp32, the per-head diagonal and wider heads keep the register

@@ -41,6 +41,18 @@ def _dot(a, b, PREC: tl.constexpr, UPCAST: tl.constexpr):
 
 
 @triton.jit
+def _bdot(a, b, G: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr):
+    """Per-head product of [G, R, C] by [G, C, S] tiles. With one head a program (G = 1) the head axis is
+    dropped and the product is a 2-D dot, which Triton can lower to Hopper's wgmma; its 3-D (batched) dot
+    is lowered to mma.sync."""
+    if G == 1:
+        r = _dot(tl.reshape(a, [a.shape[1], a.shape[2]]), tl.reshape(b, [b.shape[1], b.shape[2]]), PREC, UPCAST)
+        return tl.reshape(r, [1, a.shape[1], b.shape[2]])
+    else:
+        return _dot(a, b, PREC, UPCAST)
+
+
+@triton.jit
 def _load_heads(ptr, s_h, s_r, s_c, heads, rows, cols, K, n_rows, n_cols):
     """Tile [G, R, C] of a (.., K, rows, cols) tensor at (heads, rows, cols), zero outside."""
     p = ptr + heads[:, None, None] * s_h + rows[None, :, None] * s_r + cols[None, None, :] * s_c
@@ -94,7 +106,7 @@ def _logits2(q, kt, qd_ptr, hn_ptr, heads, offs_m, offs_n, slopes2, sb2,
     s2 = log2(e) * [ (k_j·q_i + ĥ_j·qd_i) / sqrt(d) - m_k (i_abs - j) + s_k [i_abs = j] ].
     Also returns rel = i_abs - j ([M, N]) for the self-bias gradient.
     """
-    s = _dot(q, tl.permute(kt, (0, 2, 1)), PREC, UPCAST)
+    s = _bdot(q, tl.permute(kt, (0, 2, 1)), G, PREC, UPCAST)
     if HAS_DIAG:
         s += _diag_scores(qd_ptr, hn_ptr, heads, offs_m, offs_n, K, Jq, Jk, D,
                           s_qd_h, s_qd_m, s_qd_d, s_hn_n, s_hn_d,
@@ -175,7 +187,7 @@ def cem_fwd_kernel(
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s2 - m_new[:, :, None])
         l_i = l_i * alpha + _sum(p, 2)
-        acc = acc * alpha[:, :, None] + _dot(p.to(kt.dtype), kt, PREC, UPCAST)
+        acc = acc * alpha[:, :, None] + _bdot(p.to(kt.dtype), kt, G, PREC, UPCAST)
         m_i = m_new
 
     acc = acc / l_i[:, :, None]
@@ -257,9 +269,9 @@ def cem_bwd_dq_kernel(
                            s_qd_h, s_qd_m, s_qd_d, s_hn_n, s_hn_d, bias_ptr, s_bias_m, s_bias_n,
                            G, BLOCK_M, BLOCK_N, BLOCK_DD, HAS_DIAG, PER_HEAD, HAS_SB, HAS_BIAS, PREC, UPCAST)
         p = tl.exp2(s2 - lse2[:, :, None])
-        dp = _dot(do, tl.permute(kt, (0, 2, 1)), PREC, UPCAST)
+        dp = _bdot(do, tl.permute(kt, (0, 2, 1)), G, PREC, UPCAST)
         ds = p * (dp - delta[:, :, None])  # d loss / d logit
-        dq += _dot(ds.to(kt.dtype), kt, PREC, UPCAST)
+        dq += _bdot(ds.to(kt.dtype), kt, G, PREC, UPCAST)
         if HAS_SB:
             dsb += _sum(_sum(tl.where((rel == 0)[None, :, :], ds, 0.0), 2), 1)
         if HAS_DIAG:
@@ -364,10 +376,10 @@ def cem_bwd_dk_kernel(
                            s_qd_h, s_qd_m, s_qd_d, s_hn_n, s_hn_d, bias_ptr, s_bias_m, s_bias_n,
                            G, BLOCK_M, BLOCK_N, BLOCK_DD, HAS_DIAG, PER_HEAD, HAS_SB, HAS_BIAS, PREC, UPCAST)
         p = tl.exp2(s2 - lse2[:, :, None])
-        dp = _dot(do, tl.permute(kt, (0, 2, 1)), PREC, UPCAST)
+        dp = _bdot(do, tl.permute(kt, (0, 2, 1)), G, PREC, UPCAST)
         ds = p * (dp - delta[:, :, None])
-        dk += _dot(tl.permute(p.to(do.dtype), (0, 2, 1)), do, PREC, UPCAST)  # as value
-        dk += _dot(tl.permute((ds * scale).to(q.dtype), (0, 2, 1)), q, PREC, UPCAST)  # as key
+        dk += _bdot(tl.permute(p.to(do.dtype), (0, 2, 1)), do, G, PREC, UPCAST)  # as value
+        dk += _bdot(tl.permute((ds * scale).to(q.dtype), (0, 2, 1)), q, G, PREC, UPCAST)  # as key
         if HAS_DIAG:
             if PER_HEAD:
                 ds_cols = tl.trans(tl.reshape(ds, [G * BLOCK_M, BLOCK_N]))  # [N, G*M]
