@@ -39,6 +39,7 @@ from typing import Callable, NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ..kernels import HAS_TRITON, triton_cem_attention
 from ..checks import check_choice
@@ -58,6 +59,7 @@ __all__ = [
     "cem_attention_flex",
     "cem_attention_sdpa",
     "cem_attention_triton",
+    "sdpa",
     "cem_logits",
     "check_backend",
     "diag_scores",
@@ -130,6 +132,22 @@ def softmax_values(logits: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
     return torch.exp(logits - lse) @ values, lse.squeeze(-1)
 
 
+# SDPA's kernels for cached decoding: every kernel but cuDNN attention, which builds a new execution plan for
+# each new key length, i.e. at every decoding step (first GPU run, docs/benchmarks/gpu_h100.md: 5.3 ms a call,
+# 79% of a Llama decode step on an H100)
+DECODE_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def sdpa(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None, *, is_causal: bool = False,
+         scale: float | None = None, decoding: bool = False) -> Tensor:
+    """`F.scaled_dot_product_attention`, every call of it in cem; `decoding` (queries after cached keys) keeps
+    it off cuDNN attention (`DECODE_SDPA_BACKENDS`)."""
+    if decoding:
+        with sdpa_kernel(DECODE_SDPA_BACKENDS):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale)
+
+
 def cem_attention_sdpa(
     q: Tensor, k: Tensor, diag: Diagonal | None, positions: Positions, q_start: int = 0, v: Tensor | None = None
 ) -> Tensor:
@@ -142,7 +160,7 @@ def cem_attention_sdpa(
     values = k if v is None else v
     q, k = fold_diagonal(q, k, diag)
     bias = positions.bias(q_start, q.shape[-2], k.shape[-2], q.dtype, q.device).unsqueeze(0)  # 4-D: fused kernels
-    return F.scaled_dot_product_attention(q, k, values, attn_mask=bias, scale=1.0 / tau)
+    return sdpa(q, k, values, bias, scale=1.0 / tau, decoding=q_start > 0)
 
 
 QUERY_BLOCK = 64  # rows per causal query block of the fast path

@@ -12,11 +12,10 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..checks import check_choice, check_heads, check_residual, check_same_shape
-from .attention_core import Diagonal, cem_attention, cem_attention_energy, cem_logits, check_backend, resolve_backend, softmax_values
+from .attention_core import Diagonal, cem_attention, cem_attention_energy, cem_logits, check_backend, resolve_backend, sdpa, softmax_values
 from .position import ALIBI_SLOPES, Positions
 from .norm import RMSNorm
 from .precond import PRECONDITIONERS, make_preconditioner
@@ -195,7 +194,7 @@ class CEMAttention(DescentLayer):
             out, lse = softmax_values(query @ ctx.transpose(-1, -2) / math.sqrt(self.head_dim) + bias, ctx)
             energy = -math.sqrt(self.head_dim) * lse.view(b, n_heads, j).sum(dim=1)
         else:
-            out = F.scaled_dot_product_attention(query, ctx, ctx, attn_mask=bias, scale=1.0 / math.sqrt(self.head_dim))
+            out = sdpa(query, ctx, ctx, bias, scale=1.0 / math.sqrt(self.head_dim), decoding=q_start > 0)
         out = out.view(b, n_heads, j, self.dim)
         return torch.einsum("bkjD,kdD->bkjd", out, w), out, energy
 

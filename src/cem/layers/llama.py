@@ -6,6 +6,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..checks import check_choice, check_heads, check_positive_int, check_residual
+from .attention_core import sdpa
 from .position import ALIBI_SLOPES, Positions, apply_rope, causal_mask, rope_cos_sin
 from .kinds import ATTENTION_KINDS, MLP_KINDS, SublayerKind
 from .norm import RMSNorm
@@ -57,7 +58,7 @@ class LlamaAttention(nn.Module):
             mask = None  # full causal forward: the fused is_causal path
         else:
             mask = causal_mask(start, n_q, n_k, h.device)
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
+        o = sdpa(q, k, v, mask, is_causal=mask is None, decoding=start > 0)
         return h + self.w_o(o.transpose(1, 2).flatten(2))
 
 
