@@ -27,6 +27,8 @@ They are the entries of `IMPLEMENTATIONS`, each a `Backend` saying what it suppo
 self-check there: "triton" on CUDA once the kernel has passed `triton_self_check`, "fast" on CPU, else "sdpa".
 `check_backend` rejects an unknown name (ModelConfig and CEMAttention call it at build time);
 `resolve_backend` turns a requested name into the one that runs, decided once per device and cached.
+Every call of PyTorch's SDPA in cem (here, in Llama attention and in CEM's query-side decoding) goes through
+`sdpa`, which keeps cached decoding off cuDNN attention.
 """
 
 from __future__ import annotations
