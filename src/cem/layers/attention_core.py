@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
@@ -61,12 +62,12 @@ __all__ = [
     "cem_attention_flex",
     "cem_attention_sdpa",
     "cem_attention_triton",
-    "sdpa",
     "cem_logits",
     "check_backend",
     "diag_scores",
     "fold_diagonal",
     "resolve_backend",
+    "sdpa",
     "softmax_values",
     "triton_self_check",
 ]
@@ -144,10 +145,8 @@ def sdpa(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None, *, is
          scale: float | None = None, decoding: bool = False) -> Tensor:
     """`F.scaled_dot_product_attention`, every call of it in cem; `decoding` (queries after cached keys) keeps
     it off cuDNN attention (`DECODE_SDPA_BACKENDS`)."""
-    if decoding:
-        with sdpa_kernel(DECODE_SDPA_BACKENDS):
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale)
+    with sdpa_kernel(DECODE_SDPA_BACKENDS) if decoding else nullcontext():
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale)
 
 
 def cem_attention_sdpa(
