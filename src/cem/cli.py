@@ -347,6 +347,8 @@ def cmd_experiment(args) -> int:
         overrides.update(seeds=seeds, recursion_seeds=seeds)
     if args.rehearse:
         overrides.update(ex.rehearsal(ex.get_scale(args.scale)))
+    if args.processor:
+        overrides.update(processor=args.processor)
     results = args.results or f"results/{args.scale}" + ("-rehearsal" if args.rehearse else "")
     if args.device not in (None, "auto"):
         from .device import pick_device
@@ -503,6 +505,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-short", action="store_true", dest="allow_short",
                    help="write the report even if runs are short of the Chinchilla budget (its first line says so)")
     p.add_argument("--plan", action="store_true", help="only say what would be trained and evaluated, per experiment, and an estimate of the time")
+    p.add_argument("--processor", help="train only on this processor (its model name, e.g. 'AMD EPYC'): refuse elsewhere, and train again "
+                                       "any finished run recorded on another, so that no pair of runs crosses processors")
     p.add_argument("--rehearse", action="store_true",
                    help="the suite in shape (corpus, sizes, learning-rate sweeps, seeds, analyses, report) at 3 steps per run, into "
                         "results/SCALE-rehearsal unless --results: finds a pipeline error in minutes, before a suite of hours; never findings")

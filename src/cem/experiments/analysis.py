@@ -276,7 +276,7 @@ def test_time_study(c: Context) -> tuple[list, dict]:
     training depth m lowers the loss against evaluating at m (the test-time compute question), and how it
     compares there with the deeper Llama (about the same FLOPs at m = 1: twice the layers)."""
     curves, adaptive, oracle = {}, {}, {}
-    run_dirs = {v.label: [c.root / "runs" / v.spec.with_seed(s).slug for s in c.scale.seeds_for("recursion")] for v in c.variants}
+    run_dirs = {v.label: [c.scale.runs(c.root) / v.spec.with_seed(s).slug for s in c.scale.seeds_for("recursion")] for v in c.variants}
     for v in c.variants:
         dirs = run_dirs[v.label]
         product = depth_product(c.scale, v)
@@ -439,7 +439,7 @@ def drift(run_dir: Path, steps: tuple = DRIFT_STEPS, n_seqs: int = 4, data_dir: 
 def energy_study(c: Context) -> tuple[list, dict]:
     """The energy trace of the first seed's model; does each trained step (and each step beyond) descend?"""
 
-    run_dir = c.root / "runs" / c.variants[0].spec.with_seed(c.scale.seeds[0]).slug
+    run_dir = c.scale.runs(c.root) / c.variants[0].spec.with_seed(c.scale.seeds[0]).slug
     trace = ENERGY.get(run_dir, c.data_dir, c.device)
     findings = []
     for kind in ("attention", "mlp"):
@@ -581,7 +581,7 @@ def regime_check(c: Context, chosen: dict) -> tuple[list, dict]:
         ref = next(g for g in ngrams if g["order"] == REGIME_ORDER)
         d = Interval.of([x - ref["valid_loss"] for x in best["valid_loss_per_seed"]])
         spec = next(v.spec for v in c.variants if v.label == best["label"])
-        dirs = [c.root / "runs" / spec.with_seed(s).slug for s in best["seeds"]]
+        dirs = [c.scale.runs(c.root) / spec.with_seed(s).slug for s in best["seeds"]]
         uses = [CONTEXT_USE.get(d, c.data_dir, c.device) for d in dirs]
         gain = Interval.of([u["long_loss"] - u["short_loss"] for u in uses])
         out[size] = {"llama_valid_loss": best["valid_loss"], "ngrams": ngrams, "difference": d.to_dict(),

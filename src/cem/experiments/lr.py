@@ -27,9 +27,33 @@ from .scales import Scale
 from .sweep import RunSpec, run_sweep
 
 
-def sweep_specs(scale: Scale, size: str, arch: str, grid: tuple[float, ...]) -> list[RunSpec]:
+def sweep_key(template: RunSpec) -> str:
+    """The name of a sweep (its record's key): `size-arch`, then the model settings that differ from the
+    preset's, `-key=value` each (a variant's own-rate sweep)."""
+    return "-".join([template.size, template.arch, *(f"{k}={v}" for k, v in template.model)])
+
+
+def llama(size: str) -> RunSpec:
+    """The template of a size's Llama sweep (the paper's rule)."""
+    return RunSpec.make(size, "llama")
+
+
+def at_rate(template: RunSpec, lr: float, seed: int = 0) -> RunSpec:
+    """The run of a sweep's template at rate `lr` (made anew, so that it is the same run any experiment asks for)."""
+    train = {**dict(template.train), "lr": lr}
+    return RunSpec.make(template.size, template.arch, seed=seed, train=train, **dict(template.model))
+
+
+def sweep_specs(scale: Scale, template: RunSpec, grid: tuple[float, ...]) -> list[RunSpec]:
     """One run per (rate, seed) of a sweep."""
-    return [RunSpec.make(size, arch, train={"lr": lr}).with_seed(seed) for lr in grid for seed in scale.sweep_seeds(size)]
+    return [at_rate(template, lr, seed) for lr in grid for seed in scale.sweep_seeds(template.size)]
+
+
+def pick(losses: dict[float, float], tie: float = 0.0) -> float:
+    """The chosen rate: the lowest of those whose mean validation loss is within `tie` nats of the best (with
+    `tie` 0, the best; a tie goes to the lower rate, which trains more stably)."""
+    best = min(losses.values())
+    return min(lr for lr, loss in losses.items() if loss <= best + tie)
 
 
 def mean_valid_loss(results: list[dict]) -> float:
@@ -53,13 +77,15 @@ def _record(root: Path) -> Path:
     return Path(root) / "lr" / "choices.json"
 
 
-def recorded(scale: Scale, size: str, arch: str, root: Path) -> dict | None:
-    """The recorded decision of the sweep of `arch` at `size` (None: none, or one made with other seeds or
-    another first grid, which this sweep does not reuse)."""
+def recorded(scale: Scale, template: RunSpec, root: Path) -> dict | None:
+    """The recorded decision of the sweep of `template` (None: none, or one made with other seeds or another
+    first grid, which this sweep does not reuse)."""
     path = _record(root)
     if not path.exists():
         return None
-    entry = read_json(path).get(f"{size}-{arch}")
+    key = sweep_key(template)
+    size, arch = template.size, key[len(template.size) + 1:]
+    entry = read_json(path).get(key)
     if entry is None:
         return None
     try:
@@ -67,9 +93,9 @@ def recorded(scale: Scale, size: str, arch: str, root: Path) -> dict | None:
         first, seeds, best = tuple(float(x) for x in entry["first_grid"]), tuple(int(x) for x in entry["seeds"]), float(entry["lr"])
         losses = {float(k): float(v) for k, v in entry["valid_loss"].items()}
     except (KeyError, TypeError, ValueError, AttributeError):
-        raise ValueError(f"{path} is corrupted: its entry {size}-{arch} is not a recorded sweep (lr, grid, first_grid, seeds, valid_loss)") from None
+        raise ValueError(f"{path} is corrupted: its entry {key} is not a recorded sweep (lr, grid, first_grid, seeds, valid_loss)") from None
     if best not in grid:
-        raise ValueError(f"{path} is corrupted: the chosen rate {best:g} of {size}-{arch} is not in its grid")
+        raise ValueError(f"{path} is corrupted: the chosen rate {best:g} of {key} is not in its grid")
     if first != tuple(scale.grid(size, arch)) or seeds != scale.sweep_seeds(size):
         return None
     return {"lr": best, "grid": grid, "valid_loss": losses}
@@ -86,31 +112,33 @@ class SweepState:
     pending: tuple = ()
 
 
-def sweep(scale: Scale, size: str, arch: str, root: Path, data_dir: str | None = None, jobs: int = 1, dry: bool = False,
+def sweep(scale: Scale, template: RunSpec, root: Path, data_dir: str | None = None, jobs: int = 1, dry: bool = False,
           rebracket: bool = False) -> SweepState:
-    """Train the sweep of `arch` at `size` until its best rate is bracketed. A recorded decision stands: its
-    runs are only trained where missing (and, with `rebracket`, its grid grows until the best rate on the
-    current results is bracketed again: module docstring). With `dry`, nothing is trained: the decision the
-    finished runs allow, or the runs it waits for."""
-    key = f"{size}-{arch}"
+    """Train the sweep of `template` (a run without its rate and seed) until its chosen rate (`pick`) is
+    bracketed. A recorded decision stands: its runs are only trained where missing (and, with `rebracket`, its
+    grid grows until the rate the current results pick is bracketed again: module docstring). With `dry`,
+    nothing is trained: the decision the finished runs allow, or the runs it waits for."""
+    key = sweep_key(template)
+    size, what = template.size, key[len(template.size) + 1:]
     scale = replace(scale, lr_grids=tuple((k, g) for k, g in scale.lr_grids if k != key))  # the sweep's own first grid
-    first = scale.grid(size, arch)
-    done = recorded(scale, size, arch, root)
+    first = scale.grid(size, what)
+    done = recorded(scale, template, root)
     grid = done["grid"] if done else first
+    seeds = scale.sweep_seeds(size)
     while True:
-        specs = sweep_specs(scale, size, arch, grid)
+        specs = sweep_specs(scale, template, grid)
         if dry:
-            results = {s: RunDir(Path(root) / "runs" / s.slug).results() for s in specs}
+            results = {s: RunDir(scale.runs(root) / s.slug).results() for s in specs}
         else:
-            print(f"== learning-rate sweep: {arch} {size}, rates {', '.join(f'{lr:g}' for lr in grid)}", file=sys.stderr, flush=True)
+            print(f"== learning-rate sweep: {key}, rates {', '.join(f'{lr:g}' for lr in grid)}", file=sys.stderr, flush=True)
             results = run_sweep(specs, scale, root, data_dir, jobs)
         pending = tuple(s for s in specs if results[s] is None)
         if pending or (done and not rebracket):
             return SweepState(done["lr"] if done else None, tuple(sorted(grid)), done["valid_loss"] if done else {}, pending)
-        losses = {lr: mean_valid_loss([results[RunSpec.make(size, arch, train={"lr": lr}).with_seed(s)] for s in scale.sweep_seeds(size)]) for lr in grid}
-        best = min(grid, key=lambda lr: losses[lr])
+        losses = {lr: mean_valid_loss([results[at_rate(template, lr, s)] for s in seeds]) for lr in grid}
+        best = pick(losses, scale.lr_tie)
         grown = extend(grid, best, first, scale.lr_extend)
-        if done:  # rebracket: the decision stands, the grid grows around the current best
+        if done:  # rebracket: the decision stands, the grid grows around the current pick
             if grown is None:
                 return SweepState(done["lr"], tuple(sorted(grid)), done["valid_loss"], ())
             if not dry:
@@ -119,8 +147,8 @@ def sweep(scale: Scale, size: str, arch: str, root: Path, data_dir: str | None =
             continue
         if grown is None:
             if not dry:
-                _write_record(root, key, {"lr": best, "grid": sorted(grid), "first_grid": list(first),
-                                                      "seeds": list(scale.sweep_seeds(size)), "valid_loss": {str(k): v for k, v in losses.items()}})
+                _write_record(root, key, {"lr": best, "grid": sorted(grid), "first_grid": list(first), "seeds": list(seeds),
+                                          "tie": scale.lr_tie, "valid_loss": {str(k): v for k, v in losses.items()}})
             return SweepState(best, tuple(sorted(grid)), losses)
         grid = grown
 
@@ -131,16 +159,19 @@ def _write_record(root: Path, key: str, entry: dict) -> None:
     atomic_write_json(path, {**record, key: entry})
 
 
-def choose(scale: Scale, size: str, arch: str, root: Path, data_dir: str | None = None, jobs: int = 1, rebracket: bool = False) -> Scale:
-    """The scale with the sweep of `arch` at `size` finished and recorded (for Llama: the size's chosen rate)."""
-    return with_choice(scale, size, arch, sweep(scale, size, arch, root, data_dir, jobs, rebracket=rebracket))
+def choose(scale: Scale, template: RunSpec, root: Path, data_dir: str | None = None, jobs: int = 1, rebracket: bool = False) -> Scale:
+    """The scale with the sweep of `template` finished and recorded (for a size's Llama: the size's chosen rate)."""
+    return with_choice(scale, template, sweep(scale, template, root, data_dir, jobs, rebracket=rebracket))
 
 
-def with_choice(scale: Scale, size: str, arch: str, state: SweepState) -> Scale:
-    """The scale with a decided sweep's grid (and, for Llama, its rate) recorded."""
+def with_choice(scale: Scale, template: RunSpec, state: SweepState) -> Scale:
+    """The scale with a decided sweep's grid and rate recorded: a size's Llama rate in `chosen_lrs` (every
+    variant's rate under the paper's rule), any other sweep's in `own_lrs`."""
     def put(pairs: tuple, key: str, value) -> tuple:  # in place where the key is there, else at the end
         return tuple((k, value if k == key else v) for k, v in pairs) + (() if key in dict(pairs) else ((key, value),))
 
-    grids = put(scale.lr_grids, f"{size}-{arch}", state.grid)
-    chosen = put(scale.chosen_lrs, size, state.best) if arch == "llama" else scale.chosen_lrs
-    return replace(scale, lr_grids=grids, chosen_lrs=chosen)
+    key = sweep_key(template)
+    grids = put(scale.lr_grids, key, state.grid)
+    if template == llama(template.size):
+        return replace(scale, lr_grids=grids, chosen_lrs=put(scale.chosen_lrs, template.size, state.best))
+    return replace(scale, lr_grids=grids, own_lrs=put(scale.own_lrs, key, state.best))

@@ -7,7 +7,7 @@ How findings are judged is in `cem.experiments.findings`.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -94,7 +94,7 @@ def lr_findings(c: Context):
 def fig2a_variants(s: Scale) -> list[Variant]:
     out = []
     for size in s.sizes:
-        out += [_llama(s, size), _llama_alibi(s, size), Variant(f"CEM attention {size}", _spec(s, size, "cem-attn"), {"group": "CEM attention"})]
+        out += [_llama(s, size), _llama_alibi(s, size), Variant(f"CEM attention {size}", _spec(s, size, "cem-attn"), {"group": "CEM attention"}, own_rate=True)]
     return out
 
 
@@ -140,7 +140,7 @@ def _recursion_variants(s: Scale, kind: str) -> list[Variant]:
     b = s.base
     out = [_llama(s, b), _llama_alibi(s, b)] if kind == "attn" else [_llama(s, b)]
     for steps in (1, 2):
-        out.append(Variant(f"{name} T={steps}", _spec(s, b, arch, **{steps_key: steps, precond_key: PRECOND}), {"group": name, "steps": steps}))
+        out.append(Variant(f"{name} T={steps}", _spec(s, b, arch, **{steps_key: steps, precond_key: PRECOND}), {"group": name, "steps": steps}, own_rate=True))
     out.append(Variant(f"{name} T=1 learned step", _spec(s, b, arch, learn_step_size=True, **{precond_key: PRECOND}), {"group": f"{name}, learned step gain", "steps": 1}))
     return out
 
@@ -173,7 +173,12 @@ LR_GROUPS = ("Llama", "CEM (T=2, diag+low-rank)")
 
 
 def fig3a_variants(s: Scale) -> list[Variant]:
+    """Both curves over the rate grid at every seed; at a scale with the own-rate rule, Llama and full CEM at
+    their validation-best rates (full CEM's from its seed-0 sweep) and the position-matched control."""
     b = s.base
+    if s.own_rates:
+        return [_llama(s, b), Variant("full CEM", _spec(s, b, "cem-t2"), {"group": LR_GROUPS[1]}, own_rate=True),
+                _llama_alibi(s, b)]
     out = [Variant(f"Llama lr={lr:g}", RunSpec.make(b, "llama", train={"lr": lr}), {"group": LR_GROUPS[0], "lr": lr}) for lr in s.grid(b, "llama")]
     out += [Variant(f"CEM lr={lr:g}", RunSpec.make(b, "cem-t2", train={"lr": lr}), {"group": LR_GROUPS[1], "lr": lr}) for lr in s.grid(b, "cem-t2")]
     if s.lr_sweep:  # the position-matched control at Llama's rate
@@ -211,6 +216,11 @@ def lr_optima(rows: list[dict]) -> dict[str, dict]:
 
 
 def fig3a_findings(c: Context):
+    b = c.scale.base
+    if c.scale.own_rates:  # the two models at their rates (the rate rule says which), three seeds each
+        return [not_worse(c.rows, "full CEM", f"Llama {b}", "full CEM (T=2, preconditioners) matches or beats Llama", 0.01),
+                not_worse(c.rows, "full CEM", f"Llama ALiBi {b}", "full CEM matches or beats Llama with the same ALiBi (position-matched)", 0.01,
+                          family="control")], {}
     opt = lr_optima(c.rows)
     llama, cem = opt[LR_GROUPS[0]], opt[LR_GROUPS[1]]
     ev = (f"validation-chosen rates: Llama {llama['best_grid_lr']:g} (Akima {llama['lr']:.2e}), "
@@ -265,8 +275,8 @@ def fig4_variants(s: Scale) -> list[Variant]:
         Variant("Llama attention x2", _spec(s, b, "llama", attn_reuse=2), {"group": "plain reuse", "steps": 2}),
         Variant("Llama ALiBi attention x1", _spec(s, b, "llama-alibi"), {"group": "plain reuse, ALiBi", "steps": 1}),
         Variant("Llama ALiBi attention x2", _spec(s, b, "llama-alibi", attn_reuse=2), {"group": "plain reuse, ALiBi", "steps": 2}),
-        Variant("CEM attention T=1", _spec(s, b, "cem-attn"), {"group": "CEM attention", "steps": 1}),
-        Variant("CEM attention T=2", _spec(s, b, "cem-attn", attn_steps=2), {"group": "CEM attention", "steps": 2}),
+        Variant("CEM attention T=1", _spec(s, b, "cem-attn"), {"group": "CEM attention", "steps": 1}, own_rate=True),
+        Variant("CEM attention T=2", _spec(s, b, "cem-attn", attn_steps=2), {"group": "CEM attention", "steps": 2}, own_rate=True),
         Variant("CEM attention T=1 learned step", _spec(s, b, "cem-attn", learn_step_size=True), {"group": "CEM attention, learned step gain", "steps": 1}),
     ]
 
@@ -416,6 +426,41 @@ def testtime_variants(s: Scale) -> list[Variant]:
                 {"group": "anchored steps", "steps": 3, "mean_depth": 2}),
         Variant(f"Llama with {2 * layers} layers", _spec(s, b, "llama", n_layers=2 * layers), {"group": "deeper Llama", "steps": 1, "kind": "deeper"}),
     ]
+
+
+# --- the rate rules: which rate each variant of an experiment trains at ------------------------------------
+
+RATE_RULES = {
+    "paper": "every variant at its size's Llama rate, chosen on validation loss (the paper's rule, App. C)",
+    "own": "each CEM variant of a headline comparison at its own validation-best rate (a seed-0 sweep from half to twice "
+           "its size's Llama rate, grown until bracketed; ties within the scale's tolerance go to the lower rate), the "
+           "Llamas and the controls at the Llama rate as under the paper's rule",
+}
+
+
+def own_template(spec: RunSpec) -> RunSpec:
+    """A variant's own-rate sweep: its run without rate and seed."""
+    return RunSpec(spec.size, spec.arch, spec.model, tuple((k, v) for k, v in spec.train if k != "lr"))
+
+
+def variants_under(exp: "Experiment", s: Scale, rule: str) -> list[Variant]:
+    """The experiment's variants under a rate rule (`RATE_RULES`): under "own", each `own_rate` variant at the
+    rate its own sweep chose (`LearningRateNotChosen` before that sweep has finished)."""
+    from .lr import at_rate, sweep_key
+
+    if rule not in RATE_RULES:
+        raise ValueError(f"unknown rate rule {rule!r}; expected one of {', '.join(RATE_RULES)}")
+    variants = exp.variants(s) if exp.variants else []
+    if rule == "paper":
+        return variants
+    return [replace(v, spec=at_rate(own_template(v.spec), s.own_lr(sweep_key(own_template(v.spec))))) if v.own_rate else v for v in variants]
+
+
+def own_templates(exp: "Experiment", s: Scale) -> list[RunSpec]:
+    """The own-rate sweeps an experiment needs at a scale with the own rule (none at the others)."""
+    if not s.own_rates or exp.variants is None:
+        return []
+    return list(dict.fromkeys(own_template(v.spec) for v in exp.variants(s) if v.own_rate))
 
 
 EXPERIMENTS: dict[str, Experiment] = {

@@ -19,9 +19,9 @@ from ..training import RunDir
 from . import lr
 from .findings import Context
 from .products import missing, recorded_times
-from .registry import ALL_IDS, EXPERIMENTS, SUITE_ORDER
+from .registry import ALL_IDS, EXPERIMENTS, RATE_RULES, SUITE_ORDER, own_templates, variants_under
 from .scales import Scale, get_scale
-from .sweep import run_sweep, summarize
+from .sweep import RunSpec, run_sweep, summarize
 
 
 def machine() -> str:
@@ -36,16 +36,19 @@ def _check_id(exp_id: str) -> None:
         raise ValueError(f"unknown experiment {exp_id!r}; expected one of {', '.join(ALL_IDS)}, or all")
 
 
-def _runs(exp_id: str, scale: Scale) -> list:
-    """(variant, seed) of every run an experiment needs."""
+def _runs(exp_id: str, scale: Scale, rule: str = "paper") -> list:
+    """(variant, seed) of every run an experiment needs under a rate rule (`RATE_RULES`)."""
     exp = EXPERIMENTS[exp_id]
-    if exp.variants is None:
-        return []
-    return [(v, s) for v in exp.variants(scale) for s in (v.seeds or scale.seeds_for(exp.seeds))]
+    return [(v, s) for v in variants_under(exp, scale, rule) for s in (v.seeds or scale.seeds_for(exp.seeds))]
 
 
-def _specs(exp_id: str, scale: Scale) -> list:
-    return [v.spec.with_seed(s) for v, s in _runs(exp_id, scale)]
+def _specs(exp_id: str, scale: Scale, rules: tuple[str, ...] = ("paper",)) -> list:
+    return list(dict.fromkeys(v.spec.with_seed(s) for rule in rules for v, s in _runs(exp_id, scale, rule)))
+
+
+def _own_templates(ids, scale: Scale) -> list:
+    """The own-rate sweeps of the experiments `ids` (`registry.own_templates`), each once."""
+    return list(dict.fromkeys(t for i in ids for t in own_templates(EXPERIMENTS[i], scale)))
 
 
 def _products(ids, scale: Scale) -> dict:
@@ -71,21 +74,31 @@ def train_runs(ids, sc: Scale, root: Path, data_dir: str | None = None, jobs: in
     the results by spec. At a scale that sweeps learning rates (`cem.experiments.lr`) it goes size by size,
     the base first: a size's Llama sweep, then that size's runs in the order of `ids` (fig3a's CEM sweep is
     extended, where its optimum is not bracketed yet, after the base size's other runs; so is Llama's, where a run
-    trained again since its decision has moved its best rate to an end of the grid: `lr.sweep`'s `rebracket`)."""
+    trained again since its decision has moved its best rate to an end of the grid: `lr.sweep`'s `rebracket`).
+    At a scale with the own-rate rule it goes experiment by experiment: its runs at the size's Llama rate,
+    then each own-rate variant's seed-0 sweep, then that variant's runs at the rate chosen."""
     if not sc.lr_sweep:
         return sc, run_sweep([s for i in ids for s in _specs(i, sc)], sc, root, data_dir, jobs, _products(ids, sc))
     results: dict = {}
     order = [sc.base] + [z for z in sc.sizes if z != sc.base]
     for n, size in enumerate(order):
-        sc = lr.choose(sc, size, "llama", root, data_dir, jobs)
+        sc = lr.choose(sc, lr.llama(size), root, data_dir, jobs)
         done = replace(sc, sizes=tuple(z for z in sc.sizes if z in order[: n + 1]))
-        specs = [s for i in ids for s in _specs(i, done)]
         print(f"== training the runs of {', '.join(ids)} at size {size} ({sc.name} scale)", file=sys.stderr, flush=True)
+        if sc.own_rates:  # experiment by experiment: its runs at the size's Llama rate, its own-rate sweeps, its runs at those
+            for i in ids:
+                results.update(run_sweep(_specs(i, done), done, root, data_dir, jobs, _products(ids, done)))
+                for template in own_templates(EXPERIMENTS[i], done):
+                    done = lr.choose(done, template, root, data_dir, jobs)
+                results.update(run_sweep(_specs(i, done, ("own",)), done, root, data_dir, jobs, _products(ids, done)))
+            sc = replace(sc, own_lrs=done.own_lrs, lr_grids=done.lr_grids)
+            continue
+        specs = [s for i in ids for s in _specs(i, done)]
         results.update(run_sweep(specs, done, root, data_dir, jobs, _products(ids, done)))
-        if size == sc.base and "fig3a" in ids:  # fig3a reads both curves: each bracketed on the current results
+        if size == sc.base and "fig3a" in ids and not sc.own_rates:  # fig3a reads both curves: each bracketed on the current results
             for arch in ("cem-t2", "llama"):
-                sc = lr.choose(sc, size, arch, root, data_dir, jobs, rebracket=True)
-    specs = [s for i in ids for s in _specs(i, sc)]
+                sc = lr.choose(sc, RunSpec.make(size, arch), root, data_dir, jobs, rebracket=True)
+    specs = [s for i in ids for s in _specs(i, sc, sc.rate_rules)]
     results.update(run_sweep(specs, sc, root, data_dir, jobs, _products(ids, sc)))  # everything finished: only reads results
     return sc, results
 
@@ -106,48 +119,63 @@ def plan(scale: str = "cpu", results_dir: str | Path | None = None, ids=None, **
     if sc.lr_sweep:
         decided = []
         for size in [sc.base] + [z for z in sc.sizes if z != sc.base]:
-            state = lr.sweep(sc, size, "llama", root, dry=True)
+            state = lr.sweep(sc, lr.llama(size), root, dry=True)
             if state.best is None:
                 undecided[f"{size}-llama"] = len(state.pending)
                 status.update({spec: "train" for spec in state.pending})
                 if size == sc.base:  # every other size's grid is centred on the base size's rate
                     break
                 continue
-            sc = lr.with_choice(sc, size, "llama", state)
+            sc = lr.with_choice(sc, lr.llama(size), state)
             decided.append(size)
-        if "fig3a" in ids and sc.base in decided:
+        if "fig3a" in ids and sc.base in decided and not sc.own_rates:
             for arch in ("cem-t2", "llama"):
-                state = lr.sweep(sc, sc.base, arch, root, dry=True, rebracket=True)
+                state = lr.sweep(sc, RunSpec.make(sc.base, arch), root, dry=True, rebracket=True)
                 if state.best is None:
                     undecided[f"{sc.base}-{arch}"] = len(state.pending)
                 else:  # a grid grown to bracket the current best: its new runs are fig3a's, counted below
-                    sc = lr.with_choice(sc, sc.base, arch, state)
+                    sc = lr.with_choice(sc, RunSpec.make(sc.base, arch), state)
+    rules, own_undecided = ["paper"], []
+    if sc.own_rates and sc.base in decided:
+        pending_own = False
+        for template in _own_templates(ids, replace(sc, sizes=tuple(z for z in sc.sizes if z in decided))):
+            state = lr.sweep(sc, template, root, dry=True)
+            if state.best is None:
+                undecided[lr.sweep_key(template)] = len(state.pending)
+                own_undecided.append(lr.sweep_key(template))
+                status.update({spec: "train" for spec in state.pending})
+                pending_own = True
+            else:
+                sc = lr.with_choice(sc, template, state)
+        if not pending_own:
+            rules.append("own")
     known = replace(sc, sizes=tuple(z for z in sc.sizes if z in decided))
     experiments, products = {}, _products(ids, known) if sc.base in decided else {}
     for i in ids if sc.base in decided else ():
-        specs = list(dict.fromkeys(_specs(i, known)))
+        specs = list(dict.fromkeys(_specs(i, known, tuple(rules))))
         for spec in specs:
-            status.setdefault(spec, run_status(spec, root, products.get(spec, ())))
+            status.setdefault(spec, run_status(spec, sc, root, products.get(spec, ())))
         experiments[i] = {k: sum(status[x] == k for x in specs) for k in ("finished", "train", "evaluate", "again")}
     total = {k: sum(v == k for v in status.values()) for k in ("finished", "train", "evaluate", "again")}
     hours, unestimated = 0.0, 0
-    dirs = sorted((root / "runs").glob("*")) if (root / "runs").is_dir() else []
+    dirs = sorted(sc.runs(root).glob("*")) if sc.runs(root).is_dir() else []
     finished = [(r, recorded_times(d)) for r, d in ((RunDir(d).results(), d) for d in dirs) if r is not None]
     for spec in (x for x, v in status.items() if v in ("train", "again")):
-        seconds = _estimate_seconds(spec, root, [r for r, _ in finished])
+        seconds = _estimate_seconds(spec, sc.runs(root), [r for r, _ in finished])
         if seconds is None:
             unestimated += 1
         else:
             hours += seconds / 3600
     eval_hours, eval_unestimated = 0.0, 0
     for spec in (x for x, v in status.items() if v != "finished"):
-        for product in missing(products.get(spec, ()), root / "runs" / spec.slug):
+        for product in missing(products.get(spec, ()), sc.runs(root) / spec.slug):
             seconds = _product_seconds(spec, product.name, finished)
             if seconds is None:
                 eval_unestimated += 1
             else:
                 eval_hours += seconds / 3600
-    return {"scale": sc.name, "results": str(root), "chosen_lrs": dict(sc.chosen_lrs), "undecided": undecided,
+    return {"scale": sc.name, "results": str(root), "chosen_lrs": dict(sc.chosen_lrs), "own_lrs": dict(sc.own_lrs),
+            "undecided": undecided, "own_undecided": own_undecided,
             "experiments": experiments, "total": total, "core_hours": hours, "unestimated": unestimated,
             "eval_core_hours": eval_hours, "eval_unestimated": eval_unestimated}
 
@@ -173,8 +201,11 @@ def format_plan(p: dict) -> str:
     lines = [f"plan at the {p['scale']} scale in {p['results']} (nothing is trained or evaluated by --plan)"]
     if p["chosen_lrs"]:
         lines.append("learning rates chosen: " + ", ".join(f"{z} {lr:g}" for z, lr in p["chosen_lrs"].items()))
+    if p.get("own_lrs"):
+        lines.append("own rates chosen: " + ", ".join(f"{k} {lr:g}" for k, lr in p["own_lrs"].items()))
     for key, n in p["undecided"].items():
-        lines.append(f"sweep {key} undecided: {n} of its runs to train first" + ("; the runs at its rate are not counted yet" if key.endswith("-llama") else ""))
+        later = key.endswith("-llama") or key in p.get("own_undecided", ())
+        lines.append(f"sweep {key} undecided: {n} of its runs to train first" + ("; the runs at its rate are not counted yet" if later else ""))
     cols = ("finished", "train", "evaluate", "again")
     lines.append(f"{'experiment':<12}" + "".join(f"{c:>10}" for c in ("finished", "to train", "evaluate", "again")))
     for exp_id, counts in p["experiments"].items():
@@ -191,7 +222,7 @@ def format_plan(p: dict) -> str:
     return "\n".join(lines)
 
 
-def _estimate_seconds(spec, root: Path, finished: list[dict]) -> float | None:
+def _estimate_seconds(spec, runs: Path, finished: list[dict]) -> float | None:
     """Training seconds left for a run: the median wall time of the `finished` runs (their results) of its
     size, architecture and model settings (any seed or rate), else of those of its size scaled by training
     FLOPs per token (the budget is the size's); times the share of its steps not yet checkpointed. None: no
@@ -216,7 +247,7 @@ def _estimate_seconds(spec, root: Path, finished: list[dict]) -> float | None:
     if not scaled:
         return None
     seconds = statistics.median(same or scaled)
-    run = RunDir(root / "runs" / spec.slug)
+    run = RunDir(runs / spec.slug)
     ckpt, recorded = run.checkpoint(), run.read_run()
     if ckpt is not None and recorded and recorded.get("total_steps"):
         seconds *= max(0.0, 1 - read_manifest(ckpt)["step"] / recorded["total_steps"])
@@ -231,6 +262,13 @@ def _analyse(exp_id: str, sc: Scale, root: Path, results: dict, data_dir: str | 
     variants = exp.variants(sc) if exp.variants else []
     rows = summarize(variants, results, sc.seeds_for(exp.seeds)) if variants else []
     findings, extra = exp.analyze(Context(sc, rows, variants, root, out, data_dir, device))
+    rules = {}
+    if sc.own_rates and any(v.own_rate for v in variants):  # the headline findings again, each CEM variant at its own rate
+        own = variants_under(exp, sc, "own")
+        own_rows = summarize(own, results, sc.seeds_for(exp.seeds))
+        own_findings, _ = exp.analyze(Context(sc, own_rows, own, root, out, data_dir, device))
+        rules["own"] = {"rule": RATE_RULES["own"], "rows": own_rows,
+                        "findings": [f.to_dict() for f in own_findings if f.family == "paper"]}
     summary = {
         "experiment": exp_id,
         "question": exp.question,
@@ -239,6 +277,8 @@ def _analyse(exp_id: str, sc: Scale, root: Path, results: dict, data_dir: str | 
         "seeds": list(sc.seeds_for(exp.seeds)),
         "rows": rows,
         "findings": [f.to_dict() for f in findings],
+        "rate_rule": RATE_RULES["paper"],
+        "rules": rules,
         **extra,
         "short_runs": [r["label"] for r in rows if r["tokens"] < r["budget_tokens"]],
         "machine": machine(),
@@ -272,6 +312,6 @@ def run_suite(
     summaries = []
     for exp_id in ids:
         print(f"== {exp_id}", file=sys.stderr, flush=True)
-        needed = {s: results[s] for s in _specs(exp_id, sc)}
+        needed = {s: results[s] for s in _specs(exp_id, sc, sc.rate_rules)}
         summaries.append(_analyse(exp_id, sc, root, needed, data_dir, device))
     return summaries

@@ -27,6 +27,7 @@ The test split is read once per run, at its end, and never chooses anything.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 
 from ..checks import check_choice
 
@@ -60,6 +61,12 @@ class Scale:
     findings: bool = True  # False: results of this scale are never reported as findings
     final_eval_tokens: int = 0  # tokens of the valid and test splits each run is judged on at its end (0: the whole splits)
     limits: str = ""  # what this scale's regime cannot test, said in its report's opening
+    lr_sweep_seeds: int | None = None  # seeds of a sweep at the base size (None: every seed); other sizes sweep the first
+    lr_tie: float = 0.0  # nats: rates whose validation loss is within this of the best are tied, and the lowest of them is chosen
+    rate_rules: tuple[str, ...] = ("paper",)  # the rate rules of the findings (`RATE_RULES`)
+    own_lrs: tuple[tuple[str, float], ...] = ()  # (sweep key, lr) chosen by the own-rate sweeps (`cem.experiments.lr`)
+    runs_from: str | None = None  # the results folder (a sibling of this scale's) whose runs/ this scale shares
+    processor: str | None = None  # train only on this processor; a finished run recorded on another is trained again
 
     def train_settings(self) -> dict:
         """Training settings shared by every run of this scale."""
@@ -92,15 +99,35 @@ class Scale:
             raise LearningRateNotChosen(f"the learning rate of size {size!r} is not chosen yet: its Llama sweep runs first")
         return {"lr": chosen[size]}
 
+    def own_lr(self, key: str) -> float:
+        """The rate an own-rate sweep chose for the variants of `key` (`cem.experiments.lr.sweep_key`)."""
+        chosen = dict(self.own_lrs)
+        if key not in chosen:
+            raise LearningRateNotChosen(f"the own learning rate of {key} is not chosen yet: its seed-0 sweep runs first")
+        return chosen[key]
+
     def sweep_seeds(self, size: str) -> tuple[int, ...]:
-        """Seeds of a learning-rate sweep: every seed at the base size, the first one at the others (a
-        larger size costs several times more; its sweep only has to find the optimum's grid point)."""
-        return self.seeds if size == self.base else self.seeds[:1]
+        """Seeds of a learning-rate sweep: at the base size every seed (or the first `lr_sweep_seeds`), at the
+        others the first one (a larger size costs several times more; its sweep only has to find the optimum's
+        grid point)."""
+        if size != self.base:
+            return self.seeds[:1]
+        return self.seeds[: self.lr_sweep_seeds] if self.lr_sweep_seeds else self.seeds
+
+    @property
+    def own_rates(self) -> bool:
+        """Whether the findings are also judged with each CEM variant at its own best rate."""
+        return "own" in self.rate_rules
+
+    def runs(self, root: str | Path) -> Path:
+        """The folder holding the run folders of results folder `root`: root/runs, or the shared one."""
+        return Path(root).parent / self.runs_from / "runs" if self.runs_from else Path(root) / "runs"
 
     def grid(self, size: str, arch: str) -> tuple[float, ...]:
         """The final (bracketing) grid of a finished sweep, else its first grid: the scale's `lrs` at the base
         size; at another size (b/2, b, 2b) around the base size's chosen rate b, which a larger model's optimum
-        is near (the sweep still extends it until the optimum is bracketed)."""
+        is near (the sweep still extends it until the optimum is bracketed). `arch` is an architecture, or an
+        architecture with model settings (an own-rate sweep's key without its size)."""
         if f"{size}-{arch}" in dict(self.lr_grids):
             return dict(self.lr_grids)[f"{size}-{arch}"]
         base = dict(self.chosen_lrs).get(self.base)
@@ -117,6 +144,9 @@ class Scale:
 
 # the experiments of the `cpu` scale (step-size is not run: the test-time experiment's recipes take up the schedules)
 CPU_SUITE = ("lr", "fig2c", "fig2d", "fig4", "fig3c", "fig2a", "fig2b", "fig3b", "readings", "positional", "fig3a", "size-trend", "test-time", "energy", "table3")
+
+# the experiments of the `cpu128` scale, the core first (issue 35)
+CPU128_SUITE = ("lr", "fig2c", "fig2d", "fig4", "fig3b", "positional", "fig3a", "fig2a", "fig2b", "fig3c", "readings")
 
 SCALES = {
     "smoke": Scale("smoke", "tinyshakespeare", "byte", ("micro",), "micro", (0, 1), (0, 1), 32, 4, tokens=None, max_steps=3, eval_steps=(1, 2, 3),
@@ -135,6 +165,15 @@ SCALES = {
             "diag+low-rank) and fig3c's parameter-matched pair are not run (their effects were below what 5 seeds resolve); "
             "the step-size experiment is not run; the test-time experiment evaluates every T on the first 131k test tokens "
             "(32 batches of 16 windows) and its fixed-point weight 0.1 is not swept at this scale; nothing here is a GPU speed")),
+    # the cpu suite's largest size, the only one above n-gram level, as the base of the paper's core findings
+    # (issue 35): its runs are the cpu suite's (one runs/ folder; a run asked for by both is trained once)
+    "cpu128": Scale(
+        "cpu128", "wikitext-2", "byte", ("cpu128",), "cpu128", (0, 1, 2), (0, 1, 2), 256, 16,
+        lrs=(1e-3, 2e-3, 4e-3), lr_sweep=True, lr_sweep_seeds=1, lr_tie=0.005, rate_rules=("paper", "own"), runs_from="cpu",
+        suite=CPU128_SUITE, limits=(
+            "models of 0.80M non-embedding parameters (4 layers, 4 heads of width 32, context 256) on 17M bytes of "
+            "WikiText-2 (1.6 passes): one size, so no trend; learning rates chosen by seed-0 sweeps on validation loss (ties "
+            "within 0.005 nats go to the lower rate); nothing here is a GPU speed")),
     # WikiText-2 with a BPE of 8,192 symbols, 32 × 256 tokens per step: small 51M tokens, medium 178M
     "gpu": Scale("gpu", "wikitext-2", "bpe:8192", ("small", "medium"), "medium", (0, 1, 2), (0, 1, 2, 3, 4), 256, 32),
     # the paper: SlimPajama, the 32k Llama tokenizer, 2,048 context, batch 128

@@ -59,6 +59,7 @@ class Variant:
     spec: RunSpec
     tags: dict = field(default_factory=dict)
     seeds: tuple[int, ...] | None = None  # its own seeds (a learning-rate sweep), else the experiment's
+    own_rate: bool = False  # a CEM variant of a headline comparison: also trained at its own best rate where the scale asks (`RATE_RULES`)
 
 
 def run_config(spec: RunSpec, scale: Scale, data_dir: str | None):
@@ -116,11 +117,13 @@ def _run_one(args) -> dict | str | None:
 
     if threads:
         torch.set_num_threads(threads)
-    out = Path(root) / "runs" / spec.slug
+    out = scale.runs(root) / spec.slug
     waiting = False
     while True:
         try:
             res = RunDir(out).results()
+            if res is None and scale.processor:
+                _start_over_if_elsewhere(RunDir(out), scale.processor)
             if res is None:  # resume what a previous sweep started; a fresh run starts without --resume's notice
                 res = train(run_config(spec, scale, data_dir), out, resume=RunDir(out).read_run() is not None, progress=False)
                 if isinstance(res, Interrupted):
@@ -143,18 +146,46 @@ def _run_one(args) -> dict | str | None:
             time.sleep(LOCK_POLL_S)
 
 
-def run_status(spec: RunSpec, root: Path, products=()) -> str:
+def _start_over_if_elsewhere(run: RunDir, processor: str) -> None:
+    """An unfinished run whose checkpoint was trained (in part) on another processor starts again here: a
+    run is trained on one processor (`Scale.processor`)."""
+    from ..training.checkpoint import load_trainer_state
+
+    ckpt = run.checkpoint()
+    if ckpt is None:
+        return
+    others = {s.get("processor") for s in load_trainer_state(ckpt).get("sessions", []) if isinstance(s, dict)} - {processor, None}
+    if others:
+        print(f"  {run.path.name}: its checkpoint was trained on {', '.join(sorted(others))}; starting it again on {processor}",
+              file=sys.stderr, flush=True)
+        with run.lock():
+            run.clear()
+
+
+def run_status(spec: RunSpec, scale: Scale, root: Path, products=()) -> str:
     """What a sweep does with a run: "finished" (nothing), "train" (unfinished: train it, or resume),
     "evaluate" (finished, lacking one of its `products`: computed from its checkpoint) or "again" (finished,
-    lacking a product, and its checkpoint is gone: trained again)."""
+    lacking a product, and its checkpoint is gone; or, where the scale names a `processor`, trained on
+    another: trained again)."""
     from .products import missing
 
-    run = RunDir(Path(root) / "runs" / spec.slug)
-    if run.results() is None:
+    run = RunDir(scale.runs(root) / spec.slug)
+    res = run.results()
+    if res is None:
         return "train"
+    if scale.processor and other_processor(res, scale.processor):
+        return "again"
     if not missing(products, run.path):
         return "finished"
     return "evaluate" if run.checkpoint() is not None else "again"
+
+
+def other_processor(res: dict, processor: str) -> str | None:
+    """The processor a finished run was trained on (any of its sessions) where it is not `processor`."""
+    from ..provenance import recorded_processors
+
+    others = [p for p in recorded_processors(res) if p != processor]
+    return others[0] if others else None
 
 
 def run_sweep(specs: list[RunSpec], scale: Scale, root: Path, data_dir: str | None = None, jobs: int = 1,
@@ -169,15 +200,24 @@ def run_sweep(specs: list[RunSpec], scale: Scale, root: Path, data_dir: str | No
     unique = list(dict.fromkeys(specs))
     for s in unique:
         _check_finished(s, scale, root, data_dir)
-    runs = {s: RunDir(Path(root) / "runs" / s.slug) for s in unique}
-    status = {s: run_status(s, root, products.get(s, ())) for s in unique}
+    runs = {s: RunDir(scale.runs(root) / s.slug) for s in unique}
+    status = {s: run_status(s, scale, root, products.get(s, ())) for s in unique}
     fresh = [s for s in unique if status[s] == "train"]
     evaluate = [s for s in unique if status[s] in ("evaluate", "again")]
     again = [s for s in unique if status[s] == "again"]
+    if scale.processor and (fresh or again):
+        from ..provenance import processor
+
+        if processor() != scale.processor:
+            raise ValueError(f"this suite trains on {scale.processor} only (its runs are paired by seed, and another processor "
+                             f"sums floats in another order); this machine is {processor()}: run it where the other runs ran")
     for s in again:
-        names = ", ".join(p.name for p in missing(products[s], runs[s].path))
-        print(f"training {s.slug} again: {names} must be computed from its weights and its checkpoint is gone "
-              "(it finished elsewhere; its earlier results stay in git history)", file=sys.stderr, flush=True)
+        other = other_processor(runs[s].results(), scale.processor) if scale.processor else None
+        if other:
+            why = f"it was trained on {other}, and this suite trains on {scale.processor} only"
+        else:
+            why = f"{', '.join(p.name for p in missing(products[s], runs[s].path))} must be computed from its weights and its checkpoint is gone"
+        print(f"training {s.slug} again: {why} (its earlier results stay in git history)", file=sys.stderr, flush=True)
         with contextlib.suppress(RunLockedError), runs[s].lock():  # locked: another sweep is at it already
             runs[s].clear()
     todo = evaluate + fresh  # first what lacks its products: a result cleared to train again is missing meanwhile
@@ -243,7 +283,7 @@ class _Progress:
 
 def _check_finished(spec: RunSpec, scale: Scale, root: Path, data_dir: str | None) -> None:
     """A finished run is reused only if it is the same run (`run_identity`: this scale's settings)."""
-    run = RunDir(Path(root) / "runs" / spec.slug)
+    run = RunDir(scale.runs(root) / spec.slug)
     diff = run.differences(run_identity(run_config(spec, scale, data_dir))) if run.results_json.exists() else []
     if diff:
         raise ValueError(f"{run.path} was trained with other settings ({', '.join(diff)} differ); use another --results directory")

@@ -7,7 +7,7 @@ import math
 import signal
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -22,6 +22,7 @@ from tqdm import tqdm
 from ..data import SequenceSampler, TokenSplit, build_split, get_tokenizer, load_corpus
 from ..data.tokenshards import find_shards, fingerprint, load_shards
 from ..device import autocast_for, device_name, peak_flops, pick_device
+from ..provenance import provenance
 from ..layers import CEMAttention
 from ..model import LanguageModel, ModelConfig, parameter_breakdown
 from ..model.flops import train_flops_per_token
@@ -102,6 +103,7 @@ class TrainState:
     tokens_seen: int = 0
     elapsed_before: float = 0.0  # training seconds of earlier sessions of this run (before a resume)
     resumed_at: float = 0.0  # time.perf_counter() when this session's training loop began
+    sessions: list = field(default_factory=list)  # the provenance of each training session so far (`cem.provenance`), with its first step
 
     def elapsed(self) -> float:
         """Training seconds of the whole run so far."""
@@ -239,7 +241,7 @@ def _restore(rundir: RunDir, resume: bool, model: LanguageModel, sampler: Sequen
     model.load_state_dict(saved_model.state_dict())
     sampler.load_state_dict(saved["sampler"][info.rank])
     set_rng_state(saved["rng"][info.rank])
-    state = TrainState(saved["step"], saved["tokens_seen"], saved["elapsed"])
+    state = TrainState(saved["step"], saved["tokens_seen"], saved["elapsed"], sessions=list(saved.get("sessions", [])))
     if progress:
         print(f"resumed from {found} at step {state.step}/{steps_total}", file=sys.stderr)
     if state.step >= steps_total and rundir.results() is not None:
@@ -290,6 +292,7 @@ def _loop(s: _Session, stop_at: int | None) -> Interrupted | None:
     stop_signal: list[int] = []
     handlers = _install_signal_handlers(stop_signal)
     s.state.resumed_at = time.perf_counter()
+    s.state.sessions.append({**provenance(s.device), "from_step": s.state.step})
     _STDERR.broken = False
     bar = tqdm(total=s.budget.steps, initial=s.state.step, disable=not s.progress, unit="step", dynamic_ncols=True, file=_STDERR)
     try:
@@ -417,6 +420,7 @@ def _checkpoint(s: _Session) -> None:
             "rng": rngs,
             "guard": s.guard.state_dict(),
             "run": s.run.to_dict(),
+            "sessions": s.state.sessions,
         }
         save_checkpoint(s.rundir.ckpt_dir, s.cfg, model_state, trainer_state)
     barrier(s.info)
@@ -455,6 +459,8 @@ def _finish(s: _Session, started: float, tokenizer_name: str) -> dict:
             "total_time_s": time.perf_counter() - started,
             "device": device_name(s.device),
             "world_size": s.info.world_size,
+            "provenance": provenance(s.device),  # of the process that finished it; each session's in "sessions"
+            "sessions": s.state.sessions,
             "model": s.cfg.to_dict(),
             "config": s.run.to_dict(),
             "tokenizer": tokenizer_name,

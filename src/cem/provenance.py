@@ -1,0 +1,77 @@
+"""What produced a run: the code (its git commit, and whether the checkout had uncommitted changes), the
+torch and Python versions, and the processor. Every training session of a run records one (a resumed run
+has several), so that a report never pairs runs trained on different processors or devices.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import subprocess
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+from . import __version__
+from .device import device_name, cpu_model
+
+__all__ = ["code_version", "processor", "provenance", "recorded_processors"]
+
+GIT_TIMEOUT_S = 10.0
+
+
+@lru_cache(maxsize=None)
+def code_version(where: str | None = None) -> dict:
+    """The git commit of the checkout `cem` is imported from (`dirty`: it had uncommitted changes under
+    src/), or only the package version where it is not a git checkout (an installed wheel)."""
+    src = Path(where or Path(__file__).resolve().parent)
+    out = {"version": __version__, "commit": None, "dirty": None}
+    try:
+        commit = subprocess.run(["git", "-C", str(src), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=GIT_TIMEOUT_S)
+        if commit.returncode != 0:
+            return out
+        dirty = subprocess.run(["git", "-C", str(src), "status", "--porcelain", "--untracked-files=no", "--", "."],
+                               capture_output=True, text=True, timeout=GIT_TIMEOUT_S)
+    except (OSError, subprocess.SubprocessError):
+        return out
+    out["commit"] = commit.stdout.strip() or None
+    out["dirty"] = bool(dirty.stdout.strip()) if dirty.returncode == 0 else None
+    return out
+
+
+def processor(device: torch.device | None = None) -> str:
+    """The GPU's name on CUDA, else the CPU's model name (without the thread count: runs on one processor
+    with different thread counts are comparable up to the order of float sums, which `threads` records)."""
+    if device is not None and device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return cpu_model()
+
+
+def provenance(device: torch.device | None = None) -> dict:
+    """This process's provenance: code version, torch, Python, processor, threads, host OS."""
+    device = device or torch.device("cpu")
+    return {
+        **code_version(),
+        "torch": str(torch.__version__),  # a plain str (TorchVersion would not load with weights_only)
+        "python": platform.python_version(),
+        "processor": processor(device),
+        "device": device_name(device),
+        "threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(terse=True),
+    }
+
+
+def recorded_processors(results: dict) -> list[str]:
+    """The processors a finished run (its results.json) was trained on: each session's, or, for a run that
+    predates provenance, the one its `device` names ("AMD EPYC (1 thread)" -> "AMD EPYC")."""
+    sessions = results.get("sessions") or []
+    found = [s["processor"] for s in sessions if isinstance(s, dict) and s.get("processor")]
+    if found:
+        return list(dict.fromkeys(found))
+    device = results.get("device")
+    if not isinstance(device, str) or not device:
+        return []
+    return [re.sub(r" \(\d+ threads?\)$", "", device)]
