@@ -4,6 +4,7 @@ import json
 import statistics
 
 import pytest
+import torch
 
 from cem.training import Interrupted, TrainingError, find_checkpoint, load_checkpoint, load_run_config, train, verify_checkpoint
 
@@ -39,6 +40,9 @@ def test_resume_is_exact(tiny_args, tmp_path, arch):
     a = json.loads((tmp_path / "a" / "results.json").read_text())
     b = json.loads((tmp_path / "b" / "results.json").read_text())
     assert a["test_loss"] == b["test_loss"]
+    # provenance: one session for the run trained at once, two (with the step each began at) for the resumed one
+    assert [s["from_step"] for s in a["sessions"]] == [0] and [s["from_step"] for s in b["sessions"]] == [0, 3]
+    assert b["provenance"]["torch"] == torch.__version__ and b["provenance"]["processor"] == b["sessions"][1]["processor"]
 
 
 def test_depth_recipes_train_and_resume_exactly(tiny_args, tmp_path):

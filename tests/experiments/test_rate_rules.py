@@ -1,0 +1,91 @@
+"""The rate rules (the paper's: every variant at its Llama's rate; each CEM variant at its own best rate), the
+tie rule of a sweep, the processor a suite trains on, and the cpu128 scale's runs shared with the cpu suite."""
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from cem.experiments import RunSpec, get_scale, run_experiment
+from cem.experiments.lr import pick, sweep_key
+from cem.experiments.registry import EXPERIMENTS, RATE_RULES, own_template, own_templates, variants_under
+from cem.experiments.runner import plan
+from cem.experiments.scales import LearningRateNotChosen
+from cem.experiments.sweep import run_status, run_sweep
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_ties_within_the_tolerance_go_to_the_lower_rate():
+    losses = {1e-3: 1.2028, 2e-3: 1.1994, 4e-3: 1.1985}  # full CEM at cpu128, seed 0 (docs/results/cpu-rates)
+    assert pick(losses) == 4e-3
+    assert pick(losses, 0.001) == 2e-3
+    assert pick(losses, 0.005) == 1e-3
+
+
+def test_own_rate_variants_wait_for_their_sweep_and_then_train_at_its_choice():
+    s = replace(get_scale("cpu128"), chosen_lrs=(("cpu128", 2e-3),))
+    exp = EXPERIMENTS["fig2c"]
+    keys = [sweep_key(t) for t in own_templates(exp, s)]
+    assert keys == ["cpu128-cem-attn-attn_precond=diag_lowrank", "cpu128-cem-attn-attn_precond=diag_lowrank-attn_steps=2"]
+    with pytest.raises(LearningRateNotChosen, match="attn_steps=2"):
+        variants_under(exp, replace(s, own_lrs=((keys[0], 1e-3),)), "own")
+    own = {v.label: v for v in variants_under(exp, replace(s, own_lrs=((keys[0], 1e-3), (keys[1], 4e-3))), "own")}
+    assert dict(own["CEM attention T=1"].spec.train)["lr"] == 1e-3 and dict(own["CEM attention T=2"].spec.train)["lr"] == 4e-3
+    # the controls and the Llamas stay at Llama's rate (2e-3, the training default: no override)
+    assert dict(own["CEM attention T=1 learned step"].spec.train) == {} and dict(own["Llama cpu128"].spec.train) == {}
+    assert own_template(own["CEM attention T=2"].spec) == own_template(next(v for v in exp.variants(s) if v.label == "CEM attention T=2").spec)
+    assert own_templates(exp, get_scale("cpu")) == []  # a scale without the own rule sweeps nothing more
+    with pytest.raises(ValueError, match="unknown rate rule 'best'"):
+        variants_under(exp, s, "best")
+    assert set(RATE_RULES) == {"paper", "own"}
+
+
+def test_both_rate_rules_end_to_end(corpus, tmp_path, monkeypatch):
+    """A smoke-sized fig2c under both rules: the own-rate sweeps are seed-0, recorded, and the summary carries the
+    paper-family findings again with each CEM variant at its own rate."""
+    monkeypatch.setenv("CEM_CACHE_DIR", str(tmp_path / "cache"))
+    kw = dict(data=str(corpus), seeds=(0, 1), recursion_seeds=(0, 1), lr_sweep=True, lrs=(1e-3, 2e-3, 4e-3), lr_extend=1,
+              lr_sweep_seeds=1, rate_rules=("paper", "own"))
+    root = tmp_path / "res"
+    summary = run_experiment("fig2c", "smoke", root, **kw)
+    record = json.loads((root / "lr" / "choices.json").read_text())
+    t1, t2 = "micro-cem-attn-attn_precond=diag_lowrank", "micro-cem-attn-attn_precond=diag_lowrank-attn_steps=2"
+    assert record[t1]["seeds"] == [0] and record["micro-llama"]["seeds"] == [0]
+    own = summary["rules"]["own"]
+    rows = {r["label"]: r for r in own["rows"]}
+    assert rows["CEM attention T=1"]["lr"] == record[t1]["lr"] and rows["CEM attention T=2"]["lr"] == record[t2]["lr"]
+    assert rows["CEM attention T=1 learned step"]["lr"] == record["micro-llama"]["lr"]
+    assert own["findings"] and all(f["family"] == "paper" for f in own["findings"])
+    assert {f["claim"] for f in own["findings"]} <= {f["claim"] for f in summary["findings"]}
+
+
+def test_a_suite_trains_on_its_processor_only(corpus, tmp_path, monkeypatch):
+    """A finished run recorded on another processor is trained again; a machine with another refuses to train."""
+    monkeypatch.setenv("CEM_CACHE_DIR", str(tmp_path / "cache"))
+    import cem.provenance
+
+    s = get_scale("smoke", data=str(corpus))
+    spec = RunSpec.make("micro", "llama")
+    run_sweep([spec], s, tmp_path)
+    res_path = tmp_path / "runs" / spec.slug / "results.json"
+    here = json.loads(res_path.read_text())["sessions"][0]["processor"]
+    assert run_status(spec, replace(s, processor=here), tmp_path) == "finished"
+    assert run_status(spec, replace(s, processor="Another CPU"), tmp_path) == "again"
+    monkeypatch.setattr(cem.provenance, "processor", lambda device=None: "Another CPU")  # as if on another machine
+    other = RunSpec.make("micro", "llama", seed=1)
+    with pytest.raises(ValueError, match=f"trains on {here} only.*this machine is Another CPU"):
+        run_sweep([spec, other], replace(s, processor=here), tmp_path)
+    assert not (tmp_path / "runs" / other.slug).exists() and res_path.exists()
+    run_sweep([spec], replace(s, processor="Another CPU"), tmp_path)  # the run recorded here is trained again there
+    assert [x["processor"] for x in json.loads(res_path.read_text())["sessions"]] == ["Another CPU"]
+
+
+def test_the_cpu128_scale_reuses_the_committed_cpu_runs():
+    """The cpu128 scale shares the cpu suite's runs folder; its committed runs are found, not trained again."""
+    s = get_scale("cpu128")
+    root = REPO / "docs" / "results" / "cpu128"
+    assert s.runs(root) == REPO / "docs" / "results" / "cpu" / "runs"
+    # at 2e-3, Llama's rate there (the training default, so with the sweep left out the runs are the same runs)
+    assert plan("cpu128", root, ("fig2a",), lr_sweep=False)["experiments"]["fig2a"]["finished"] == 9
