@@ -69,12 +69,28 @@ def _means(rows, *labels) -> str:
     return "; ".join(f"{lab}: ppl {row(rows, lab)['test_perplexity']:.3f}" for lab in labels)
 
 
-def _nats(d: Interval) -> str:
-    """A loss difference in nats with its interval, and as a perplexity ratio in %."""
+def _nats(d: Interval, dropped: int = 0) -> str:
+    """A loss difference in nats with its interval, and as a perplexity ratio in %; the seeds left unpaired
+    because their runs ran on different processors, if any."""
     pct = lambda x: f"{math.expm1(x):+.2%}"  # noqa: E731
+    apart = f"; {dropped} seed{'s' if dropped != 1 else ''} left out: {'their' if dropped != 1 else 'its'} runs ran on different processors" if dropped else ""
+    if d.n == 0:
+        return f"no pair of runs on one processor, so no difference{apart}"
     if d.n < 2:
-        return f"Δ {d.mean:+.4f} nats ({pct(d.mean)} ppl), one seed, no interval"
-    return f"Δ {d.mean:+.4f} nats [95% CI {d.lo:+.4f}, {d.hi:+.4f}] ({pct(d.mean)} ppl [{pct(d.lo)}, {pct(d.hi)}]), {d.n} paired seeds, p = {d.p:.2g}"
+        return f"Δ {d.mean:+.4f} nats ({pct(d.mean)} ppl), one seed, no interval{apart}"
+    return f"Δ {d.mean:+.4f} nats [95% CI {d.lo:+.4f}, {d.hi:+.4f}] ({pct(d.mean)} ppl [{pct(d.lo)}, {pct(d.hi)}]), {d.n} paired seeds, p = {d.p:.2g}{apart}"
+
+
+def _power(d: Interval, margin: float | None = None) -> str:
+    """What the seeds could resolve: the smallest difference they detect with 80% power (directional), or
+    whether an interval of this width fits inside the margin at all (equivalence, non-inferiority)."""
+    if d.n < 2 or d.hi == d.lo:
+        return ""
+    if margin is None:
+        return f"; these seeds resolve |Δ| ≥ {d.detectable():.4f} nats (80% power)"
+    half = d.hi - d.mean
+    fits = "could" if half < margin else "could not"
+    return f"; interval half-width {half:.4f} against a margin of {margin:.4f} nats: these seeds {fits} have held it at a true Δ of 0"
 
 
 def _planning(d: Interval, verdict: str, sign: int = 1) -> str:
@@ -85,45 +101,65 @@ def _planning(d: Interval, verdict: str, sign: int = 1) -> str:
     return f"; at the observed mean and spread, about {n} paired seeds would detect it{side} (80% power)" if n else ""
 
 
+def same_processor(*rs: dict) -> list[bool]:
+    """Per seed, whether the runs of these rows ran on one processor (rows without a record: assumed so)."""
+    procs = [r.get("processor_per_seed") or [None] * len(r["seeds"]) for r in rs]
+    return [len({p for p in ps if p is not None}) <= 1 for ps in zip(*procs)]
+
+
 def paired(rows, a: str, b: str) -> Interval:
-    """The interval of loss(a) - loss(b), paired by seed."""
-    return Interval.of([x - y for x, y in zip(per_seed(rows, a), per_seed(rows, b))])
+    """The interval of loss(a) - loss(b), paired by seed; a seed whose two runs ran on different processors is
+    left out (another processor sums floats in another order: never paired)."""
+    return _paired(rows, a, b)[0]
+
+
+def _paired(rows, a: str, b: str) -> tuple[Interval, int]:
+    keep = same_processor(row(rows, a), row(rows, b))
+    d = [x - y for x, y, k in zip(per_seed(rows, a), per_seed(rows, b), keep) if k]
+    return Interval.of(d), keep.count(False)
 
 
 def lower(rows, better: str, worse: str, claim: str, family: str = "paper") -> Finding:
     """Claim: `better` has a lower test loss than `worse` (paired difference worse - better > 0)."""
-    d = paired(rows, worse, better)
+    d, dropped = _paired(rows, worse, better)
     verdict = d.verdict(+1)
-    return Finding(claim, verdict, f"{_means(rows, better, worse)}; {worse} - {better}: {_nats(d)}{_planning(d, verdict)}", d.to_dict(), family, d.p)
+    return Finding(claim, verdict, f"{_means(rows, better, worse)}; {worse} - {better}: {_nats(d, dropped)}{_planning(d, verdict)}{_power(d)}",
+                   d.to_dict(), family, d.p)
 
 
 def close(rows, a: str, b: str, claim: str, tolerance: float, family: str = "paper") -> Finding:
     """Claim: `a` is within ±`tolerance` of `b` in perplexity: the interval of loss(a) - loss(b) lies inside
     ±log(1 + tolerance) (an equivalence test)."""
-    d = paired(rows, a, b)
-    evidence = f"{_means(rows, a, b)}; {a} - {b}: {_nats(d)}; equivalence margin ±{tolerance:.0%} ppl"
-    return Finding(claim, d.within(math.log1p(tolerance)), evidence, d.to_dict(), family)
+    d, dropped = _paired(rows, a, b)
+    m = math.log1p(tolerance)
+    verdict = d.within(m)
+    side = ""
+    if verdict == "not held":  # outside the margin: say on which side, so that a better result does not read as a worse one
+        side = f"; {a} is {'better' if d.mean < 0 else 'worse'} than {b} by more than the margin"
+    evidence = f"{_means(rows, a, b)}; {a} - {b}: {_nats(d, dropped)}; equivalence margin ±{tolerance:.0%} ppl{side}{_power(d, m)}"
+    return Finding(claim, verdict, evidence, d.to_dict(), family)
 
 
 def not_worse(rows, a: str, b: str, claim: str, margin: float, note: str = "", family: str = "paper") -> Finding:
     """Claim: `a` matches or beats `b` (non-inferiority): the interval's upper end of loss(a) - loss(b) is below
     log(1 + margin); *not held* when its lower end is above it."""
-    d = paired(rows, a, b)
+    d, dropped = _paired(rows, a, b)
     m = math.log1p(margin)
     hi, lo = (d.hi, d.lo) if d.n > 1 else (d.mean, d.mean)
     verdict = "held" if hi < m else ("not held" if lo > m else "inconclusive")
-    evidence = f"{note + '; ' if note else ''}{_means(rows, a, b)}; {a} - {b}: {_nats(d)}; non-inferiority margin +{margin:.0%} ppl"
+    evidence = f"{note + '; ' if note else ''}{_means(rows, a, b)}; {a} - {b}: {_nats(d, dropped)}; non-inferiority margin +{margin:.0%} ppl{_power(d, m)}"
     return Finding(claim, verdict, evidence, d.to_dict(), family)
 
 
 def gains_more(rows, reuse: tuple[str, str], cem: tuple[str, str], claim: str, family: str = "paper") -> Finding:
     """Claim: going from `cem[0]` to `cem[1]` lowers the loss more than going from `reuse[0]` to `reuse[1]`."""
-    g_cem = [a - b for a, b in zip(per_seed(rows, cem[0]), per_seed(rows, cem[1]))]
-    g_reuse = [a - b for a, b in zip(per_seed(rows, reuse[0]), per_seed(rows, reuse[1]))]
+    keep = same_processor(*(row(rows, label) for label in (*cem, *reuse)))
+    g_cem = [a - b for a, b, k in zip(per_seed(rows, cem[0]), per_seed(rows, cem[1]), keep) if k]
+    g_reuse = [a - b for a, b, k in zip(per_seed(rows, reuse[0]), per_seed(rows, reuse[1]), keep) if k]
     d = Interval.of([c - r for c, r in zip(g_cem, g_reuse)])
     evidence = (
         f"loss gain {cem[0]} → {cem[1]}: {Interval.of(g_cem).mean:+.4f} nats; plain reuse {reuse[0]} → {reuse[1]}: "
-        f"{Interval.of(g_reuse).mean:+.4f} nats; difference of gains {_nats(d)}{_planning(d, d.verdict(+1))}"
+        f"{Interval.of(g_reuse).mean:+.4f} nats; difference of gains {_nats(d, keep.count(False))}{_planning(d, d.verdict(+1))}{_power(d)}"
     )
     return Finding(claim, d.verdict(+1), evidence, d.to_dict(), family, d.p)
 

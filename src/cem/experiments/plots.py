@@ -130,7 +130,7 @@ def plot_lr(summary, title, path):
 
 def plot_lr_sweep(summary, title, path):
     """The Llama baseline's validation loss against the learning rate, one panel per size; the chosen rate marked."""
-    sizes = list(dict.fromkeys(r["group"] for r in summary["rows"]))
+    sizes = list(dict.fromkeys(r["group"] for r in summary["rows"] if not r.get("regime")))
     fig, axes = plt.subplots(1, len(sizes), figsize=(4.2 * len(sizes), 4), squeeze=False)
     for ax, size in zip(axes[0], sizes):
         rows = [r for r in summary["rows"] if r["group"] == size]
@@ -158,7 +158,7 @@ def plot_size_trend(summary, title, path):
         if "slope" in entry:
             lx = np.log([p["parameters"] for p in pts])
             b = entry["slope"]["mean"]
-            a = np.mean(y) - b * np.mean(lx)
+            a = entry.get("intercept", np.mean(y) - b * np.mean(lx))
             ax.plot(x, a + b * lx, color=line[0].get_color(), lw=1)
     ax.axhline(0, color="gray", lw=0.8)
     ax.set_xscale("log")
@@ -167,7 +167,8 @@ def plot_size_trend(summary, title, path):
     ax.legend(fontsize=7)
     n = len(summary.get("seeds", []))
     _finish(fig, ax, title, path, f"Points: mean paired gap over {n} seeds; error bars: 95% CI of the mean paired gap (t). "
-            "Lines: least-squares fits in log(parameters) over every (size, seed) gap; the tested range only. Below 0: the variant is better.")
+            "Lines: fits in log(parameters) on the size means, weighted by 1/se² of each mean; the tested range only. Where fig3a "
+            "was analysed, full CEM's point at the base size is at its own best rate. Below 0: the variant is better.")
 
 
 def plot_points(summary, title, path):

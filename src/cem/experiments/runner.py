@@ -284,6 +284,7 @@ def _analyse(exp_id: str, sc: Scale, root: Path, results: dict, data_dir: str | 
         "machine": machine(),
         "analysis_time_s": time.perf_counter() - started,
         "train_time_s": sum(r["wall_time_s"] for r in results.values()),
+        "runs": sorted(spec.slug for spec in results),  # the run folders (in the scale's runs folder) this experiment read
     }
     exp.plot(summary, f"{exp_id}: {exp.question} ({sc.name} scale, {sc.data})", out / f"{exp_id}.png")
     atomic_write_json(out / "summary.json", summary)

@@ -45,6 +45,8 @@ class Interval:
 
     @classmethod
     def of(cls, values: list[float]) -> "Interval":
+        if not values:  # nothing to pair (e.g. every pair ran on two processors): no mean, no verdict
+            return cls(math.nan, math.nan, math.nan, 0)
         m, h = mean_std(values)[0], ci_halfwidth(values)
         return cls(m, m - h, m + h, len(values), t_test_p(values))
 
@@ -102,6 +104,17 @@ class Interval:
             mid = (lo + hi) // 2
             lo, hi = (lo, mid) if reached(mid) else (mid + 1, hi)
         return lo
+
+    def detectable(self, power: float = 0.8) -> float | None:
+        """The smallest true difference (nats) that these seeds would detect with `power` in a two-sided 5%
+        t-test at the observed spread (statsmodels' `TTestPower`): what the seeds could have resolved. None
+        with fewer than 2 seeds or no spread."""
+        from statsmodels.stats.power import TTestPower
+
+        if self.n < 2 or self.hi == self.lo:
+            return None
+        effect = TTestPower().solve_power(effect_size=None, nobs=self.n, alpha=0.05, power=power, alternative="two-sided")
+        return float(effect) * self.se * math.sqrt(self.n)
 
     def text(self, fmt: str = "+.3f", unit: str = "") -> str:
         """The mean with its interval (in `unit`, if given) and the seeds it rests on."""

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
 
+from ..provenance import recorded_processors
 from ..training.rundir import RunDir, RunLockedError, run_identity, run_name
 from .scales import Scale
 from .stats import mean_std
@@ -182,8 +183,6 @@ def run_status(spec: RunSpec, scale: Scale, root: Path, products=()) -> str:
 
 def other_processor(res: dict, processor: str) -> str | None:
     """The processor a finished run was trained on (any of its sessions) where it is not `processor`."""
-    from ..provenance import recorded_processors
-
     others = [p for p in recorded_processors(res) if p != processor]
     return others[0] if others else None
 
@@ -313,6 +312,7 @@ def summarize(variants: list[Variant], results: dict[RunSpec, dict], seeds: tupl
         for key in ("test_perplexity", "test_bits_per_byte", "test_loss", "valid_loss", "valid_perplexity"):
             row[key + "_per_seed"] = [r[key] for r in runs]
             row[key], row[key + "_std"] = mean_std(row[key + "_per_seed"])
+        row["processor_per_seed"] = [(recorded_processors(r) or [None])[0] if len(recorded_processors(r)) <= 1 else "several" for r in runs]
         row["parameters"] = runs[0]["parameters"]["total"]
         row["attention_parameters"] = runs[0]["parameters"]["attention"]
         row["mlp_parameters"] = runs[0]["parameters"]["mlp"]
