@@ -39,7 +39,7 @@ if __package__ in (None, ""):  # run as a file: make `benchmarks.common` importa
 import torch
 
 from benchmarks.common import Report, Table, fmt, free_memory, parser, setup
-from cem.device import autocast_for, uses_bf16
+from cem.device import PRECISIONS, autocast_for, uses_bf16
 from cem.model import LanguageModel, model_config
 from cem.model.lm import CHECKPOINTING
 
@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> Report | None:
     p.add_argument("--batch", type=int, default=1, help="sequences per step (default 1)")
     p.add_argument("--depths", type=int, nargs="+", default=[1, 2, 3, 4], help="recursion depths T (default 1 2 3 4)")
     p.add_argument("--modes", nargs="+", default=list(CHECKPOINTING), choices=list(CHECKPOINTING), help="checkpointing modes")
-    p.add_argument("--precision", default="auto", choices=["auto", "bf16", "fp32"], help="auto: bf16 autocast on a GPU that supports it")
+    p.add_argument("--precision", default="auto", choices=PRECISIONS, help="auto: bf16 autocast on a GPU that supports it")
     p.add_argument("--cell", default=None, help=argparse_hidden())
     args = p.parse_args(argv)
     if args.cell:  # a CPU cell in its own process: print the record as JSON

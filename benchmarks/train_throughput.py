@@ -27,7 +27,7 @@ from benchmarks.common import Candidate, Report, Table, fmt, fmt_paired, free_me
 from cem.model import LanguageModel, model_config
 from cem.model.flops import train_flops_per_token
 from cem.model.loss import next_token_loss
-from cem.device import autocast_for, peak_flops, uses_bf16
+from cem.device import PRECISIONS, autocast_for, peak_flops, uses_bf16
 
 GPU_PRESETS = ("small", "134M")
 CPU_PRESETS = ("small",)
@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> Report:
     p.add_argument("--presets", nargs="+", default=None, help=f"model size presets (GPU {GPU_PRESETS}, CPU {CPU_PRESETS})")
     p.add_argument("--seq-len", type=int, default=None, help=f"sequence length (default: the preset's context, at most {CPU_MAX_SEQ} on CPU)")
     p.add_argument("--batch", type=int, default=None, help=f"sequences per step (default GPU: {GPU_TOKENS} tokens / seq_len; CPU: {CPU_BATCH})")
-    p.add_argument("--precision", default="auto", choices=["auto", "bf16", "fp32"], help="auto: bf16 autocast on a GPU that supports it")
+    p.add_argument("--precision", default="auto", choices=PRECISIONS, help="auto: bf16 autocast on a GPU that supports it")
     p.add_argument("--compile", default="both", choices=["off", "on", "both"],
                    help="torch.compile: eager rows, compiled rows, or both (default; compilation happens in the warm-up)")
     p.add_argument("--profile", action="store_true", help="also profile one eager step per model (torch.profiler)")

@@ -658,3 +658,80 @@ def test_train_ends_with_a_sample_and_where_the_run_went(tiny_args, tmp_path, ca
                  "context=32", "tensorboard=false"]) == 0  # fmt: skip
     stdout = capsys.readouterr().out
     assert "--- a sample (120 tokens" in stdout and f"run: {out} (results.json" in stdout
+
+
+def _subcommand(name):
+    """The parser of `cem NAME`."""
+    return build_parser()._subparsers._group_actions[0].choices[name]
+
+
+def test_training_flags_are_the_config_fields():
+    """`cem train` has a flag for every TrainConfig field, made from the field: its name, type, docstring and
+    default in the help, its choices from one place (PARALLEL, PRECISIONS defined once); every flag it had
+    still parses; a flag not given is None, so only what is given changes the config."""
+    from dataclasses import fields
+
+    from cem.device import PARALLEL, PRECISIONS
+    from cem.model.lm import CHECKPOINTING
+    from cem.model.memory import PLANNED_PARALLEL, PLANNED_PRECISIONS
+    from cem.training import TrainConfig
+
+    train = _subcommand("train")
+    flags = {a.dest: a for a in train._actions}
+    for f in fields(TrainConfig):
+        assert flags[f.name].option_strings[0] == "--" + f.name.replace("_", "-") and flags[f.name].default is None
+        assert "default: " in flags[f.name].help, f.name
+    assert [flags[name].metavar for name in ("parallel", "precision", "activation_checkpointing")] == [
+        "{" + ",".join(choices) + "}" for choices in (PARALLEL, PRECISIONS, CHECKPOINTING)]
+    assert TrainConfig.CHOICES["parallel"] is PARALLEL and TrainConfig.CHOICES["precision"] is PRECISIONS
+    assert PLANNED_PARALLEL == ("none", *PARALLEL) and set(PLANNED_PRECISIONS) < set(PRECISIONS)
+    text = " ".join(train.format_help().split())
+    assert "peak learning rate (default: 0.002)" in text and "{auto,bf16,fp32}" in text and "(default: 600 when neither" in text
+    for old in ("--preset", "--arch", "--data", "--data-dir", "--tokenizer", "--seed", "--max-steps", "--tokens", "--batch-size", "--grad-accum",
+                "--lr", "--seq-len", "--device", "--compile", "--activation-checkpointing", "--config", "--out", "--resume", "--overwrite",
+                "--stop-at", "--quiet"):
+        assert old in train._option_string_actions, old
+    parse = build_parser().parse_args
+    run = _run_config(parse(["train", "--batch-size", "3", "--no-tensorboard", "--parallel", "fsdp", "--compile", "lr=1e-3"]))
+    assert run.train == TrainConfig(batch_size=3, tensorboard=False, parallel="fsdp", compile=True, lr=1e-3)
+    assert _run_config(parse(["train"])).train == TrainConfig()
+    with pytest.raises(ValueError, match="unknown parallel 'zero3'; expected one of 'ddp', 'fsdp'"):  # as parallel=zero3 says
+        _run_config(parse(["train", "--parallel", "zero3"]))
+    # the memory planner's --precision / --parallel are its own, not the run's
+    assert _run_config(parse(["info", "--memory", "--precision", "fp32", "--parallel", "fsdp"])).train == TrainConfig()
+
+
+def test_generate_flags_reach_every_layer_unchanged(monkeypatch, capsys):
+    """`cem generate`'s test-time flags are the fields of `Inference`: the one value they make reaches every
+    CEM layer unchanged, and each layer runs at it."""
+    from dataclasses import fields
+
+    import cem.cli as cli
+    from cem.data.tokenizers import ByteTokenizer
+    from cem.layers import Inference
+    from cem.layers.steps import DescentLayer
+    from cem.model import LanguageModel, model_config
+
+    flags = {a.dest: a for a in _subcommand("generate")._actions}
+    assert all(flags[f.name].default is None and "default: the model's" in flags[f.name].help for f in fields(Inference))
+    model = LanguageModel(model_config("micro", "cem", vocab_size=ByteTokenizer.vocab_size))
+    monkeypatch.setattr(cli, "_load_run", lambda path: (model, ByteTokenizer(), None))
+    entered, ran = [], set()
+    test_time, descend = DescentLayer.test_time, DescentLayer.descend
+
+    def spy_test_time(self, inference=None, **knobs):
+        entered.append(inference)
+        return test_time(self, inference, **knobs)
+
+    def spy_descend(self, h, hn, direction):
+        ran.add((self.sublayer, self.steps, self.adaptive_tol, self.adaptive_rule, self.guard))
+        return descend(self, h, hn, direction)
+
+    monkeypatch.setattr(DescentLayer, "test_time", spy_test_time)
+    monkeypatch.setattr(DescentLayer, "descend", spy_descend)
+    assert main(["generate", "--ckpt", "run", "--max-new-tokens", "2", "--steps", "3", "--mlp-steps", "4", "--adaptive-tol", "0.01",
+                 "--adaptive-rule", "update", "--guard", "2"]) == 0
+    assert entered == [Inference(steps=3, mlp_steps=4, adaptive_tol=0.01, adaptive_rule="update", guard=2)] * len(model.descent_layers())
+    assert ran == {("attn", 3, 0.01, "update", 2), ("mlp", 4, 0.01, "update", 2)}
+    assert "at most 4)" in capsys.readouterr().err
+    assert {(m.steps, m.adaptive_tol, m.guard) for m in model.descent_layers()} == {(1, None, 0)}

@@ -98,3 +98,14 @@ def test_run_blocks(path, tmp_path, monkeypatch):
             exec(compile(code, f"{path.name}:{line}", "exec"), ns)
         except Exception as e:  # noqa: BLE001 - name the block that failed
             raise AssertionError(f"{path.name}:{line}: the block fails: {type(e).__name__}: {e}") from e
+
+
+def test_the_log_cites_only_paths_that_exist():
+    """docs/LOG.md is a record of decisions that stand: every file or folder it names exists today (its links
+    relative to docs/, bare paths relative to the repository)."""
+    text = (ROOT / "docs" / "LOG.md").read_text()
+    links = re.findall(r"\]\(([^)#]+)\)", text)
+    bare = re.findall(r"(?<![\w/.])((?:docs|src|benchmarks|tests)/[\w./-]*[\w/])", text)
+    assert links and bare
+    missing = [p for p in links if not (ROOT / "docs" / p).exists()] + [p for p in bare if not (ROOT / p).exists()]
+    assert not missing, f"docs/LOG.md names paths that do not exist: {missing}"

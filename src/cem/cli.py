@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import ast
 import errno
+import inspect
 import json
 import os
 import signal
 import sys
+import textwrap
+import typing
+from dataclasses import fields
 from pathlib import Path
 
 USER_ERRORS = (ValueError, FileNotFoundError)
@@ -53,38 +58,56 @@ def _one_line(e: BaseException) -> str:
     return " ".join(text.split())
 
 
-DATA_DIR_HELP = "where named corpora live (default: $CEM_DATA_DIR, else ./data when it holds the corpus, else ~/.cache/cem/data, where `cem data prepare` puts them)"
+def _field_docs(cls) -> dict[str, str]:
+    """The docstring under each field of the dataclass `cls` (as litgpt's jsonargparse reads them), by name."""
+    body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
+    return {
+        field.target.id: " ".join(doc.value.value.split())
+        for field, doc in zip(body, body[1:])
+        if isinstance(field, ast.AnnAssign) and isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant) and isinstance(doc.value.value, str)
+    }
 
 
-def _add_run_args(p: argparse.ArgumentParser) -> None:
-    from .data.corpora import KNOWN_CORPORA
-    from .model.config import ARCHS, SIZES
+def _add_field_flags(p, cls, names: tuple[str, ...] | None = None, defaults: dict[str, str] | None = None) -> None:
+    """A flag for each field of the dataclass `cls` (those in `names`): `--field-name`, of the field's type (a
+    bool: --x / --no-x), its choices (`cls.CHOICES`) shown as argparse shows them, and its docstring as help,
+    followed by the default it does not state itself (`defaults[name]`, else the field's). A flag not given
+    is None: only what is given changes a setting; the dataclass checks the value (one message for a flag
+    and a key=value setting)."""
+    docs, hints, choices = _field_docs(cls), typing.get_type_hints(cls), getattr(cls, "CHOICES", {})
+    for f in fields(cls):
+        if names is not None and f.name not in names:
+            continue
+        kind = next(t for t in typing.get_args(hints[f.name]) or (hints[f.name],) if t is not type(None))
+        text = docs[f.name] if "default" in docs[f.name] else f"{docs[f.name]} (default: {(defaults or {}).get(f.name, f.default)})"
+        how = {"action": argparse.BooleanOptionalAction} if kind is bool else {"type": kind}
+        if f.name in choices:
+            how["metavar"] = "{" + ",".join(choices[f.name]) + "}"
+        p.add_argument("--" + f.name.replace("_", "-"), dest=f.name, help=text.replace("%", "%%"), **how)
+
+
+def _given(args, cls) -> dict:
+    """The fields of the dataclass `cls` as the command line gave them (None: not given), by name."""
+    return {f.name: getattr(args, f.name, None) for f in fields(cls)}
+
+
+RUN_FIELDS = ("preset", "arch", "data", "data_dir", "tokenizer")  # what a run is (train and info)
+
+
+def _add_run_args(p: argparse.ArgumentParser, names: tuple[str, ...] | None = RUN_FIELDS, defaults: dict[str, str] | None = None) -> None:
+    """The training settings' flags (`names` of them; None: all), a YAML file and key=value settings."""
     from .training import TrainConfig
 
-    p.add_argument("--preset", help=f"model size: {', '.join(SIZES)} (default: {TrainConfig.preset})")
-    p.add_argument("--arch", help=f"{', '.join(ARCHS)} (default: {TrainConfig.arch})")
-    p.add_argument("--data", help=f"corpus: {', '.join(KNOWN_CORPORA)}, a path, or hf:NAME (default: {TrainConfig.data})")
-    p.add_argument("--data-dir", help=DATA_DIR_HELP)
-    p.add_argument("--tokenizer", help="byte, bpe:N, or a Hugging Face tokenizer name / path (default: byte)")
+    _add_field_flags(p, TrainConfig, names, defaults)
     p.add_argument("--config", help="a YAML file of settings (flat keys or train:/model: sections)")
-    p.add_argument("overrides", nargs="*", help="key=value settings, e.g. lr=1e-3 attn_steps=2 kq_diag=per_head")
+    p.add_argument("overrides", nargs="*", help="key=value settings, e.g. lr=1e-3 attn_steps=2 kq_diag=per_head (every training "
+                   "setting, and the model's: `cem info --keys`)")
 
 
 def _run_config(args, base=None):
-    from .training import load_run_config
+    from .training import TrainConfig, load_run_config
 
-    return load_run_config(
-        args.config,
-        args.overrides,
-        base=base,
-        preset=args.preset,
-        arch=args.arch,
-        data=args.data,
-        data_dir=args.data_dir,
-        tokenizer=args.tokenizer,
-        **{k: getattr(args, k, None) for k in ("seed", "max_steps", "tokens", "batch_size", "grad_accum", "lr", "seq_len", "device", "compile",
-                                               "activation_checkpointing")},
-    )
+    return load_run_config(args.config, args.overrides, base=base, **_given(args, TrainConfig))
 
 
 def _recorded_config(out: Path):
@@ -199,8 +222,10 @@ def cmd_generate(args) -> int:
     import torch
 
     from .device import pick_device
+    from .layers import Inference
 
     device = pick_device(args.device)
+    inference = Inference(**_given(args, Inference))
     model, tokenizer, run = _load_run(args.ckpt)
     _check_tokenizer(model, tokenizer, run, "generate from")
     if not 0 <= args.seed < 2**63:
@@ -211,12 +236,12 @@ def cmd_generate(args) -> int:
         raise ValueError(f"--prompt is not valid UTF-8 text (character {e.object[e.start:e.end]!r} at {e.start})") from None
     gen = torch.Generator(device).manual_seed(args.seed)
     model.reset_steps_used()
-    most = args.steps if args.steps is not None else max((m.steps for m in model.descent_layers()), default=0)
-    out = model.to(device).generate(torch.tensor(ids, device=device), args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.steps, gen,
-                                     adaptive_tol=args.adaptive_tol, guard=args.guard, adaptive_rule=args.adaptive_rule)
+    most = max((inference.depth(m.sublayer) or m.steps for m in model.descent_layers()), default=0)
+    out = model.to(device).generate(torch.tensor(ids, device=device), args.max_new_tokens, args.temperature, args.top_k, args.top_p,
+                                     generator=gen, inference=inference)
     print(tokenizer.decode(out.tolist()))
     used = model.steps_used()
-    adaptive = args.adaptive_tol if args.adaptive_tol is not None else model.config.adaptive_tol
+    adaptive = inference.adaptive_tol if inference.adaptive_tol is not None else model.config.adaptive_tol
     if adaptive is not None and used["all"] is not None:
         print(f"adaptive steps: {used['all']:.2f} per position and CEM layer on average (attention {used['attn'] or 0:.2f}, "
               f"MLP {used['mlp'] or 0:.2f}; at most {most})", file=sys.stderr)
@@ -305,11 +330,11 @@ def cmd_info(args) -> int:
             raise ValueError(f"--device-gb must be a positive number of GB, got {args.device_gb}")
         batch = args.mem_batch if args.mem_batch is not None else run.train.batch_size
         seq = args.mem_seq if args.mem_seq is not None else (run.train.seq_len or cfg.context)
-        parallel = args.parallel or ("ddp" if args.gpus > 1 else "none")
+        parallel = args.mem_parallel or ("ddp" if args.gpus > 1 else "none")
         checkpointing = args.checkpointing or run.train.activation_checkpointing
         planned = cfg.replace(context=max(cfg.context, seq), vocab_size=cfg.vocab_size if args.mem_vocab is None else args.mem_vocab)
-        plan = plan_memory(planned, batch, seq, args.precision, args.gpus, parallel, checkpointing)
-        print(f"predicted training memory per device: batch {batch} x {seq} tokens, vocabulary {planned.vocab_size:,}, {args.precision}, {args.gpus} device(s), "
+        plan = plan_memory(planned, batch, seq, args.mem_precision, args.gpus, parallel, checkpointing)
+        print(f"predicted training memory per device: batch {batch} x {seq} tokens, vocabulary {planned.vocab_size:,}, {args.mem_precision}, {args.gpus} device(s), "
               f"parallel {parallel}, checkpointing {checkpointing} (cem.model.memory)")
         print(format_plan(plan, args.device_gb))
     return 0
@@ -384,12 +409,15 @@ def _version() -> str:
         return f"cem-transformers {__version__}"
 
 
-DEVICE_HELP = "auto (CUDA when available, else the CPU), cpu, cuda, cuda:N, mps"
-
-
 def build_parser() -> argparse.ArgumentParser:
-    from .layers.steps import EXIT_RULES
+    from .layers import Inference
+    from .model.lm import CHECKPOINTING
+    from .model.memory import PLANNED_PARALLEL, PLANNED_PRECISIONS
+    from .training import TrainConfig
     from .training.budget import DEFAULT_STEPS
+
+    docs = _field_docs(TrainConfig)
+    device_help = docs["device"]
 
     parser = _Parser(prog="cem", description="Causal Energy Minimization language models")
     parser.add_argument("--version", action="version", version=_version())
@@ -399,20 +427,8 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Train a model. Running the same command again: an unfinished run needs --resume, "
                        "a finished one is left as it is (exit 0), or extended from its last checkpoint when asked for more "
                        "steps; --overwrite starts again.")
-    _add_run_args(p)
+    _add_run_args(p, None, {"max_steps": f"{DEFAULT_STEPS} when neither this nor --tokens is given"})
     p.add_argument("--out", help="run directory (default: runs/ARCH-PRESET-DATA-sSEED plus every non-default setting as key=value)")
-    p.add_argument("--seed", type=int, help="seed of the weights, the data order and sampling (default: 0)")
-    p.add_argument("--max-steps", type=int, dest="max_steps", help=f"optimiser steps (default: {DEFAULT_STEPS} when neither this nor --tokens is given)")
-    p.add_argument("--tokens", help="training tokens (e.g. 5e6) or 'chinchilla' (20 per parameter of the Llama baseline)")
-    p.add_argument("--batch-size", type=int, dest="batch_size", help="sequences per micro-batch and process (default: 16)")
-    p.add_argument("--grad-accum", type=int, dest="grad_accum", help="micro-batches per optimiser step (default: 1)")
-    p.add_argument("--lr", type=float, help="peak learning rate (default: 2e-3)")
-    p.add_argument("--seq-len", type=int, dest="seq_len", help="training sequence length (default: the model's context)")
-    p.add_argument("--device", help=f"{DEVICE_HELP} (default: auto)")
-    p.add_argument("--compile", action="store_const", const=True, help="run the model under torch.compile")
-    p.add_argument("--activation-checkpointing", dest="activation_checkpointing", choices=("none", "layer", "step"),
-                   help="recompute activations in the backward pass: layer (each block) or step (each recursion step of a "
-                   "CEM sublayer, memory independent of T); default none")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint, with the settings it recorded (an error if the folder holds no run)")
     p.add_argument("--overwrite", action="store_true", help="remove what --out holds (run.json, checkpoints, metrics, results) and start again")
     p.add_argument("--stop-at", type=int, dest="stop_at", help="stop after this step with a checkpoint (schedule unchanged)")
@@ -427,7 +443,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, dest="batch_size", help="sequences per batch (default: the run's)")
     p.add_argument("--seq-len", type=int, dest="seq_len", help="sequence length (default: the run's)")
     p.add_argument("--max-batches", type=int, dest="max_batches", help="stop after this many batches (default: the whole split)")
-    p.add_argument("--device", default="auto", help=DEVICE_HELP)
+    p.add_argument("--device", default="auto", help=device_help)
     p.add_argument("--json", action="store_true", help="print the metrics as one JSON line")
     p.set_defaults(func=cmd_eval)
 
@@ -438,14 +454,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=0.8, help="sampling temperature (0: greedy)")
     p.add_argument("--top-k", type=int, default=None, dest="top_k", help="sample among the k likeliest tokens (default: all)")
     p.add_argument("--top-p", type=float, default=0.95, dest="top_p", help="nucleus sampling mass")
-    p.add_argument("--steps", type=int, help="recursion steps T of every CEM layer (test-time compute; the maximum with --adaptive-tol; default: as trained)")
-    p.add_argument("--adaptive-tol", type=float, dest="adaptive_tol",
-                   help="adaptive steps: a position stops once its exit rule's quantity is <= this (default: the model's)")
-    p.add_argument("--adaptive-rule", dest="adaptive_rule", choices=EXIT_RULES,
-                   help="the exit rule of adaptive steps: energy (relative energy decrease) or update (relative step size; default: the model's)")
-    p.add_argument("--guard", type=int, help="energy-guarded steps: halve a step that raises the energy up to this many times (0 = off; default: the model's)")
+    _add_field_flags(p, Inference, defaults={f.name: "the model's" for f in fields(Inference)})
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
-    p.add_argument("--device", default="auto", help=DEVICE_HELP)
+    p.add_argument("--device", default="auto", help=device_help)
     p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("export", help="write a run as a Hugging Face model directory (AutoTokenizer, AutoModelForCausalLM, pipeline)")
@@ -466,7 +477,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=None, help="at most this many documents per task")
     p.add_argument("--num-fewshot", type=int, default=None, dest="num_fewshot", help="few-shot examples (default: the task's)")
     p.add_argument("--batch-size", type=int, default=8, dest="batch_size", help="sequences per batch (default 8)")
-    p.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda[:N], mps")
+    p.add_argument("--device", default="auto", help=device_help)
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.set_defaults(func=cmd_lm_eval)
 
@@ -498,10 +509,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("id", help=f"an experiment, a comma-separated list, or all: {', '.join(ALL_IDS)}")
     p.add_argument("--scale", default="cpu", choices=tuple(SCALES), help="cpu, gpu and paper follow the paper's budget; smoke is a few steps (default cpu)")
     p.add_argument("--results", help="results directory (default results/SCALE); finished runs there are skipped")
-    p.add_argument("--data-dir", dest="data_dir", help=DATA_DIR_HELP)
+    p.add_argument("--data-dir", dest="data_dir", help=docs["data_dir"])
     p.add_argument("--jobs", type=int, default=1, help="runs trained in parallel (CPU: processes sharing the cores; default 1)")
     p.add_argument("--seeds", help="comma-separated seeds for every experiment (default: the scale's)")
-    p.add_argument("--device", default="auto", help="device of the analyses that evaluate trained models: " + DEVICE_HELP)
+    p.add_argument("--device", default="auto", help="device of the analyses that evaluate trained models: " + device_help)
     p.add_argument("--allow-short", action="store_true", dest="allow_short",
                    help="write the report even if runs are short of the Chinchilla budget (its first line says so)")
     p.add_argument("--plan", action="store_true", help="only say what would be trained and evaluated, per experiment, and an estimate of the time")
@@ -526,12 +537,12 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--seq", type=int, default=None, dest="mem_seq", help="tokens per sequence (default: the run's seq_len, else the context)")
     m.add_argument("--vocab", type=int, default=None, dest="mem_vocab",
                    help="vocabulary size to plan for (default: the tokenizer's; 32000 for the paper's Llama tokenizer)")
-    m.add_argument("--precision", default="bf16", choices=["bf16", "fp32"], help="bf16 autocast (default, the GPU recipe) or fp32")
+    m.add_argument("--precision", default="bf16", dest="mem_precision", choices=PLANNED_PRECISIONS, help="bf16 autocast (default, the GPU recipe) or fp32")
     m.add_argument("--gpus", type=int, default=1, help="devices (default 1)")
-    m.add_argument("--parallel", default=None, choices=["none", "ddp", "fsdp"], help="default: ddp with several devices, else none")
-    m.add_argument("--checkpointing", default=None, choices=["none", "layer", "step"], help="default: the run's activation_checkpointing")
+    m.add_argument("--parallel", default=None, dest="mem_parallel", choices=PLANNED_PARALLEL, help="default: ddp with several devices, else none")
+    m.add_argument("--checkpointing", default=None, choices=CHECKPOINTING, help="default: the run's activation_checkpointing")
     m.add_argument("--device-gb", type=float, default=40.0, help="device memory in GB to check the fit against (default 40: the paper's A100)")
-    p.set_defaults(func=cmd_info, seed=None, max_steps=None, tokens=None, batch_size=None, grad_accum=None, lr=None, seq_len=None, device=None, compile=None)
+    p.set_defaults(func=cmd_info)
     return parser
 
 

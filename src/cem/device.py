@@ -13,9 +13,12 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["PRECISIONS", "autocast_for", "cpu_model", "device_name", "peak_flops", "pick_device"]
+from .checks import check_choice
+
+__all__ = ["PARALLEL", "PRECISIONS", "autocast_for", "cpu_model", "device_name", "peak_flops", "pick_device"]
 
 PRECISIONS = ("auto", "bf16", "fp32")
+PARALLEL = ("ddp", "fsdp")  # how a torchrun run shares the model among its devices (`cem.training.distributed`)
 
 
 def pick_device(name: str) -> torch.device:
@@ -40,8 +43,7 @@ def pick_device(name: str) -> torch.device:
 
 def uses_bf16(precision: str, device: torch.device) -> bool:
     """Whether `precision` means bf16 autocast on `device` ("auto": on a GPU that supports it)."""
-    if precision not in PRECISIONS:
-        raise ValueError(f"unknown precision {precision!r}; expected auto, bf16 or fp32")
+    check_choice("precision", precision, PRECISIONS)
     return precision == "bf16" or (precision == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported())
 
 

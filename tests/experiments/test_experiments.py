@@ -478,27 +478,38 @@ def test_position_losses_average_to_the_evaluated_loss(corpus):
     assert by_position[0] != pytest.approx(by_position[-1])  # a loss per position, not one number repeated
 
 
-def test_report_marks_findings_about_a_size_at_ngram_level():
-    """The report reads the regime check: a finding about a size whose Llama does not beat the 5-gram (named in
-    its claim, else the scale's base size) is marked †, and the opening counts the others on their own."""
+def test_report_leads_with_the_sizes_that_speak():
+    """A size speaks only when its Llama beats the 5-gram with the interval over all its seeds below zero (one
+    seed has no interval: it does not speak). A finding about a size that does not (named in its claim, else the
+    scale's base size) is a pipeline check, counted apart; the opening counts each kind of test on its own, and
+    the second rate rule's verdicts beside the paper's."""
     from cem.experiments.report import _opening, below_regime, regime_sizes
 
-    scale = {"name": "cpu", "sizes": ["cpu64", "cpu128"], "base": "cpu64"}
-    nan = float("nan")  # cpu128: one seed, no interval: its sign decides, as in the regime finding's verdict
-    lr = {"experiment": "lr", "scale": scale, "findings": [],
+    scale = {"name": "cpu", "sizes": ["cpu64", "cpu96", "cpu128"], "base": "cpu64"}
+    nan = float("nan")
+    lr = {"experiment": "lr", "scale": scale, "findings": [], "rows": [{}],
           "regime": {"cpu64": {"difference": {"mean": 0.1, "lo": 0.05, "hi": 0.2, "n": 3}},
-                     "cpu128": {"difference": {"mean": -0.05, "lo": nan, "hi": nan, "n": 1}}}}
-    small = {"claim": "CEM attention close to Llama at cpu64", "verdict": "held", "family": "paper"}
-    large = {"claim": "CEM attention close to Llama at cpu128", "verdict": "not held", "family": "paper"}
-    base = {"claim": "recursion T=2 beats T=1", "verdict": "held", "family": "paper"}
-    fig = {"experiment": "fig2a", "scale": scale, "findings": [small, large, base]}
+                     "cpu96": {"difference": {"mean": -0.05, "lo": nan, "hi": nan, "n": 1}},
+                     "cpu128": {"difference": {"mean": -0.1, "lo": -0.13, "hi": -0.08, "n": 3}}}}
+    small = {"claim": "CEM attention close to Llama at cpu64", "verdict": "held", "family": "paper", "p": None, "evidence": "equivalence margin ±2% ppl"}
+    large = {"claim": "CEM attention close to Llama at cpu128", "verdict": "not held", "family": "paper", "p": None, "evidence": "equivalence margin ±2% ppl"}
+    beats = {"claim": "T=2 beats Llama at cpu128", "verdict": "held", "family": "paper", "p": 0.01, "verdict_adjusted": "held"}
+    base = {"claim": "recursion T=2 beats T=1", "verdict": "held", "family": "paper", "p": 0.01}
+    own = {"claim": "T=2 beats Llama at cpu128", "verdict": "inconclusive", "family": "paper", "p": 0.2,
+           "difference": {"mean": 0.01, "lo": -0.01, "hi": 0.03, "n": 3}}
+    fig = {"experiment": "fig2a", "scale": scale, "rows": [{}], "findings": [small, large, beats, base],
+           "rules": {"own": {"findings": [own]}}}
     passing = regime_sizes([lr, fig])
-    assert passing == {"cpu64": False, "cpu128": True}
-    assert [below_regime(f, fig, passing) for f in (small, large, base)] == [True, False, True]
+    assert passing == {"cpu64": False, "cpu96": False, "cpu128": True}
+    assert [below_regime(f, fig, passing) for f in (small, large, beats, base)] == [True, False, False, True]
+    assert below_regime(small, {**fig, "rows": []}, passing) is False  # not a language model (table3): no regime
     text = "\n".join(_opening([lr, fig]))
-    assert "† CEM attention close to Llama at cpu64" in text and "† recursion" in text
-    assert "above n-gram level: 0 held, 1 not held, 0 inconclusive" in text
-    assert below_regime(small, fig, {}) is False  # no regime check (micro, smoke): nothing is marked
+    assert "cpu64 does not; cpu96 does not; cpu128 speaks" in text
+    assert "at the `cpu` scale at cpu128" in text
+    assert "directional 1: 1 held, 0 not held, 0 inconclusive (Holm: 1 held, 0 not held, 0 inconclusive); equivalence 1: 0 held, 1 not held" in text
+    assert "With each CEM variant at its own best rate" in text and "directional 1: 0 held, 0 not held, 1 inconclusive" in text
+    assert "**Pipeline checks**" in text and "2 findings" in text
+    assert below_regime(small, fig, {}) is False  # no regime check (micro, smoke): nothing is set apart
 
 
 def _sweep_in_a_process(corpus, tmp_path):

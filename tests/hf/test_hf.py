@@ -15,6 +15,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaFor
 
 import cem.hf as ch  # noqa: E402
 from cem.hf.llama_export import model_config_from_llama  # noqa: E402
+from cem.layers import Inference  # noqa: E402
 from cem.model import ARCHS, Cache, LanguageModel, model_config  # noqa: E402
 
 from cem_reference import randomize  # noqa: E402
@@ -229,7 +230,7 @@ def test_test_time_on_the_wrapper_is_temporary():
     hf = ch.to_hf(model)
     prompt = ids_of(length=5)
     ref = model.generate(prompt, 4, temperature=0, steps=3)
-    with hf.test_time(steps=3, guard=1):
+    with hf.test_time(Inference(steps=3, guard=1)):  # or its fields as keywords, as below
         assert {(m.steps, m.guard) for m in model.descent_layers()} == {(3, 1)}
         with hf.test_time(guard=0):
             assert torch.equal(hf.generate(prompt, max_new_tokens=4, do_sample=False), ref)

@@ -27,7 +27,7 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
 def make_inputs(B, K, Jq, Jk, d, D, diag, dtype=torch.float32, device="cpu", seed=0, self_bias=True):
-    """Random inputs of the attention core (q, k, Diagonal or None, Positions); diag in {"shared", "head", None}."""
+    """Random inputs of the attention core (q, k, Diagonal or None, Positions); diag in {"shared", "per_head", None} (the kernel's `kq_diag_of` names; None: "none")."""
     g = torch.Generator().manual_seed(seed)
 
     def rnd(*shape, scale=1.0):
@@ -81,14 +81,14 @@ NAMES = ["q", "k", "qd", "hn", "self_bias"]
 # (B, K, Jq, Jk, d, D, diag, q_start)
 SHAPES = [
     pytest.param(2, 3, 37, 37, 24, 72, "shared", 0, id="ragged37-shared"),
-    pytest.param(2, 3, 37, 37, 24, 72, "head", 0, id="ragged37-perhead"),
+    pytest.param(2, 3, 37, 37, 24, 72, "per_head", 0, id="ragged37-perhead"),
     pytest.param(2, 3, 37, 37, 24, 72, None, 0, id="ragged37-nodiag"),
     pytest.param(1, 4, 33, 33, 16, 64, "shared", 0, id="pow2heads-shared"),
-    pytest.param(1, 1, 19, 19, 8, 8, "head", 0, id="onehead-d8"),
+    pytest.param(1, 1, 19, 19, 8, 8, "per_head", 0, id="onehead-d8"),
     pytest.param(1, 3, 1, 41, 24, 72, "shared", 40, id="decode-Jq1-shared"),
-    pytest.param(1, 3, 1, 41, 24, 72, "head", 40, id="decode-Jq1-perhead"),
+    pytest.param(1, 3, 1, 41, 24, 72, "per_head", 40, id="decode-Jq1-perhead"),
     pytest.param(2, 3, 5, 45, 24, 72, "shared", 40, id="decode-Jq5-shared"),
-    pytest.param(2, 3, 5, 45, 24, 72, "head", 40, id="decode-Jq5-perhead"),
+    pytest.param(2, 3, 5, 45, 24, 72, "per_head", 40, id="decode-Jq5-perhead"),
     pytest.param(1, 3, 5, 21, 24, 72, None, 16, id="decode-Jq5-nodiag"),
     pytest.param(1, 2, 20, 37, 16, 32, "shared", 0, id="extra-keys-beyond-queries"),
 ]
@@ -113,9 +113,9 @@ def test_float32_matches_eager(device, B, K, Jq, Jk, d, D, diag, q_start):
     "B,K,Jq,Jk,d,D,diag,q_start",
     [
         pytest.param(2, 3, 37, 37, 24, 72, "shared", 0, id="ragged37-shared"),
-        pytest.param(2, 3, 37, 37, 24, 72, "head", 0, id="ragged37-perhead"),
+        pytest.param(2, 3, 37, 37, 24, 72, "per_head", 0, id="ragged37-perhead"),
         pytest.param(1, 3, 37, 37, 24, 72, None, 0, id="ragged37-nodiag"),
-        pytest.param(2, 3, 5, 45, 24, 72, "head", 40, id="decode-Jq5-perhead"),
+        pytest.param(2, 3, 5, 45, 24, 72, "per_head", 40, id="decode-Jq5-perhead"),
     ],
 )
 def test_bfloat16_close_to_reference(device, B, K, Jq, Jk, d, D, diag, q_start):
@@ -145,7 +145,7 @@ def test_bfloat16_close_to_reference(device, B, K, Jq, Jk, d, D, diag, q_start):
         pytest.param(KernelConfig(block_m=64, block_n=64, block_dd=64), id="single-tile"),
     ],
 )
-@pytest.mark.parametrize("diag", ["shared", "shared-in-kernel", "head"])
+@pytest.mark.parametrize("diag", ["shared", "shared-in-kernel", "per_head"])
 def test_tilings_and_head_groups(config, diag):
     """Head groups (diagonal tile recomputed per group, qd/ĥ gradients from several programs) and tile
     sizes other than the default all give the same result. The shared diagonal runs both ways: as a score
@@ -198,7 +198,7 @@ def test_non_contiguous_inputs():
 
 def test_decode_matches_full_forward():
     """Cached decoding: the last rows of the full pass equal a q_start > 0 call on the same keys."""
-    q, k, qd, hn, sb = (t.detach() for t in tensors(make_inputs(1, 3, 30, 30, 24, 72, "head", seed=21)))
+    q, k, qd, hn, sb = (t.detach() for t in tensors(make_inputs(1, 3, 30, 30, 24, 72, "per_head", seed=21)))
     positions = Positions("standard", 3, sb)
     full = kernel(q, k, Diagonal(qd, hn), positions, 0)
     step = kernel(q[:, :, 26:], k, Diagonal(qd[:, :, 26:], hn), positions, 26)
@@ -224,7 +224,7 @@ def test_auto_backend_choice(monkeypatch):
 
 
 @pytest.mark.parametrize("backend", ["sdpa", "triton", "auto", "eager"])
-@pytest.mark.parametrize("diag,q_start,Jq", [("shared", 0, 37), ("head", 40, 5), (None, 40, 1)])
+@pytest.mark.parametrize("diag,q_start,Jq", [("shared", 0, 37), ("per_head", 40, 5), (None, 40, 1)])
 def test_dispatcher_matches_eager_with_grads(backend, diag, q_start, Jq):
     inputs = make_inputs(1, 3, Jq, q_start + Jq, 24, 72, diag, seed=2)
     out, grads = run(cem_attention, inputs, q_start, backend=backend)
@@ -235,7 +235,7 @@ def test_dispatcher_matches_eager_with_grads(backend, diag, q_start, Jq):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("diag,q_start,Jq", [("shared", 0, 37), ("head", 40, 5), (None, 0, 37), ("shared", 40, 1)])
+@pytest.mark.parametrize("diag,q_start,Jq", [("shared", 0, 37), ("per_head", 40, 5), (None, 0, 37), ("shared", 40, 1)])
 def test_flex_forward_matches_eager(dtype, diag, q_start, Jq):
     """FlexAttention on CPU: forward only (PyTorch has no CPU backward for it), unfused eager path."""
     inputs = make_inputs(2, 3, Jq, q_start + Jq, 24, 72, diag, dtype=dtype, seed=4)
@@ -293,7 +293,7 @@ def test_kernels_compile_for_sm90():
     loop-carried softmax statistics fp64 and the compiled CEM model failed to build."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     cmd = [sys.executable, "-m", "cem.kernels.compile_check", "--heads", "3", "--head-dim", "24",
-           "--diag", "shared", "scores", "head", "--scalar", "fp64"]
+           "--diag", "shared", "per_head", "--scalar", "fp64"]
     res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     if res.returncode != 0 and ("no ptxas" in res.stderr or "No module named 'triton.backends.nvidia'" in res.stderr):
         pytest.skip("this triton build cannot compile for NVIDIA targets")
@@ -313,7 +313,7 @@ def test_one_head_a_program_lowers_to_wgmma_for_sm90():
         "for g in (1, 4):\n"
         "    cfg = KernelConfig(block_m=64, block_n=32, block_dd=64, heads_per_program=g, num_warps=4, num_stages=2)\n"
         "    for k in ('cem_fwd_kernel', 'cem_bwd_dq_kernel', 'cem_bwd_dk_kernel'):\n"
-        "        print(g, k, 'wgmma' in compile_kernel(k, 'bf16', 'scores', cfg, 64).asm['ptx'])\n"
+        "        print(g, k, 'wgmma' in compile_kernel(k, 'bf16', 'shared', cfg, 64, scores=True).asm['ptx'])\n"
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
     if res.returncode != 0 and ("no ptxas" in res.stderr or "No module named 'triton.backends.nvidia'" in res.stderr):
@@ -334,15 +334,16 @@ def test_default_tiles_are_the_measured_ones_for_16_bit_and_the_heuristic_elsewh
     monkeypatch.setattr(triton_attention, "uses_interpreter", lambda device: False)  # the compiled path's tiles
     cuda = torch.device("cuda")
     for dtype in (torch.bfloat16, torch.float16):
-        for diag in ("scores", None):
-            fwd = default_config(12, 64, 768, dtype, cuda, backward=False, diag=diag)
-            bwd = default_config(12, 64, 768, dtype, cuda, backward=True, diag=diag)
+        for diag, scores in (("shared", True), ("none", False)):
+            fwd = default_config(12, 64, 768, dtype, cuda, backward=False, diag=diag, scores=scores)
+            bwd = default_config(12, 64, 768, dtype, cuda, backward=True, diag=diag, scores=scores)
             assert (fwd.block_m, fwd.block_n, fwd.heads_per_program, fwd.num_warps, fwd.num_stages) == (16, 16, 4, 4, 1)
             assert (bwd.block_m, bwd.block_n, bwd.heads_per_program, bwd.num_warps, bwd.num_stages) == (16, 32, 4, 4, 1)
-        assert default_config(2, 64, 128, dtype, cuda, diag="scores").heads_per_program == 2  # G never above the heads
-    for args in ((12, 64, 768, torch.float32, "scores"), (12, 64, 768, torch.bfloat16, "head"), (8, 128, 1024, torch.bfloat16, "scores")):
-        K, d, D, dtype, diag = args
-        c = default_config(K, d, D, dtype, cuda, diag=diag)
+        assert default_config(2, 64, 128, dtype, cuda, scores=True).heads_per_program == 2  # G never above the heads
+    for args in ((12, 64, 768, torch.float32, "shared", True), (12, 64, 768, torch.bfloat16, "per_head", False),
+                 (8, 128, 1024, torch.bfloat16, "shared", True)):
+        K, d, D, dtype, diag, scores = args
+        c = default_config(K, d, D, dtype, cuda, diag=diag, scores=scores)
         assert (c.heads_per_program, c.num_warps) != (4, 4) or c.block_n != 16, args
 
 
@@ -391,7 +392,7 @@ def test_shared_diagonal_scores_only_while_they_fit(monkeypatch):
         torch.testing.assert_close(g, rg, atol=2e-4, rtol=2e-4)
 
 
-@pytest.mark.parametrize("diag", ["shared", "head", None])
+@pytest.mark.parametrize("diag", ["shared", "per_head", None])
 def test_custom_operators_pass_opcheck(diag):
     """The kernels are two torch.library custom operators (forward, backward) with fake (meta) kernels and
     autograd: `torch.library.opcheck` checks their schemas, fake kernels and autograd registration."""

@@ -4,7 +4,7 @@ in float64, against plain fixed-T recursions of the same layer."""
 import pytest
 import torch
 
-from cem.layers import CEMMLP, CEMAttention, Recursion
+from cem.layers import CEMMLP, CEMAttention, Inference, Recursion
 from cem.model import LanguageModel, model_config
 
 B, J, D, K, M = 2, 7, 24, 3, 20
@@ -201,3 +201,67 @@ def test_model_steps_used_and_config():
         model.set_inference(adaptive_tol=1e-2, adaptive_rule="kl")
     with pytest.raises(ValueError, match="adaptive_rule"), model.test_time(adaptive_rule="kl"):
         pass
+
+
+@pytest.mark.parametrize(
+    "field,bad",
+    [("steps", 0), ("steps", 257), ("attn_steps", 1.5), ("mlp_steps", True), ("adaptive_tol", -1e-3), ("adaptive_tol", float("nan")),
+     ("adaptive_rule", "kl"), ("guard", -1), ("guard", 65)],
+)
+def test_inference_is_checked_once_with_one_set_of_bounds(field, bad):
+    """`Inference` refuses a bad setting, naming it; the layers' attributes, a model's config, `set_inference`,
+    `set_steps` and `test_time` refuse the same values with the same words (one set of bounds)."""
+    with pytest.raises(ValueError, match=field) as made:
+        Inference(**{field: bad})
+    model = LanguageModel(model_config("micro", "cem", vocab_size=32))
+    layer = model.descent_layers()[0]
+    elsewhere = [lambda: model.test_time(**{field: bad}).__enter__(), lambda: model.test_time(Inference(), **{field: bad}).__enter__(),
+                 lambda: layer.test_time(**{field: bad}).__enter__()]
+    if field in ("steps", "adaptive_tol", "adaptive_rule", "guard"):
+        elsewhere.append(lambda: setattr(layer, field, bad))
+    if field in ("adaptive_tol", "adaptive_rule", "guard"):
+        elsewhere += [lambda: model_config("micro", "cem", **{field: bad}), lambda: model.set_inference(**{field: bad})]
+    else:
+        elsewhere.append(lambda: model.set_steps(**{field: bad}))
+    for call in elsewhere:
+        with pytest.raises(ValueError, match=field) as raised:
+            call()
+        assert str(raised.value) == str(made.value)
+    assert {(m.steps, m.adaptive_tol, m.adaptive_rule, m.guard) for m in model.descent_layers()} == {(1, None, "energy", 0)}
+
+
+def test_inference_value():
+    """Frozen; `depth` is a sublayer kind's own T before `steps`; `of` is the keyword spelling, naming what it refuses."""
+    import dataclasses
+
+    both = Inference(steps=3, mlp_steps=5, guard=2)
+    assert (both.depth("attn"), both.depth("mlp"), Inference().depth("attn")) == (3, 5, None)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        both.steps = 4
+    assert Inference.of(steps=3, mlp_steps=5, guard=2) == both
+    assert Inference.of(both, guard=0) == Inference(steps=3, mlp_steps=5, guard=0) and both.guard == 2
+    assert Inference.of() == Inference()
+    with pytest.raises(ValueError, match="unknown test-time setting.* step_size"):
+        Inference.of(step_size=0.5)
+    with pytest.raises(ValueError, match="must be an Inference, got int"):
+        Inference.of(3)
+
+
+def test_inference_reaches_every_layer_unchanged():
+    """`test_time` and `generate` pass one `Inference` to every CEM layer, which runs at its settings inside
+    the block and has its own back afterwards; the keyword spelling is the same value."""
+    model = LanguageModel(model_config("micro", "cem", vocab_size=32, mlp_steps=2)).eval()
+    inference = Inference(steps=3, mlp_steps=4, adaptive_tol=1e-2, adaptive_rule="update", guard=2)
+    with model.test_time(inference):
+        assert [(m.steps, m.adaptive_tol, m.adaptive_rule, m.guard) for m in model.descent_layers()] == [
+            (3, 1e-2, "update", 2), (4, 1e-2, "update", 2)] * 2
+    assert [m.steps for m in model.descent_layers()] == [1, 2] * 2 and {m.guard for m in model.descent_layers()} == {0}
+    prompt = torch.tensor([1, 2, 3])
+    with torch.no_grad():
+        as_value = model.generate(prompt, 4, temperature=0, inference=inference)
+        as_keywords = model.generate(prompt, 4, temperature=0, steps=3, mlp_steps=4, adaptive_tol=1e-2, adaptive_rule="update", guard=2)
+        with model.test_time(inference):
+            plain = model.generate(prompt, 4, temperature=0)
+    assert torch.equal(as_value, as_keywords) and torch.equal(as_value, plain)
+    with pytest.raises(ValueError, match="unknown test-time setting"):
+        model.generate(prompt, 4, stepz=3)

@@ -13,6 +13,18 @@ def test_overrides_and_types(tmp_path):
     assert cfg.attn_steps == 2 and cfg.mlp_steps == 3 and cfg.vocab_size == 300 and cfg.attn == "cem"
 
 
+def test_a_runs_model_config_is_built_once():
+    """`RunConfig.model` builds the typed config in one place: with the vocabulary hint before the tokenizer
+    loads (the same object each time), with the tokenizer's vocabulary after, as building it afresh would."""
+    from cem.model import model_config
+
+    run = load_run_config(None, ["kq_diag=per_head", "attn_backend=sdpa", "seq_len=300"], arch="cem", preset="micro", tokenizer="bpe:400")
+    assert run.model() is run.model() is run.model(400) and run.model().attn_backend == "sdpa"
+    assert run.model(380) == model_config("micro", "cem", kq_diag="per_head", attn_backend="sdpa", vocab_size=380, context=300)
+    with pytest.raises(ValueError, match="vocab_size=400 does not match the tokenizer 'bpe:500'"):
+        load_run_config(None, ["vocab_size=400"], tokenizer="bpe:500").model(500)
+
+
 @pytest.mark.parametrize(
     "items,match",
     [

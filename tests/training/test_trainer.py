@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from cem.training import Interrupted, TrainingError, find_checkpoint, load_checkpoint, load_run_config, train, verify_checkpoint
+from cem.training.metrics import drop_duplicate_csv, metrics_csv, read_metrics
 
 
 def run_cfg(tiny_args, **kw):
@@ -17,6 +18,11 @@ def losses(run_dir):
     return [r["loss"] for r in map(json.loads, open(run_dir / "metrics.jsonl")) if "loss" in r]
 
 
+def untimed(records):
+    """Metrics records without the measured speeds, which differ between two runs of the same steps."""
+    return [{k: v for k, v in r.items() if k not in ("tokens_per_s", "mfu")} for r in records]
+
+
 def test_train_writes_results(tiny_args, tmp_path):
     res = train(run_cfg(tiny_args, max_steps=6, arch="cem"), tmp_path / "run", progress=False)
     saved = json.loads((tmp_path / "run" / "results.json").read_text())
@@ -24,7 +30,8 @@ def test_train_writes_results(tiny_args, tmp_path):
         assert key in saved
     assert saved["tokens_seen"] == 6 * 4 * 32
     assert res["test_loss"] < 5.0  # below uniform over 257 byte symbols (5.55)
-    assert (tmp_path / "run" / "tokenizer").is_dir() and (tmp_path / "run" / "metrics.csv").is_file()
+    assert (tmp_path / "run" / "tokenizer").is_dir() and (tmp_path / "run" / "metrics.jsonl").is_file()
+    assert not (tmp_path / "run" / "metrics.csv").exists()  # one metrics file (a table: `metrics_csv`)
 
 
 @pytest.mark.parametrize("arch", ["llama", "cem-t2"])
@@ -37,12 +44,28 @@ def test_resume_is_exact(tiny_args, tmp_path, arch):
         train(cfg, tmp_path / "b", progress=False)
     train(cfg, tmp_path / "b", resume=True, progress=False)
     assert losses(tmp_path / "a") == losses(tmp_path / "b")
+    # the resumed run's metrics file continues where the stopped one ended: every record once, as in one go
+    assert untimed(read_metrics(tmp_path / "a")) == untimed(read_metrics(tmp_path / "b"))
     a = json.loads((tmp_path / "a" / "results.json").read_text())
     b = json.loads((tmp_path / "b" / "results.json").read_text())
     assert a["test_loss"] == b["test_loss"]
     # provenance: one session for the run trained at once, two (with the step each began at) for the resumed one
     assert [s["from_step"] for s in a["sessions"]] == [0] and [s["from_step"] for s in b["sessions"]] == [0, 3]
     assert b["provenance"]["torch"] == torch.__version__ and b["provenance"]["processor"] == b["sessions"][1]["processor"]
+
+
+def test_a_run_from_before_the_one_metrics_file_resumes_with_both(tiny_args, tmp_path):
+    """A run folder that an older cem started holds metrics.csv beside metrics.jsonl: resumed, it keeps
+    appending to both, so that the table still holds the jsonl's rows and `drop_duplicate_csv` can remove it."""
+    cfg = run_cfg(tiny_args, max_steps=6)
+    train(cfg, tmp_path / "r", progress=False, stop_at=3)
+    csv_path = tmp_path / "r" / "metrics.csv"
+    csv_path.write_text(metrics_csv(read_metrics(tmp_path / "r")), newline="")  # what the older logger wrote
+    train(cfg, tmp_path / "r", resume=True, progress=False)
+    assert [r["step"] for r in read_metrics(tmp_path / "r") if "loss" in r] == [1, 2, 3, 4, 5, 6]
+    with open(csv_path, newline="") as f:
+        assert f.read() == metrics_csv(read_metrics(tmp_path / "r"))
+    assert drop_duplicate_csv(tmp_path) == [csv_path] and not csv_path.exists()
 
 
 def test_depth_recipes_train_and_resume_exactly(tiny_args, tmp_path):

@@ -15,6 +15,7 @@ from ..device import pick_device
 from ..io import atomic_write_json
 from ..data import iter_eval_batches, load_tokenizer
 from ..data.tokenshards import token_split
+from ..layers import SUBLAYERS
 from ..layers.steps import DescentLayer
 from ..model.flops import forward_flops_per_token
 from ..training import RunDir
@@ -408,7 +409,7 @@ def energy_trace(run_dir: Path, max_steps: int = 4, n_seqs: int = 4, data_dir: s
                 with layer.test_time(steps=t):
                     x = layer(h)
             energies.append(layer.energy(layer.norm(x), h).mean().item())
-        kind = "attention" if ".attn" in name else "mlp"
+        kind = SUBLAYERS[layer.sublayer].label
         rows.append({"layer": name, "kind": kind, "trained_steps": trained, "energy": energies})
     return rows
 

@@ -103,7 +103,7 @@ def _planning(d: Interval, verdict: str, sign: int = 1) -> str:
 
 def same_processor(*rs: dict) -> list[bool]:
     """Per seed, whether the runs of these rows ran on one processor (rows without a record: assumed so)."""
-    procs = [r.get("processor_per_seed") or [None] * len(r["seeds"]) for r in rs]
+    procs = [r.get("processor_per_seed") or [None] * len(r["test_loss_per_seed"]) for r in rs]
     return [len({p for p in ps if p is not None}) <= 1 for ps in zip(*procs)]
 
 

@@ -164,7 +164,9 @@ SCALES = {
             "range and says nothing about 86M-162M models on SlimPajama; the preconditioner comparisons (diag vs "
             "diag+low-rank) and fig3c's parameter-matched pair are not run (their effects were below what 5 seeds resolve); "
             "the step-size experiment is not run; the test-time experiment evaluates every T on the first 131k test tokens "
-            "(32 batches of 16 windows) and its fixed-point weight 0.1 is not swept at this scale; nothing here is a GPU speed")),
+            "(32 batches of 16 windows) and its fixed-point weight 0.1 is not swept at this scale; Table 3 (GP regression, not a "
+            "language model) trains on 4,096 points, and with twice the data (8,192, the project's own check in "
+            "docs/experiments/table3.md) its T=2 vs T=1 comparison changes sign in favour of recursion; nothing here is a GPU speed")),
     # the cpu suite's largest size, the only one above n-gram level, as the base of the paper's core findings
     # (issue 35): its runs are the cpu suite's (one runs/ folder; a run asked for by both is trained once)
     "cpu128": Scale(

@@ -24,7 +24,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, GenerationMixin, Pret
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from ..layers import CEMAttention, Preconditioner
-from ..layers.steps import StepSize
+from ..layers.steps import Inference, StepSize
 from ..model import Cache, LanguageModel, ModelConfig
 from ..model.loss import next_token_loss
 from .cache import HFCache, RowCache
@@ -154,21 +154,21 @@ class CEMForCausalLM(CEMPreTrainedModel, GenerationMixin):
         context = self.config.context
         return HFCache(min(max_len or context, context), limit=context)
 
-    def set_steps(self, steps: int | None = None, attn_steps: int | None = None, mlp_steps: int | None = None) -> None:
-        """`LanguageModel.set_steps` on the wrapped model, then `sync_config` (so `config` says what runs)."""
-        self.model.set_steps(steps, attn_steps, mlp_steps)
+    def set_steps(self, *args, **kwargs) -> None:
+        """`LanguageModel.set_steps` (its arguments) on the wrapped model, then `sync_config` (so `config` says what runs)."""
+        self.model.set_steps(*args, **kwargs)
         self.sync_config()
 
-    def set_inference(self, adaptive_tol: float | None = None, guard: int = 0, adaptive_rule: str = "energy") -> None:
-        """`LanguageModel.set_inference` (adaptive and energy-guarded steps) on the wrapped model, then
-        `sync_config`: later `generate` and forward calls use it, and `save_pretrained` saves it."""
-        self.model.set_inference(adaptive_tol, guard, adaptive_rule)
+    def set_inference(self, *args, **kwargs) -> None:
+        """`LanguageModel.set_inference` (its arguments: adaptive and energy-guarded steps) on the wrapped model,
+        then `sync_config`: later `generate` and forward calls use it, and `save_pretrained` saves it."""
+        self.model.set_inference(*args, **kwargs)
         self.sync_config()
 
-    def test_time(self, **knobs):
-        """`LanguageModel.test_time` on the wrapped model: steps, adaptive_tol, guard, adaptive_rule for one `with` block
-        (`config` unchanged, as the model has its own back afterwards)."""
-        return self.model.test_time(**knobs)
+    def test_time(self, inference: Inference | None = None, **knobs):
+        """`LanguageModel.test_time` on the wrapped model: an `Inference` (or its fields as keywords) for one
+        `with` block (`config` unchanged, as the model has its own back afterwards)."""
+        return self.model.test_time(inference, **knobs)
 
     def steps_used(self) -> dict:
         """`LanguageModel.steps_used`: average recursion steps per position since `reset_steps_used`."""

@@ -1,11 +1,23 @@
-"""Fused Triton kernels of the CEM attention core (docs/kernels.md); nothing here depends on `cem.layers`.
+"""Kernels of the CEM attention core (docs/kernels.md); nothing here depends on `cem.layers`.
 
-`triton_cem_attention` takes the attention core's arguments as tensors (the diagonal's qd and ĥ, the ALiBi slopes
-and the self bias); `cem.layers.attention_core` registers it as the backend "triton" and decides which backend
-runs where. Imports cleanly without triton:
-`HAS_TRITON` is then False and the kernel raises when called.
+Both take the attention core's arguments as tensors (the diagonal's qd and ĥ, the position terms): the fused
+Triton kernel `triton_cem_attention` (ALiBi slopes and self bias) and the CPU path `cpu_cem_attention` (the
+cached ALiBi bias and self bias; PyTorch's fused CPU flash kernel without a diagonal).
+`cem.layers.attention_core` registers them as the backends "triton" and "fast" and decides which backend runs
+where. Imports cleanly without triton: `HAS_TRITON` is then False and the Triton kernel raises when called.
 """
 
-from .triton_attention import HAS_TRITON, KernelConfig, default_config, triton_cem_attention, uses_interpreter
+from .cpu_attention import QUERY_BLOCK, cpu_cem_attention
+from .triton_attention import DIAG_SCORES_MAX_BYTES, HAS_TRITON, KernelConfig, default_config, kq_diag_of, triton_cem_attention, uses_interpreter
 
-__all__ = ["HAS_TRITON", "KernelConfig", "default_config", "triton_cem_attention", "uses_interpreter"]
+__all__ = [
+    "DIAG_SCORES_MAX_BYTES",
+    "HAS_TRITON",
+    "QUERY_BLOCK",
+    "KernelConfig",
+    "cpu_cem_attention",
+    "default_config",
+    "kq_diag_of",
+    "triton_cem_attention",
+    "uses_interpreter",
+]

@@ -2,7 +2,8 @@
 
     python -m cem.kernels.compile_check --heads 12 --head-dim 64 --model-dim 768 [--arch 90] [--dtype bf16]
 
-For each kernel (forward, backward dq, backward dk) and diagonal mode (shared, per head, none) it builds
+For each kernel (forward, backward dq, backward dk) and key-query diagonal (shared, tile by tile and read as
+a score matrix; per_head; none) it builds
 the `default_config` tiles with `triton.compile(..., target=GPUTarget("cuda", arch, 32))` and runs the
 ptxas bundled with triton (`-v`) on the PTX for registers and spill bytes. This checks that the kernels
 build for the GPU and how heavy they are; it says nothing about speed (docs/kernels.md).
@@ -32,10 +33,10 @@ def _ptxas(arch: int) -> Path:
     raise FileNotFoundError(f"no ptxas under {bindir}")
 
 
-def compile_kernel(name: str, dtype: str, diag: str | None, cfg, head_dim: int, arch: int = 90, scalar: str = "fp32"):
-    """triton.compile one kernel with the given KernelConfig; returns the CompiledKernel. diag: "shared",
-    "head", "scores" (the shared diagonal read as a score matrix) or None; scalar: the type of the float
-    arguments (torch.compile's inductor passes Python floats as fp64)."""
+def compile_kernel(name: str, dtype: str, diag: str, cfg, head_dim: int, arch: int = 90, scalar: str = "fp32", *, scores: bool = False):
+    """triton.compile one kernel with the given KernelConfig; returns the CompiledKernel. diag: the key-query
+    diagonal's kind, "shared", "per_head" or "none"; scores: the shared one read as a score matrix; scalar: the
+    type of the float arguments (torch.compile's inductor passes Python floats as fp64)."""
     import triton
     from triton.backends.compiler import GPUTarget
 
@@ -46,7 +47,7 @@ def compile_kernel(name: str, dtype: str, diag: str | None, cfg, head_dim: int, 
     consts = dict(
         G=cfg.heads_per_program, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         BLOCK_DH=max(16, _next_pow2(head_dim)), BLOCK_DD=cfg.block_dd,
-        HAS_DIAG=diag in ("shared", "head"), PER_HEAD=diag == "head", HAS_SB=True, HAS_BIAS=diag == "scores",
+        HAS_DIAG=diag != "none" and not scores, PER_HEAD=diag == "per_head", HAS_SB=True, HAS_BIAS=scores,
         PREC="ieee" if dtype == "fp32" and not cfg.allow_tf32 else "tf32", UPCAST=False,
     )
     fp32_ptrs = {"slopes_ptr", "sb_ptr", "lse_ptr", "delta_ptr", "dqd_ptr", "dhn_ptr", "dsb_ptr"}
@@ -90,7 +91,8 @@ def main(argv=None) -> None:
     p.add_argument("--model-dim", type=int, default=None, help="D (default heads * head-dim)")
     p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
     p.add_argument("--arch", type=int, default=90)
-    p.add_argument("--diag", nargs="+", choices=["shared", "scores", "head", "none"], default=["shared", "scores", "head", "none"])
+    p.add_argument("--diag", nargs="+", choices=["shared", "per_head", "none"], default=["shared", "per_head", "none"],
+                   help="key-query diagonals (shared: tile by tile and as a score matrix)")
     p.add_argument("--scalar", choices=["fp32", "fp64"], default="fp32",
                    help="type of the float arguments (fp64: as torch.compile's inductor passes them)")
     a = p.parse_args(argv)
@@ -98,12 +100,13 @@ def main(argv=None) -> None:
     tdtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[a.dtype]
     warnings.filterwarnings("ignore")
     for name in ("cem_fwd_kernel", "cem_bwd_dq_kernel", "cem_bwd_dk_kernel"):
-        for diag in [None if x == "none" else x for x in a.diag]:
+        for diag, scores in [(x, s) for x in a.diag for s in ((False, True) if x == "shared" else (False,))]:
             cfg = default_config(a.heads, a.head_dim, D, tdtype, torch.device("cuda"),
-                                 backward=name != "cem_fwd_kernel", diag=diag)
-            c = compile_kernel(name, a.dtype, diag, cfg, a.head_dim, a.arch, a.scalar)
+                                 backward=name != "cem_fwd_kernel", diag=diag, scores=scores)
+            c = compile_kernel(name, a.dtype, diag, cfg, a.head_dim, a.arch, a.scalar, scores=scores)
             regs, spill = resources(c, a.arch)
-            print(f"{name:18s} diag={diag!s:7s} G={cfg.heads_per_program:<2d} M={cfg.block_m:<2d} N={cfg.block_n:<2d} "
+            form = f"{diag}{' scores' if scores else ''}"
+            print(f"{name:18s} diag={form:13s} G={cfg.heads_per_program:<2d} M={cfg.block_m:<2d} N={cfg.block_n:<2d} "
                   f"DD={cfg.block_dd:<2d} warps={cfg.num_warps}: registers={regs} spill={spill}B "
                   f"shared={c.metadata.shared}B", flush=True)
 

@@ -33,7 +33,7 @@ except Exception as exc:  # ImportError, or a broken install
     HAS_TRITON = False
     TRITON_IMPORT_ERROR = exc
 
-__all__ = ["HAS_TRITON", "KernelConfig", "default_config", "triton_cem_attention", "uses_interpreter"]
+__all__ = ["HAS_TRITON", "KernelConfig", "default_config", "kq_diag_of", "triton_cem_attention", "uses_interpreter"]
 
 _SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _KERNEL_MODULES: dict[bool, object] = {}
@@ -67,6 +67,14 @@ class KernelConfig:
 DIAG_SCORES_MAX_BYTES = 2**30
 
 
+def kq_diag_of(qd: Tensor | None) -> str:
+    """The kind of key-query diagonal whose term qd = d ∘ u this is, by the names of `cem.layers.KQ_DIAGONALS`:
+    "none" (None), "shared" (B, Jq, D) or "per_head" (B, K, Jq, D)."""
+    if qd is None:
+        return "none"
+    return "per_head" if qd.dim() == 4 else "shared"
+
+
 def uses_interpreter(device: torch.device) -> bool:
     """True where the kernels run in Triton's interpreter: non-CUDA tensors, or TRITON_INTERPRET=1."""
     if not HAS_TRITON:
@@ -77,25 +85,27 @@ def uses_interpreter(device: torch.device) -> bool:
 _REG_LIMIT = 165  # estimated fp32 registers a thread (see _footprint); spills began near 170-190
 
 
-def _footprint(g, m, n, dh, dd, elem, diag, backward):
-    """Rough count of fp32 registers a program holds (summed over its threads) for one iteration.
+def _footprint(g, m, n, dh, dd, elem, diag, scores, backward):
+    """Rough count of fp32 registers a program holds (summed over its threads) for one iteration, for the
+    diagonal kind `diag` ("none", "shared", "per_head"), the shared one read as score tiles if `scores`.
 
     Calibrated against ptxas' register/spill report for sm_90 (docs/kernels.md): accumulators and score
     tiles in fp32, operand tiles weighted by `elem` (0.5 for 16-bit, 2.5 for fp32 (ieee dots run on FMA units and hold more)).
     """
+    in_tiles = diag != "none" and not scores  # the term computed tile by tile over D
     diag_tile = 0
-    if diag == "scores":  # a [BLOCK_M, BLOCK_N] tile of the score matrix
+    if scores:  # a [BLOCK_M, BLOCK_N] tile of the score matrix
         diag_tile = m * n * (1 + elem)
     elif diag == "shared":
         diag_tile = m * n + elem * (m + n) * dd
-    elif diag == "head":
+    elif diag == "per_head":
         diag_tile = g * m * n + elem * (g * m + n) * dd
     fwd = g * m * dh + 2 * g * m * n + elem * (g * m * dh + g * n * dh) + diag_tile
     if not backward:
         return fwd
-    contrib_q = {None: 0, "scores": m * n, "head": g * m * dd, "shared": m * dd}[diag]
+    contrib_q = m * n if scores else {"none": 0, "per_head": g * m * dd, "shared": m * dd}[diag]
     dq = g * m * dh + 4 * g * m * n + elem * (2 * g * m * dh + g * n * dh) + diag_tile + contrib_q
-    dk = g * n * dh + 4 * g * m * n + elem * (g * n * dh + 2 * g * m * dh) + diag_tile + (0 if diag in (None, "scores") else n * dd)
+    dk = g * n * dh + 4 * g * m * n + elem * (g * n * dh + 2 * g * m * dh) + diag_tile + (n * dd if in_tiles else 0)
     return max(dq, dk)
 
 
@@ -106,13 +116,14 @@ def default_config(
     dtype: torch.dtype,
     device: torch.device,
     backward: bool = False,
-    diag: str | None = "shared",
+    diag: str = "shared",
+    scores: bool = False,
 ) -> KernelConfig:
     """Tiles of one launch: measured on an H100 for 16-bit scores/no-diagonal kernels, a heuristic elsewhere.
 
-    diag is "shared", "head", "scores" (shared, read as a score matrix) or None. GPU, 16-bit, scores or no
-    diagonal, head width <= 64: the tiles measured best (docs/benchmarks/kernel_tiles_h100.md). Other GPU
-    cases (untimed): the most heads per program (G), then the largest tiles and
+    diag is the key-query diagonal's kind, "shared", "per_head" or "none" (`kq_diag_of`); `scores`: the shared
+    one read as a score matrix. GPU, 16-bit, scores or no diagonal, head width <= 64: the tiles measured best
+    (docs/benchmarks/kernel_tiles_h100.md). Other GPU cases (untimed): the most heads per program (G), then the largest tiles and
     the fewest warps whose estimated register footprint (`_footprint`) stays under `_REG_LIMIT` a thread,
     so the whole head set shares one diagonal tile whenever that fits. Checked to compile for sm_90
     without spills for the shapes in docs/kernels.md. Interpreter: small
@@ -124,7 +135,7 @@ def default_config(
     if uses_interpreter(device):
         return KernelConfig(block_m=16, block_n=16, block_dd=min(32, block_dd), heads_per_program=kp)
     elem = 2.5 if dtype == torch.float32 else 0.5
-    if dtype != torch.float32 and diag in ("scores", None) and block_dh <= 64:
+    if dtype != torch.float32 and (scores or diag == "none") and block_dh <= 64:
         # measured (H100, bf16, 12 heads of 64, L 2048; docs/benchmarks/kernel_tiles_h100.md): four heads a
         # program, 16-row tiles and 4 warps beat the register-budget choice below by 1.9x forward, 1.6x backward
         return KernelConfig(block_m=16, block_n=32 if backward else 16, block_dd=block_dd,
@@ -134,7 +145,7 @@ def default_config(
         for m, n in ((64, 64), (64, 32), (32, 64), (32, 32), (32, 16), (16, 32), (16, 16)):
             for dd in sorted({block_dd, min(block_dd, 32)}, reverse=True):
                 for warps in (4, 8):
-                    if _footprint(g, m, n, block_dh, dd, elem, diag, backward) <= _REG_LIMIT * 32 * warps:
+                    if _footprint(g, m, n, block_dh, dd, elem, diag, scores, backward) <= _REG_LIMIT * 32 * warps:
                         return KernelConfig(block_m=m, block_n=n, block_dd=dd, heads_per_program=g,
                                             num_warps=warps, num_stages=1)
         if g == 1:
@@ -176,18 +187,17 @@ class _Launch:
         self.D = hn.shape[-1] if qd is not None else 0
         self.q_start = int(q_start)
         self.interpret = uses_interpreter(q.device)
-        diag = None if qd is None else ("head" if qd.dim() == 4 else "shared")
+        diag = kq_diag_of(qd)
         wanted = None if config is None else config.diag_scores
-        cfg = config
+        cfg, self.scores = config, False
         if diag == "shared" and wanted is not False:
-            scores_cfg = config or default_config(K, d, self.D, q.dtype, q.device, backward=backward, diag="scores")
+            scores_cfg = config or default_config(K, d, self.D, q.dtype, q.device, backward=backward, diag=diag, scores=True)
             groups = -(-K // min(scores_cfg.heads_per_program or _next_pow2(K), _next_pow2(K)))
             # the score matrix, and in the backward Σ_heads dS per head group
             need = B * Jq * self.Jk * q.element_size() * (1 + (groups if backward else 0))
             if wanted or need <= DIAG_SCORES_MAX_BYTES:
-                diag, cfg = "scores", scores_cfg
+                cfg, self.scores = scores_cfg, True
         cfg = cfg or default_config(K, d, self.D, q.dtype, q.device, backward=backward, diag=diag)
-        self.scores = diag == "scores"
         g = cfg.heads_per_program or _next_pow2(K)
         if g & (g - 1):
             raise ValueError(f"heads_per_program must be a power of two, got {g}")
@@ -200,9 +210,9 @@ class _Launch:
             BLOCK_N=cfg.block_n,
             BLOCK_DH=max(16, _next_pow2(d)),
             BLOCK_DD=cfg.block_dd,
-            HAS_DIAG=qd is not None and not self.scores,
+            HAS_DIAG=diag != "none" and not self.scores,
             HAS_BIAS=self.scores,
-            PER_HEAD=qd is not None and qd.dim() == 4,
+            PER_HEAD=diag == "per_head",
             PREC="tf32" if (cfg.allow_tf32 or q.dtype != torch.float32) else "ieee",
             UPCAST=self.interpret,
         )

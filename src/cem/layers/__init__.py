@@ -1,14 +1,14 @@
 """CEM layers and their Llama baselines. Each maps the residual stream h (B, J, D) to h' (B, J, D)."""
 
-from .kinds import ATTENTION_KINDS, MLP_KINDS, SublayerKind
+from .kinds import ATTENTION_KINDS, MLP_KINDS, SUBLAYERS, AttentionConfig, KernelPath, MLPConfig, Sublayer, SublayerKind
 from .llama import POSITIONS, GatedMLP, LlamaAttention  # first: the Llama kinds are listed first
-from .cem_attention import KQ_DIAGONALS, CEMAttention
+from .cem_attention import KQ_DIAGONALS, CEMAttention, KQDiagonalKind
 from .position import ALIBI_SLOPES
 from .cem_mlp import MLP_ENERGIES, CEMMLP, silu_integral
 from .norm import RMSNorm
 from .precond import PRECONDITIONERS, Preconditioner, make_preconditioner
 from .reuse import Reuse
-from .steps import STARTS, STEP_SCHEDULES, Recursion, set_steps
+from .steps import STARTS, STEP_SCHEDULES, Inference, Recursion, set_steps
 
 __all__ = [
     "ALIBI_SLOPES",
@@ -16,11 +16,17 @@ __all__ = [
     "MLP_KINDS",
     "STARTS",
     "STEP_SCHEDULES",
+    "SUBLAYERS",
+    "AttentionConfig",
     "CEMAttention",
     "CEMMLP",
     "GatedMLP",
+    "Inference",
+    "KQDiagonalKind",
     "KQ_DIAGONALS",
+    "KernelPath",
     "LlamaAttention",
+    "MLPConfig",
     "MLP_ENERGIES",
     "POSITIONS",
     "PRECONDITIONERS",
@@ -28,6 +34,7 @@ __all__ = [
     "RMSNorm",
     "Recursion",
     "Reuse",
+    "Sublayer",
     "SublayerKind",
     "make_preconditioner",
     "set_steps",

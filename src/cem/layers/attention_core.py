@@ -18,35 +18,32 @@ They are the entries of `IMPLEMENTATIONS`, each a `Backend` saying what it suppo
   diagonal folded in like sdpa; `torch.compile`d on CUDA, forward-only on CPU (PyTorch has no CPU
   backward for it);
 - "triton": the fused kernel of `cem.kernels` (values tied to keys: with `v` it falls back to sdpa);
-- "fast": the CPU path (`cem_attention_fast`): 1/τ applied to q and d∘u before the matmuls, the ALiBi
-  bias a cached constant the scores are accumulated onto, the self bias added on the diagonal only,
-  causal query blocks (keys past a block's last query are never touched); without a diagonal, PyTorch's
-  fused CPU flash kernel with a custom backward (`FusedKeyAttention`).
+- "fast": the CPU path of `cem.kernels` (`cpu_cem_attention`): 1/τ applied to q and d∘u before the
+  matmuls, the ALiBi bias a cached constant (`Positions.alibi`) the scores are accumulated onto, the self
+  bias added on the diagonal only, causal query blocks; without a diagonal, PyTorch's fused CPU flash kernel.
 
 "auto" runs the first of `AUTO` meant for the device that takes the values asked for and passes its
 self-check there: "triton" on CUDA once the kernel has passed `triton_self_check`, "fast" on CPU, else "sdpa".
 `check_backend` rejects an unknown name (ModelConfig and CEMAttention call it at build time);
 `resolve_backend` turns a requested name into the one that runs, decided once per device and cached.
-Every call of PyTorch's SDPA in cem (here, in Llama attention and in CEM's query-side decoding) goes through
-`sdpa`, which keeps cached decoding off cuDNN attention.
+The kernels are reached from here only (`cem_attention_triton`, `cem_attention_fast` unpack `Diagonal` and
+`Positions` into their tensors); every call of PyTorch's SDPA goes through `cem.layers.sdpa`.
 """
 
 from __future__ import annotations
 
 import math
 import warnings
-from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from ..kernels import HAS_TRITON, triton_cem_attention
+from ..kernels import HAS_TRITON, QUERY_BLOCK, cpu_cem_attention, triton_cem_attention
 from ..checks import check_choice
 from .position import Positions
+from .sdpa import sdpa
 
 __all__ = [
     "AUTO",
@@ -67,7 +64,6 @@ __all__ = [
     "diag_scores",
     "fold_diagonal",
     "resolve_backend",
-    "sdpa",
     "softmax_values",
     "triton_self_check",
 ]
@@ -135,20 +131,6 @@ def softmax_values(logits: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
     return torch.exp(logits - lse) @ values, lse.squeeze(-1)
 
 
-# SDPA's kernels for cached decoding: every kernel but cuDNN attention, which builds a new execution plan for
-# each new key length, i.e. at every decoding step (first GPU run, docs/benchmarks/gpu_h100.md: 5.3 ms a call,
-# 79% of a Llama decode step on an H100)
-DECODE_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
-
-
-def sdpa(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None, *, is_causal: bool = False,
-         scale: float | None = None, decoding: bool = False) -> Tensor:
-    """`F.scaled_dot_product_attention`, every call of it in cem; `decoding` (queries after cached keys) keeps
-    it off cuDNN attention (`DECODE_SDPA_BACKENDS`)."""
-    with sdpa_kernel(DECODE_SDPA_BACKENDS) if decoding else nullcontext():
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale)
-
-
 def cem_attention_sdpa(
     q: Tensor, k: Tensor, diag: Diagonal | None, positions: Positions, q_start: int = 0, v: Tensor | None = None
 ) -> Tensor:
@@ -164,50 +146,6 @@ def cem_attention_sdpa(
     return sdpa(q, k, values, bias, scale=1.0 / tau, decoding=q_start > 0)
 
 
-QUERY_BLOCK = 64  # rows per causal query block of the fast path
-
-
-class FusedKeyAttention(torch.autograd.Function):
-    """softmax(q kᵀ / τ + b) k through PyTorch's fused CPU flash kernel (values are the keys), with the
-    kernel's own backward: the key gradient is the sum of its key and value gradients, and the self bias
-    s_k gets ∂/∂s_k = Σ_{b,i} p_kii (g_i · k_i - g_i · o_i) from the kernel's log-sum-exp."""
-
-    @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, self_bias: Tensor, base: Tensor, q_start: int, scale: float):
-        n_q = q.shape[-2]
-        bias = base.clone()
-        bias[0].diagonal(offset=q_start, dim1=-2, dim2=-1).add_(self_bias.to(bias.dtype)[:, None])
-        causal = q_start == 0 and n_q == k.shape[-2]
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, k, 0.0, causal, attn_mask=bias, scale=scale)
-        ctx.save_for_backward(q, k, out, lse, bias)
-        ctx.q_start, ctx.scale, ctx.causal = q_start, scale, causal
-        return out
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        q, k, out, lse, bias = ctx.saved_tensors
-        grad = grad.contiguous()
-        dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            grad, q, k, k, out, lse, 0.0, ctx.causal, attn_mask=bias, scale=ctx.scale
-        )
-        n_q = q.shape[-2]
-        own = k[:, :, ctx.q_start : ctx.q_start + n_q]
-        logit = (q * own).sum(-1) * ctx.scale + bias[0].diagonal(offset=ctx.q_start, dim1=-2, dim2=-1)
-        p_self = torch.exp(logit - lse)  # (B, K, Jq)
-        d_self = (p_self * (grad * (own - out)).sum(-1)).sum(dim=(0, 2))
-        return dq, dk + dv, d_self, None, None, None
-
-
-FUSED_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)  # the CPU flash kernel's dtypes
-
-
-def _fused_ok(q: Tensor, diag: Diagonal | None, v: Tensor | None) -> bool:
-    return (
-        diag is None and v is None and q.device.type == "cpu" and q.dtype in FUSED_DTYPES
-        and not torch.compiler.is_compiling()
-    )  # fmt: skip
-
-
 def cem_attention_fast(
     q: Tensor,
     k: Tensor,
@@ -217,40 +155,11 @@ def cem_attention_fast(
     v: Tensor | None = None,
     block: int = QUERY_BLOCK,
 ) -> Tensor:
-    """Same as `cem_attention_eager`, with less work (the CPU path, exact in float64):
-
-    - q/τ and (d∘u)/τ are formed before the matmuls (O(J·D) instead of a J×J division);
-    - the ALiBi bias (causal mask included) is a cached constant (`Positions.alibi`), the scores are
-      accumulated onto it, and the learned self bias is added on the diagonal only (its gradient is the
-      diagonal's sum);
-    - queries go in causal blocks of `block` rows: a block reads keys up to its last query only;
-    - without a diagonal (and without separate values), the fused CPU flash kernel (`FusedKeyAttention`).
-    """
-    scale = 1.0 / math.sqrt(q.shape[-1])
-    n_q, n_k = q.shape[-2], k.shape[-2]
-    base = positions.alibi(q_start, n_q, n_k, q.dtype, q.device)
-    self_bias = positions.self_bias
-    if _fused_ok(q, diag, v):
-        sb = self_bias if self_bias is not None else torch.zeros(q.shape[1], dtype=q.dtype, device=q.device)
-        return FusedKeyAttention.apply(q, k, sb, base, q_start, scale)
-    values = k if v is None else v
-    qs = q * scale
-    qds, hn = (None, None) if diag is None else (diag.qd * scale, diag.hn)
-    outs = []
-    for a in range(0, n_q, block):
-        b = min(n_q, a + block)
-        last = min(n_k, q_start + b)  # keys this block can see
-        kt = k[:, :, :last].transpose(-1, -2)
-        scores = torch.matmul(qs[:, :, a:b], kt)
-        scores += base[:, :, a:b, :last]
-        if qds is not None:
-            hnt = hn[:, :last].transpose(-1, -2).to(qds.dtype)
-            term = qds[:, a:b] @ hnt if qds.dim() == 3 else qds[:, :, a:b] @ hnt.unsqueeze(1)
-            scores += term.unsqueeze(1) if qds.dim() == 3 else term
-        if self_bias is not None:
-            scores.diagonal(offset=q_start + a, dim1=-2, dim2=-1).add_(self_bias.to(scores.dtype)[:, None])
-        outs.append(torch.softmax(scores, dim=-1) @ values[:, :, :last])
-    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-2)
+    """Same as `cem_attention_eager` through the CPU path of `cem.kernels` (causal query blocks of `block` rows
+    over the cached ALiBi bias; without a diagonal, PyTorch's fused CPU flash kernel); exact in float64."""
+    qd, hn = (None, None) if diag is None else diag
+    base = positions.alibi(q_start, q.shape[-2], k.shape[-2], q.dtype, q.device)
+    return cpu_cem_attention(q, k, qd, hn, base, positions.self_bias, q_start, v, block)
 
 
 _compiled_flex: Callable | None = None

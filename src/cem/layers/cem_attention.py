@@ -10,19 +10,57 @@ softmax-weighted keys o^k come from the attention core (`attention_core`, backen
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
 from ..checks import check_choice, check_heads, check_residual, check_same_shape
-from .attention_core import Diagonal, cem_attention, cem_attention_energy, cem_logits, check_backend, resolve_backend, sdpa, softmax_values
+from ..kernels import DIAG_SCORES_MAX_BYTES
+from .attention_core import IMPLEMENTATIONS, Diagonal, cem_attention, cem_attention_energy, cem_logits, check_backend, resolve_backend, softmax_values
 from .position import ALIBI_SLOPES, Positions
 from .norm import RMSNorm
 from .precond import PRECONDITIONERS, make_preconditioner
+from .sdpa import sdpa
 from .steps import DescentLayer, Recursion
-from .kinds import ATTENTION_KINDS, SublayerKind
+from .kinds import ATTENTION_KINDS, AttentionConfig, KernelPath, SublayerKind
 
-KQ_DIAGONALS = ("none", "shared", "per_head")
+
+@dataclass(frozen=True)
+class KQDiagonalKind:
+    """A kind of the diagonal d_k of A_k = W_Q^kᵀ W_K^k + diag(d_k) (eq. 3): none, one d shared by the heads, or
+    one per head; its parameter's shape, its FLOPs, and the fused kernel's scratch for it."""
+
+    present: bool
+    per_head: bool
+
+    def shape(self, dim: int, n_heads: int) -> tuple[int, ...] | None:
+        """The shape of d: (D,) shared, (K, D) per head, None without a diagonal."""
+        if not self.present:
+            return None
+        return (n_heads, dim) if self.per_head else (dim,)
+
+    def flops(self, seq_len: int, dim: int, n_heads: int) -> int:
+        """Matmul FLOPs per token and step of ĥ_j·(d_k∘u) over `seq_len` keys: 2JD shared, 2JDK per head."""
+        if not self.present:
+            return 0
+        return 2 * seq_len * dim * (n_heads if self.per_head else 1)
+
+    def kernel_scratch(self, batch: int, seq: int, elem: int) -> int:
+        """Bytes the fused kernel allocates for the term at a training step's peak: the shared diagonal's scores
+        as one (B, L, L) matrix and the backward's Σ_heads dS (`cem.kernels`), 2·B·L²·elem, while they fit
+        `DIAG_SCORES_MAX_BYTES`; 0 beyond, and per head or without a diagonal (the kernel works tile by tile)."""
+        if not self.present or self.per_head:
+            return 0
+        scores = 2 * batch * seq * seq * elem
+        return scores if scores <= DIAG_SCORES_MAX_BYTES else 0
+
+
+KQ_DIAGONALS: dict[str, KQDiagonalKind] = {
+    "none": KQDiagonalKind(present=False, per_head=False),
+    "shared": KQDiagonalKind(present=True, per_head=False),
+    "per_head": KQDiagonalKind(present=True, per_head=True),
+}
 # With a key-query diagonal the decoding cache holds ĥ only (as many numbers per token as the keys): k = W_K ĥ
 # is exact from it in any dtype, while ĥ read back from rounded keys through W_K^{-1} is off by up to
 # cond(W_K) (1e4-3e4 at 134M) times the dtype's rounding. A step of few new tokens reads the cache once
@@ -71,17 +109,18 @@ class CEMAttention(DescentLayer):
         """
         super().__init__(recursion)
         check_heads(dim, n_heads)
-        check_choice("kq_diag", kq_diag, KQ_DIAGONALS)
+        check_choice("kq_diag", kq_diag, tuple(KQ_DIAGONALS))
         check_choice("alibi", alibi, ALIBI_SLOPES)
         check_backend(backend)
         self.dim, self.n_heads, self.head_dim = dim, n_heads, dim // n_heads
         self.alibi = alibi
+        self.kq_kind = kq_diag  # its name in `KQ_DIAGONALS`; `self.kq_diag` is the parameter d
         self.exact_gradient = exact_gradient
         self.backend = backend
         self.norm = RMSNorm(dim, eps)
         self.w_q = nn.Linear(dim, dim, bias=False)
         self.w_k = nn.Linear(dim, dim, bias=False)
-        diag_shape = {"none": None, "shared": (dim,), "per_head": (n_heads, dim)}[kq_diag]
+        diag_shape = KQ_DIAGONALS[kq_diag].shape(dim, n_heads)
         self.kq_diag = None if diag_shape is None else nn.Parameter(torch.empty(diag_shape))
         self.self_bias = nn.Parameter(torch.empty(n_heads))
         self.reset_parameters()
@@ -259,36 +298,40 @@ class CEMAttention(DescentLayer):
         return -math.sqrt(self.head_dim) * torch.logsumexp(logits, dim=-1).sum(dim=1)
 
     def extra_repr(self) -> str:
-        diag = "none" if self.kq_diag is None else ("shared" if self.kq_diag.dim() == 1 else "per_head")
         precond = "identity" if self.precond is None else f"rank {self.precond.rank}"
         return (
             f"dim={self.dim}, n_heads={self.n_heads}, steps={self.steps}, step_size={self.step_size}, "
-            f"kq_diag={diag}, precond={precond}, exact_gradient={self.exact_gradient}, start={self.start}, alibi={self.alibi}"
+            f"kq_diag={self.kq_kind}, precond={precond}, exact_gradient={self.exact_gradient}, start={self.start}, alibi={self.alibi}"
         )
 
 
-def cem_attention_flops(cfg, seq_len: int) -> int:
+def cem_attention_flops(c: AttentionConfig, seq_len: int) -> int:
     """Per token at full context `seq_len` (J): the keys W_K ĥ once (2D²), then per step W_Q u and W_Qᵀ o
-    (2 · 2D²), scores and values (2 · 2JD), the key-query diagonal (2JD shared, 2JDK per head) and the exact
+    (2 · 2D²), scores and values (2 · 2JD), the key-query diagonal (`KQDiagonalKind.flops`) and the exact
     gradient's value-side term (2JDK). P is folded into W_Qᵀ once per forward (D rows, spread over the J
     tokens), or, in the value-side term's per-head form, applied to the K head outputs in every step."""
-    D, J, K = cfg.dim, seq_len, cfg.n_heads
-    diag = {"none": 0, "shared": 2 * J * D, "per_head": 2 * J * D * K}[cfg.kq_diag]
-    value_diag = 2 * J * D * K if (cfg.exact_gradient and diag) else 0
-    p = PRECONDITIONERS[cfg.attn_precond]
+    D, J, K = c.dim, seq_len, c.n_heads
+    diag = KQ_DIAGONALS[c.kq_diag].flops(J, D, K)
+    value_diag = 2 * J * D * K if (c.exact_gradient and diag) else 0
+    p = PRECONDITIONERS[c.precond]
     if value_diag:
-        precond, fold = K * p.flops(D, cfg.attn_precond_rank), 0
+        precond, fold = K * p.flops(D, c.precond_rank), 0
     else:
-        precond, fold = 0, p.folded_flops(D, D, cfg.attn_precond_rank, J)
+        precond, fold = 0, p.folded_flops(D, D, c.precond_rank, J)
     per_step = 2 * D * D + 2 * 2 * J * D + diag + value_diag + 2 * D * D + precond  # W_Q u, qk, pk, W_Qᵀ o, P
-    return 2 * D * D + fold + cfg.attn_steps * per_step
+    return 2 * D * D + fold + c.recursion.steps * per_step
 
 
-def build_cem_attention(cfg) -> CEMAttention:
-    """The CEM attention of a model config (eq. 12 with the config's attention recursion)."""
-    return CEMAttention(cfg.dim, cfg.n_heads, recursion=cfg.recursion("attn"), kq_diag=cfg.kq_diag, precond=cfg.attn_precond,
-                        precond_rank=cfg.attn_precond_rank, exact_gradient=cfg.exact_gradient, alibi=cfg.alibi,
-                        backend=cfg.attn_backend, eps=cfg.norm_eps)
+def build_cem_attention(c: AttentionConfig) -> CEMAttention:
+    """The CEM attention of an attention config (eq. 12 with its recursion)."""
+    return CEMAttention(c.dim, c.n_heads, recursion=c.recursion, kq_diag=c.kq_diag, precond=c.precond, precond_rank=c.precond_rank,
+                        exact_gradient=c.exact_gradient, alibi=c.alibi, backend=c.backend, eps=c.eps)
 
 
-ATTENTION_KINDS["cem"] = SublayerKind(CEMAttention, build=build_cem_attention, flops=cem_attention_flops)
+# What a GPU training run of CEM attention runs ("auto" on CUDA): the fused Triton kernel of `cem.kernels`
+TRITON_KERNEL = KernelPath(
+    backend="triton",
+    available=lambda: IMPLEMENTATIONS["triton"].missing() is None,
+    scratch=lambda c, batch, seq, elem: KQ_DIAGONALS[c.kq_diag].kernel_scratch(batch, seq, elem),
+)
+ATTENTION_KINDS["cem"] = SublayerKind(CEMAttention, build=build_cem_attention, flops=cem_attention_flops, kernel=TRITON_KERNEL)

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..checks import check_choice, check_positive_int, check_residual, check_same_shape
-from .kinds import MLP_KINDS, SublayerKind
+from .kinds import MLP_KINDS, MLPConfig, SublayerKind
 from .norm import RMSNorm
 from .precond import PRECONDITIONERS, make_preconditioner
 from .steps import DescentLayer, Recursion
@@ -160,19 +160,19 @@ class CEMMLP(DescentLayer):
         )
 
 
-def cem_mlp_flops(cfg, seq_len: int) -> int:
+def cem_mlp_flops(c: MLPConfig, seq_len: int) -> int:
     """Per token: the gate W ĥ once (2Dm), then per step V u and Vᵀ g (2 · 2Dm); P folded into the down
     projection V once per forward (m rows), spread over the `seq_len` tokens (a sequence of at least m
     tokens, as in LM training; `CEMMLP` applies P per token when it has fewer)."""
-    D, m = cfg.dim, cfg.mlp_hidden
-    fold = PRECONDITIONERS[cfg.mlp_precond].folded_flops(m, D, cfg.mlp_precond_rank, seq_len)
-    return 2 * D * m + fold + cfg.mlp_steps * 2 * 2 * D * m
+    D, m = c.dim, c.hidden_dim
+    fold = PRECONDITIONERS[c.precond].folded_flops(m, D, c.precond_rank, seq_len)
+    return 2 * D * m + fold + c.recursion.steps * 2 * 2 * D * m
 
 
-def build_cem_mlp(cfg) -> CEMMLP:
-    """The CEM MLP of a model config (eq. 13 with the config's MLP recursion)."""
-    return CEMMLP(cfg.dim, cfg.mlp_hidden, recursion=cfg.recursion("mlp"), precond=cfg.mlp_precond,
-                  precond_rank=cfg.mlp_precond_rank, energy=cfg.mlp_energy, eps=cfg.norm_eps)
+def build_cem_mlp(c: MLPConfig) -> CEMMLP:
+    """The CEM MLP of an MLP config (eq. 13 with its recursion)."""
+    return CEMMLP(c.dim, c.hidden_dim, recursion=c.recursion, precond=c.precond, precond_rank=c.precond_rank,
+                  energy=c.energy, eps=c.eps)
 
 
 MLP_KINDS["cem"] = SublayerKind(CEMMLP, build=build_cem_mlp, flops=cem_mlp_flops)

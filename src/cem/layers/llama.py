@@ -6,16 +6,18 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..checks import check_choice, check_heads, check_positive_int, check_residual
-from .attention_core import sdpa
 from .position import ALIBI_SLOPES, Positions, apply_rope, causal_mask, rope_cos_sin
-from .kinds import ATTENTION_KINDS, MLP_KINDS, SublayerKind
+from .kinds import ATTENTION_KINDS, MLP_KINDS, AttentionConfig, MLPConfig, SublayerKind
 from .norm import RMSNorm
+from .sdpa import sdpa
 
 POSITIONS = ("rope", "alibi")
 
 
 class LlamaAttention(nn.Module):
     """h + W_O MHA(norm(h)) with separate W_Q, W_K, W_V, W_O (paper eq. before (1)); RoPE or ALiBi."""
+
+    sublayer = "attn"
 
     def __init__(
         self, dim: int, n_heads: int, position: str = "rope", *, rope_theta: float = 10000.0, alibi: str = "standard", eps: float = 1e-6
@@ -62,14 +64,14 @@ class LlamaAttention(nn.Module):
         return h + self.w_o(o.transpose(1, 2).flatten(2))
 
 
-def llama_attention_flops(cfg, seq_len: int) -> int:
+def llama_attention_flops(c: AttentionConfig, seq_len: int) -> int:
     """W_Q, W_K, W_V, W_O (4 · 2D²) and the scores and values over `seq_len` keys (2 · 2JD), per token."""
-    return 4 * 2 * cfg.dim * cfg.dim + 2 * 2 * seq_len * cfg.dim
+    return 4 * 2 * c.dim * c.dim + 2 * 2 * seq_len * c.dim
 
 
 ATTENTION_KINDS["llama"] = SublayerKind(
     LlamaAttention,
-    build=lambda cfg: LlamaAttention(cfg.dim, cfg.n_heads, cfg.position, alibi=cfg.alibi, eps=cfg.norm_eps),
+    build=lambda c: LlamaAttention(c.dim, c.n_heads, c.position, alibi=c.alibi, eps=c.eps),
     flops=llama_attention_flops,
 )
 
@@ -80,6 +82,8 @@ class GatedMLP(nn.Module):
     In Hugging Face Llama naming, `w_up` here is `gate_proj` (the branch through the activation) and
     `w_gate` is `up_proj`.
     """
+
+    sublayer = "mlp"
 
     def __init__(self, dim: int, hidden_dim: int, *, eps: float = 1e-6) -> None:
         super().__init__()
@@ -97,13 +101,13 @@ class GatedMLP(nn.Module):
         return h + self.w_down(self.w_gate(hn) * F.silu(self.w_up(hn)))
 
 
-def gated_mlp_flops(cfg, seq_len: int) -> int:
+def gated_mlp_flops(c: MLPConfig, seq_len: int) -> int:
     """W_g, W_u and W_d (3 · 2Dm) per token, whatever `seq_len`."""
-    return 3 * 2 * cfg.dim * cfg.mlp_hidden
+    return 3 * 2 * c.dim * c.hidden_dim
 
 
 MLP_KINDS["llama"] = SublayerKind(
     GatedMLP,
-    build=lambda cfg: GatedMLP(cfg.dim, cfg.mlp_hidden, eps=cfg.norm_eps),
+    build=lambda c: GatedMLP(c.dim, c.hidden_dim, eps=c.eps),
     flops=gated_mlp_flops,
 )

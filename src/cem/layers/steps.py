@@ -54,13 +54,14 @@ as the full forward pass.
   whose step still raises E after `guard` halvings takes no step and stops.
 Every layer counts the steps its positions took (`steps_used()`, `reset_steps_used()`), whatever the mode;
 with an option on, `last_steps_used` holds the steps of every position (B, J) of the last forward pass.
+The test-time settings (T and the inference options) travel together as one `Inference` value.
 """
 
 from __future__ import annotations
 
 import math
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
 import torch
 import torch.utils.checkpoint
@@ -71,6 +72,8 @@ from ..checks import check_choice, check_finite, check_nonnegative_int, check_po
 STEP_SCHEDULES = ("constant", "inverse", "learned", "geometric")
 STARTS = ("residual", "norm")
 EXIT_RULES = ("energy", "update")  # what `adaptive_tol` is compared with (module docstring)
+MAX_STEPS = 256  # the deepest T a setting may ask for (a bound, as `cem.model.config.MAXIMA`; trained depths are at most 5)
+MAX_GUARD = 64  # halvings of a step: 2^-64 is below any float's resolution
 
 
 @dataclass(frozen=True)
@@ -92,7 +95,7 @@ class Recursion:
     anchor: float = 0.0
 
     def __post_init__(self) -> None:
-        check_positive_int("steps", self.steps)
+        Inference.check("steps", self.steps)
         check_finite("step_size", self.step_size, 0, low_open=True)
         check_choice("step_schedule", self.schedule, STEP_SCHEDULES)
         if self.learned_steps is not None:
@@ -104,6 +107,65 @@ class Recursion:
         check_finite("anchor_weight", self.anchor, 0)
         if not isinstance(self.learn_step_size, bool):
             raise ValueError(f"learn_step_size must be true or false, got {self.learn_step_size!r}")
+
+
+def _check_depth(name: str, value: int) -> None:
+    check_positive_int(name, value, MAX_STEPS)
+
+
+@dataclass(frozen=True)
+class Inference:
+    """The test-time settings of CEM layers (module docstring), each None to keep a layer's own: T = `steps`
+    (`attn_steps` / `mlp_steps` for the layers of one sublayer kind, before `steps`), the exit rule
+    `adaptive_rule` with its tolerance `adaptive_tol`, and `guard` halvings. Validated when made."""
+
+    steps: int | None = None
+    """recursion steps T of every CEM layer (test-time compute; the most with adaptive_tol)"""
+    attn_steps: int | None = None
+    """T of the CEM attention layers (before steps)"""
+    mlp_steps: int | None = None
+    """T of the CEM MLP layers (before steps)"""
+    adaptive_tol: float | None = None
+    """adaptive steps: a position stops once its exit rule's quantity is <= this"""
+    adaptive_rule: str | None = None
+    """the exit rule of adaptive steps: energy (relative energy decrease) or update (relative step size)"""
+    guard: int | None = None
+    """energy-guarded steps: halve a step that raises the energy up to this many times (0 = off)"""
+
+    CHOICES = {"adaptive_rule": EXIT_RULES}
+    CHECKS = {
+        "steps": _check_depth, "attn_steps": _check_depth, "mlp_steps": _check_depth,
+        "adaptive_tol": check_tolerance,  # None is off
+        "adaptive_rule": lambda name, value: check_choice(name, value, EXIT_RULES),
+        "guard": lambda name, value: check_nonnegative_int(name, value, MAX_GUARD),
+    }  # fmt: skip
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            if getattr(self, f.name) is not None:
+                self.check(f.name, getattr(self, f.name))
+
+    @classmethod
+    def check(cls, name: str, value) -> None:
+        """Raise ValueError, naming the setting, unless `value` is a valid `name` (the one set of bounds, also
+        of the layers' attributes and of a config's)."""
+        cls.CHECKS[name](name, value)
+
+    @classmethod
+    def of(cls, inference: Inference | None = None, **knobs) -> Inference:
+        """`inference` (default: every setting kept) with `knobs`, fields by name, changed: the keyword
+        spelling `test_time(steps=8, guard=4)`."""
+        if inference is not None and not isinstance(inference, cls):
+            raise ValueError(f"test-time settings must be an Inference, got {type(inference).__name__} {inference!r}")
+        unknown = sorted(set(knobs) - {f.name for f in fields(cls)})
+        if unknown:
+            raise ValueError(f"unknown test-time setting(s) {', '.join(unknown)}; expected {', '.join(f.name for f in fields(cls))}")
+        return replace(inference or cls(), **knobs)
+
+    def depth(self, sublayer: str) -> int | None:
+        """The T of a CEM layer of the `sublayer` kind ("attn" or "mlp"): its kind's own, else `steps` (None: keep)."""
+        own = {"attn": self.attn_steps, "mlp": self.mlp_steps}.get(sublayer)
+        return self.steps if own is None else own
 
 
 class StepSize(nn.Module):
@@ -151,11 +213,11 @@ class DescentLayer(nn.Module):
     attributes, changeable on a built or trained model (the test-time compute knob of §2.3).
 
     In training, `drawn_steps` can set the T of the next forward passes (random-depth training); evaluation
-    always uses `steps`. `adaptive_tol` and `guard` are the inference options of the module docstring;
-    `test_time` changes T and them for one `with` block.
+    always uses `steps`. `adaptive_tol`, `adaptive_rule` and `guard` are the inference options of the module
+    docstring (checked as `Inference` checks them); `test_time` changes T and them for one `with` block.
     """
 
-    sublayer = ""  # "attn" or "mlp": the kind `set_steps(attn_steps=..., mlp_steps=...)` addresses
+    sublayer = ""  # which of a block's `SUBLAYERS` the layer is, "attn" or "mlp" (`set_steps(attn_steps=..., mlp_steps=...)`)
 
     def __init__(self, recursion: Recursion) -> None:
         super().__init__()
@@ -180,7 +242,7 @@ class DescentLayer(nn.Module):
 
     @steps.setter
     def steps(self, value: int) -> None:
-        check_positive_int("steps", value)
+        Inference.check("steps", value)
         self._steps = value
 
     @property
@@ -198,7 +260,7 @@ class DescentLayer(nn.Module):
 
     @adaptive_tol.setter
     def adaptive_tol(self, value: float | None) -> None:
-        check_tolerance("adaptive_tol", value)
+        Inference.check("adaptive_tol", value)
         self._adaptive_tol = None if value is None else float(value)
 
     @property
@@ -207,7 +269,7 @@ class DescentLayer(nn.Module):
 
     @adaptive_rule.setter
     def adaptive_rule(self, value: str) -> None:
-        check_choice("adaptive_rule", value, EXIT_RULES)
+        Inference.check("adaptive_rule", value)
         self._adaptive_rule = value
 
     @property
@@ -216,28 +278,20 @@ class DescentLayer(nn.Module):
 
     @guard.setter
     def guard(self, value: int) -> None:
-        check_nonnegative_int("guard", value)
+        Inference.check("guard", value)
         self._guard = value
 
     @contextmanager
-    def test_time(
-        self, steps: int | None = None, adaptive_tol: float | None = None, guard: int | None = None, adaptive_rule: str | None = None,
-        step_size: float | None = None,
-    ):
-        """Run the `with` block at these test-time knobs (None keeps this layer's own): T, `adaptive_tol`,
-        `guard`, `adaptive_rule` and η (`step_size`); afterwards the layer has its own back, whatever happened."""
+    def test_time(self, inference: Inference | None = None, *, step_size: float | None = None, **knobs):
+        """Run the `with` block at these test-time settings (an `Inference`, or its fields as keywords; None
+        keeps this layer's own) and η = `step_size`; afterwards the layer has its own back, whatever happened."""
+        inference = Inference.of(inference, **knobs)
         saved = self.steps, self.adaptive_tol, self.guard, self.adaptive_rule, self.step_size
         try:
-            if step_size is not None:
-                self.step_size = step_size
-            if steps is not None:
-                self.steps = steps
-            if adaptive_tol is not None:
-                self.adaptive_tol = adaptive_tol
-            if guard is not None:
-                self.guard = guard
-            if adaptive_rule is not None:
-                self.adaptive_rule = adaptive_rule
+            for name, value in (("step_size", step_size), ("steps", inference.depth(self.sublayer)), ("adaptive_tol", inference.adaptive_tol),
+                                ("guard", inference.guard), ("adaptive_rule", inference.adaptive_rule)):
+                if value is not None:
+                    setattr(self, name, value)
             yield self
         finally:
             self.steps, self.adaptive_tol, self.guard, self.adaptive_rule, self.step_size = saved
@@ -400,25 +454,6 @@ def draw_depths(distribution: str, n: int, high: int, mean: float) -> list[int]:
     return DEPTH_DISTRIBUTIONS[distribution](n, high, mean).tolist()
 
 
-def step_depths(
-    module: nn.Module, steps: int | None = None, attn_steps: int | None = None, mlp_steps: int | None = None, high: int | None = None
-) -> dict[DescentLayer, int]:
-    """The new T of every CEM layer inside `module` that the arguments change (a kind's own T wins over
-    `steps`), every value checked first (>= 1, and <= `high` when given)."""
-    for name, value in (("steps", steps), ("attn_steps", attn_steps), ("mlp_steps", mlp_steps)):
-        if value is not None:
-            check_positive_int(name, value, high)
-    own = {"attn": attn_steps, "mlp": mlp_steps}
-    depths = {}
-    for m in module.modules():
-        if isinstance(m, DescentLayer):
-            new = own.get(m.sublayer)
-            new = steps if new is None else new
-            if new is not None:
-                depths[m] = new
-    return depths
-
-
 def set_steps(module: nn.Module, steps: int | None = None, *, attn_steps: int | None = None, mlp_steps: int | None = None) -> int:
     """Set the recursion depth T of every CEM layer inside any `module` (your own model too): `attn_steps` for
     the `CEMAttention` layers, `mlp_steps` for the `CEMMLP` layers, `steps` for those not named; all values are
@@ -426,7 +461,8 @@ def set_steps(module: nn.Module, steps: int | None = None, *, attn_steps: int | 
 
     This changes the test-time compute, not what the layers learned: a layer trained at T = 2 is usually worse
     at T = 4 or 8 (docs/experiments.md, the test-time experiment), unless trained for it (random depths)."""
-    depths = step_depths(module, steps, attn_steps, mlp_steps)
-    for m, t in depths.items():
-        m.steps = t
-    return len(depths)
+    inference = Inference(steps=steps, attn_steps=attn_steps, mlp_steps=mlp_steps)  # every value checked first
+    layers = [m for m in module.modules() if isinstance(m, DescentLayer) and inference.depth(m.sublayer) is not None]
+    for m in layers:
+        m.steps = inference.depth(m.sublayer)
+    return len(layers)

@@ -6,10 +6,10 @@ import dataclasses
 import math
 from dataclasses import dataclass, fields
 
-from ..layers import ALIBI_SLOPES, ATTENTION_KINDS, KQ_DIAGONALS, MLP_ENERGIES, MLP_KINDS, POSITIONS, PRECONDITIONERS, Recursion
-from ..checks import check_choice, check_finite, check_heads, check_nonnegative_int, check_positive_int, check_tolerance
+from ..layers import ALIBI_SLOPES, KQ_DIAGONALS, MLP_ENERGIES, POSITIONS, PRECONDITIONERS, SUBLAYERS, AttentionConfig, MLPConfig, Recursion
+from ..checks import check_choice, check_finite, check_heads, check_nonnegative_int, check_positive_int
 from ..layers.attention_core import BACKENDS
-from ..layers.steps import DEPTH_DISTRIBUTIONS, EXIT_RULES
+from ..layers.steps import DEPTH_DISTRIBUTIONS, MAX_STEPS, Inference
 
 TRAIN_DEPTHS = ("fixed", "model", "layer")
 
@@ -19,10 +19,9 @@ TRAIN_DEPTHS = ("fixed", "model", "layer")
 # Far above any model this package trains (the 256M preset: dim 1024, 15 layers; depths of at most 5).
 MAXIMA = {
     "vocab_size": 1 << 24, "dim": 1 << 16, "n_heads": 1 << 12, "n_layers": 1 << 10, "hidden_dim": 1 << 18, "context": 1 << 20,
-    "attn_steps": 256, "mlp_steps": 256, "attn_reuse": 256, "mlp_reuse": 256, "train_depth_max": 256,
+    "attn_steps": MAX_STEPS, "mlp_steps": MAX_STEPS, "attn_reuse": 256, "mlp_reuse": 256, "train_depth_max": MAX_STEPS,
     "attn_precond_rank": 1 << 12, "mlp_precond_rank": 1 << 12,
 }  # fmt: skip
-MAX_GUARD = 64  # halvings of a step: 2^-64 is below any float's resolution
 
 
 @dataclass
@@ -87,10 +86,10 @@ class ModelConfig:
         for name in ("exact_gradient", "tie_embeddings"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
-        check_choice("attn", self.attn, tuple(ATTENTION_KINDS))
-        check_choice("mlp", self.mlp, tuple(MLP_KINDS))
+        for sublayer, s in SUBLAYERS.items():  # the fields `attn` and `mlp` name their sublayer's kind
+            check_choice(sublayer, getattr(self, sublayer), tuple(s.kinds))
         check_choice("position", self.position, POSITIONS)
-        check_choice("kq_diag", self.kq_diag, KQ_DIAGONALS)
+        check_choice("kq_diag", self.kq_diag, tuple(KQ_DIAGONALS))
         check_choice("attn_backend", self.attn_backend, BACKENDS)
         check_choice("attn_precond", self.attn_precond, tuple(PRECONDITIONERS))
         check_choice("mlp_precond", self.mlp_precond, tuple(PRECONDITIONERS))
@@ -101,21 +100,31 @@ class ModelConfig:
         check_finite("train_depth_mean", self.train_depth_mean, 1, self.train_depth_max)
         check_nonnegative_int("backprop_steps", self.backprop_steps, MAXIMA["attn_steps"])
         check_finite("fixed_point_weight", self.fixed_point_weight, 0)
-        check_tolerance("adaptive_tol", self.adaptive_tol)
-        check_choice("adaptive_rule", self.adaptive_rule, EXIT_RULES)
-        check_nonnegative_int("guard", self.guard, MAX_GUARD)
-        for kind in ("attn", "mlp"):
-            self.recursion(kind)  # the recursion checks start, step_schedule, step_decay, learn_step_size and anchor_weight
+        for name in ("adaptive_tol", "adaptive_rule", "guard"):
+            Inference.check(name, getattr(self, name))  # the bounds of every test-time setting
+        for sublayer in SUBLAYERS:
+            self.recursion(sublayer)  # the recursion checks start, step_schedule, step_decay, learn_step_size and anchor_weight
 
     def recursion(self, kind: str) -> Recursion:
         """The recursion of the CEM `kind` sublayer ("attn" or "mlp"): its own T and η, the schedule, start
         and learned gain both share; a `learned` schedule holds a gain for the deepest T it is trained at."""
         own = {"attn": (self.attn_steps, self.attn_step_size), "mlp": (self.mlp_steps, self.mlp_step_size)}
-        check_choice("sublayer", kind, tuple(own))
+        check_choice("sublayer", kind, tuple(SUBLAYERS))
         steps, step_size = own[kind]
         learned_steps = max(steps, self.train_depth_max) if self.train_depth != "fixed" else steps
         return Recursion(steps, step_size, self.step_schedule, learned_steps, self.start, self.learn_step_size,
                          self.step_decay, self.backprop_steps or None, self.anchor_weight)
+
+    def attention_config(self) -> AttentionConfig:
+        """What the attention sublayer is built and counted from (`cem.layers.ATTENTION_KINDS`)."""
+        return AttentionConfig(dim=self.dim, n_heads=self.n_heads, eps=self.norm_eps, position=self.position, alibi=self.alibi,
+                               recursion=self.recursion("attn"), kq_diag=self.kq_diag, precond=self.attn_precond,
+                               precond_rank=self.attn_precond_rank, exact_gradient=self.exact_gradient, backend=self.attn_backend)
+
+    def mlp_config(self) -> MLPConfig:
+        """What the MLP sublayer is built and counted from (`cem.layers.MLP_KINDS`)."""
+        return MLPConfig(dim=self.dim, hidden_dim=self.mlp_hidden, eps=self.norm_eps, recursion=self.recursion("mlp"),
+                         precond=self.mlp_precond, precond_rank=self.mlp_precond_rank, energy=self.mlp_energy)
 
     @property
     def head_dim(self) -> int:

@@ -7,6 +7,7 @@ import math
 import torch
 from torch import Tensor
 
+from ..layers.steps import Inference
 
 MAX_NEW_TOKENS = 1 << 24  # one call's output is held in memory: a bound on what a caller may ask for
 
@@ -50,16 +51,14 @@ def generate(
     temperature: float = 1.0,
     top_k: int | None = None,
     top_p: float | None = None,
-    steps: int | None = None,
-    generator: torch.Generator | None = None,
     *,
-    adaptive_tol: float | None = None,
-    guard: int | None = None,
-    adaptive_rule: str | None = None,
+    generator: torch.Generator | None = None,
+    inference: Inference | None = None,
+    **knobs,
 ) -> Tensor:
-    """Prompt (B, J) or (J,) followed by `max_new_tokens` sampled ids; `steps` overrides the recursion T of
-    every CEM layer for this call only (the test-time compute knob), and so do `adaptive_tol`, `guard` and `adaptive_rule`
-    (the inference options of `LanguageModel.set_inference`; None keeps the model's): `LanguageModel.test_time`.
+    """Prompt (B, J) or (J,) followed by `max_new_tokens` sampled ids, with `inference`'s test-time settings
+    for this call only, or its fields as keywords (`steps=3`: the recursion T of every CEM layer, the test-time
+    compute knob; `adaptive_tol`, `adaptive_rule`, `guard`; None keeps the model's): `LanguageModel.test_time`.
 
     Past the context the model sees a window: the prompt is cropped to its last `context` tokens, and when
     the cache is full it is rebuilt from the last `context - context // 4` tokens (one prefill every
@@ -77,7 +76,7 @@ def generate(
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or not 0 <= max_new_tokens <= MAX_NEW_TOKENS:
         raise ValueError(f"max_new_tokens must be an integer in [0, {MAX_NEW_TOKENS:,}], got {max_new_tokens!r}")
     keep = max(1, context - context // 4)
-    with model.test_time(steps=steps, adaptive_tol=adaptive_tol, guard=guard, adaptive_rule=adaptive_rule):
+    with model.test_time(inference, **knobs):
         was_training = model.training
         model.eval()
         try:

@@ -9,24 +9,25 @@ import torch
 import torch.utils.checkpoint
 from torch import Tensor, nn
 
-from ..layers import ATTENTION_KINDS, CEMMLP, MLP_KINDS, CEMAttention, Reuse, RMSNorm
+from ..layers import ATTENTION_KINDS, MLP_KINDS, SUBLAYERS, Reuse, RMSNorm
 from ..layers.precond import Preconditioner
-from ..checks import check_choice, check_nonnegative_int, check_positive_int, check_tolerance
-from ..layers.steps import EXIT_RULES, DescentLayer, draw_depths, step_depths
+from ..checks import check_choice
+from ..layers.steps import DescentLayer, Inference, draw_depths, set_steps
 from .cache import Cache
-from .config import MAX_GUARD, MAXIMA, ModelConfig
+from .config import ModelConfig
+from .generate import generate
 from .loss import next_token_loss
 
 
 def build_attention(cfg: ModelConfig) -> nn.Module:
     """The attention sublayer of `cfg`: its kind's layer (CEM, eq. 12 with recursion, or Llama), optionally reused."""
-    layer = ATTENTION_KINDS[cfg.attn].build(cfg)
+    layer = ATTENTION_KINDS[cfg.attn].build(cfg.attention_config())
     return Reuse(layer, cfg.attn_reuse) if cfg.attn_reuse > 1 else layer
 
 
 def build_mlp(cfg: ModelConfig) -> nn.Module:
     """The MLP sublayer of `cfg`: its kind's layer (CEM, eq. 13 with recursion, or SwiGLU), optionally reused."""
-    layer = MLP_KINDS[cfg.mlp].build(cfg)
+    layer = MLP_KINDS[cfg.mlp].build(cfg.mlp_config())
     return Reuse(layer, cfg.mlp_reuse) if cfg.mlp_reuse > 1 else layer
 
 
@@ -196,14 +197,9 @@ class LanguageModel(nn.Module):
             layer.drawn_steps = drawn[0 if n == 1 else i]
         return drawn
 
-    def _depths(self, steps: int | None, attn_steps: int | None, mlp_steps: int | None) -> dict[DescentLayer, int]:
-        """The new T of every CEM layer one of these changes (a kind's own T before `steps`), all checked first."""
-        return step_depths(self, steps, attn_steps, mlp_steps, MAXIMA["attn_steps"])
-
     def set_steps(self, steps: int | None = None, attn_steps: int | None = None, mlp_steps: int | None = None) -> None:
-        """Change the recursion depth T of CEM layers on a built or trained model (no retraining)."""
-        for m, t in self._depths(steps, attn_steps, mlp_steps).items():
-            m.steps = t
+        """Change the recursion depth T of CEM layers on a built or trained model (no retraining): `cem.layers.set_steps`."""
+        set_steps(self, steps, attn_steps=attn_steps, mlp_steps=mlp_steps)
 
     def set_activation_checkpointing(self, mode: str) -> None:
         """Recompute activations in the backward pass instead of keeping them (`CHECKPOINTING`): "layer"
@@ -224,35 +220,21 @@ class LanguageModel(nn.Module):
         `set_steps` is then the maximum): `adaptive_rule` "energy", the relative energy decrease, or
         "update", the relative size of the step; `guard` > 0 halves a step that raises the energy up to
         `guard` times (0 = off). Eval mode or `torch.no_grad()` only."""
-        check_tolerance("adaptive_tol", adaptive_tol)  # before changing any layer
-        check_nonnegative_int("guard", guard, MAX_GUARD)
-        check_choice("adaptive_rule", adaptive_rule, EXIT_RULES)
+        for name, value in (("adaptive_tol", adaptive_tol), ("guard", guard), ("adaptive_rule", adaptive_rule)):
+            Inference.check(name, value)  # before changing any layer
         for m in self.descent_layers():
             m.adaptive_tol, m.guard, m.adaptive_rule = adaptive_tol, guard, adaptive_rule
 
     @contextmanager
-    def test_time(
-        self,
-        *,
-        steps: int | None = None,
-        attn_steps: int | None = None,
-        mlp_steps: int | None = None,
-        adaptive_tol: float | None = None,
-        guard: int | None = None,
-        adaptive_rule: str | None = None,
-    ):
-        """Run the `with` block at these test-time knobs, the one way to change them for a while (None keeps
-        each CEM layer's own): T as in `set_steps`, and `adaptive_tol`, `guard` and `adaptive_rule` as in
-        `set_inference`. Everything is checked before any layer changes; afterwards every layer has its own back."""
-        depths = self._depths(steps, attn_steps, mlp_steps)
-        check_tolerance("adaptive_tol", adaptive_tol)
-        if guard is not None:
-            check_nonnegative_int("guard", guard)
-        if adaptive_rule is not None:
-            check_choice("adaptive_rule", adaptive_rule, EXIT_RULES)
+    def test_time(self, inference: Inference | None = None, **knobs):
+        """Run the `with` block at these test-time settings, the one way to change them for a while: an
+        `Inference` or its fields as keywords (`steps`, `attn_steps`, `mlp_steps` as in `set_steps`,
+        `adaptive_tol`, `adaptive_rule`, `guard` as in `set_inference`; None keeps each CEM layer's own).
+        Everything is checked before any layer changes; afterwards every layer has its own back."""
+        inference = Inference.of(inference, **knobs)
         with ExitStack() as stack:
             for m in self.descent_layers():
-                stack.enter_context(m.test_time(depths.get(m), adaptive_tol, guard, adaptive_rule))
+                stack.enter_context(m.test_time(inference))
             yield self
 
     def reset_steps_used(self) -> None:
@@ -266,8 +248,8 @@ class LanguageModel(nn.Module):
         `layers` (by module name); None where nothing ran. Read it after `evaluate(...)` with adaptive steps."""
         named = [(n, m) for n, m in self.named_modules() if isinstance(m, DescentLayer)]
         out: dict = {"layers": {n: m.steps_used() for n, m in named}}
-        for kind, pick in (("attn", CEMAttention), ("mlp", CEMMLP), ("all", DescentLayer)):
-            group = [m for _, m in named if isinstance(m, pick)]
+        groups = {kind: [m for _, m in named if m.sublayer == kind] for kind in SUBLAYERS}
+        for kind, group in {**groups, "all": [m for _, m in named]}.items():
             positions = sum(m.positions_total for m in group)
             out[kind] = float(sum(m.steps_total for m in group)) / positions if positions else None
         return out
@@ -283,8 +265,8 @@ class LanguageModel(nn.Module):
                 raise ValueError(f"the CEM layers differ in {name} {sorted(values, key=str)}; a config holds one value")
             if values:
                 out[name] = values.pop()
-        for kind, is_attn in (("attn", True), ("mlp", False)):
-            layers = [m for m in self.descent_layers() if isinstance(m, CEMAttention) == is_attn]
+        for kind in SUBLAYERS:
+            layers = [m for m in self.descent_layers() if m.sublayer == kind]
             if not layers:
                 continue
             steps, sizes = {m.steps for m in layers}, {m.step_size for m in layers}
@@ -300,25 +282,4 @@ class LanguageModel(nn.Module):
         """The config with the recursion depths and step sizes the CEM layers run now (test-time changes)."""
         return self.config.replace(**self.live_steps())
 
-    @torch.no_grad()
-    def generate(
-        self,
-        prompt_ids: Tensor,
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        steps: int | None = None,
-        generator: torch.Generator | None = None,
-        *,
-        adaptive_tol: float | None = None,
-        guard: int | None = None,
-        adaptive_rule: str | None = None,
-    ) -> Tensor:
-        """Sample continuations with the cache; see `cem.model.generate.generate`."""
-        from .generate import generate
-
-        return generate(
-            self, prompt_ids, max_new_tokens, temperature, top_k, top_p, steps, generator,
-            adaptive_tol=adaptive_tol, guard=guard, adaptive_rule=adaptive_rule,
-        )
+    generate = generate  # `cem.model.generate.generate` as a method: model.generate(prompt_ids, max_new_tokens, ...)

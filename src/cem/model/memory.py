@@ -9,7 +9,8 @@ captured tensors of each `torch.utils.checkpoint` call, deduplicated by storage;
 short lengths, under bf16 autocast when asked; that is linear in the number of tokens (the fused kernel keeps
 O(L) per layer), so the block's and the rest of the model's counts are extrapolated to `batch` × `seq` and the
 block's is multiplied by the number of layers. The CEM attention runs in the Triton kernel there (Triton's
-interpreter), which saves what it saves on a GPU; without triton the CPU path is counted, a few percent more.
+interpreter), which saves what it saves on a GPU; without triton the CPU path is counted, a few percent more:
+the attention kind says which kernel that is and what scratch it allocates (`SublayerKind.kernel`).
 
 Validated against one H100 (docs/benchmarks/gpu_h100.md: `cem-t2`, 134M, 2048 tokens, bf16, T = 1..4, each
 checkpointing mode): activations within 10%, peak within 9% (tests/model/test_memory.py). Multi-GPU terms
@@ -26,11 +27,12 @@ import torch
 import torch.utils.checkpoint
 
 from ..checks import check_choice, check_positive_int
-from ..kernels.triton_attention import DIAG_SCORES_MAX_BYTES
+from ..device import PARALLEL, PRECISIONS
+from ..layers import ATTENTION_KINDS
 from .config import ModelConfig
 
-PARALLEL = ("none", "ddp", "fsdp")
-PRECISIONS = ("bf16", "fp32")
+PLANNED_PARALLEL = ("none", *PARALLEL)  # one device, or a torchrun run's way of sharing the model
+PLANNED_PRECISIONS = tuple(p for p in PRECISIONS if p != "auto")  # a plan says which: bf16 autocast or fp32
 GiB = 2**30
 CUDA_CONTEXT_BYTES = 1 * GiB  # the CUDA context and the allocator's slack: outside torch's count, kept free in `fits`
 _PROBE_TOKENS = (32, 64)  # at least the head width: fewer tokens take another path (`CEMAttention.folds`)
@@ -107,9 +109,9 @@ def _kept_bytes(module: torch.nn.Module, args: tuple, bf16: bool) -> int:
 
 
 def _probe_backend(cfg: ModelConfig) -> str:
-    from ..kernels import HAS_TRITON
-
-    return "triton" if HAS_TRITON and cfg.attn == "cem" else cfg.attn_backend
+    """The attention backend the probes run: the kind's GPU training kernel where it can run here, else the config's."""
+    kernel = ATTENTION_KINDS[cfg.attn].kernel
+    return kernel.backend if kernel is not None and kernel.available() else cfg.attn_backend
 
 
 def activation_bytes(cfg: ModelConfig, batch: int, seq: int, precision: str = "bf16", checkpointing: str = "none") -> tuple[int, int]:
@@ -117,7 +119,7 @@ def activation_bytes(cfg: ModelConfig, batch: int, seq: int, precision: str = "b
     tokens, measured on a one-block model at two short lengths and extrapolated (see the module docstring)."""
     from .lm import LanguageModel
 
-    check_choice("precision", precision, PRECISIONS)
+    check_choice("precision", precision, PLANNED_PRECISIONS)
     bf16 = precision == "bf16"
     probes = _probe_tokens(cfg)
     small = cfg.replace(n_layers=1, context=max(cfg.context, max(probes)), attn_backend=_probe_backend(cfg))
@@ -156,7 +158,7 @@ def plan_memory(
     check_positive_int("batch", batch)
     check_positive_int("seq", seq)
     check_positive_int("gpus", gpus)
-    check_choice("parallel", parallel, PARALLEL)
+    check_choice("parallel", parallel, PLANNED_PARALLEL)
     check_choice("checkpointing", checkpointing, CHECKPOINTING)
     if parallel == "none" and gpus > 1:
         raise ValueError(f"--gpus {gpus} needs --parallel ddp or fsdp")
@@ -177,10 +179,9 @@ def plan_memory(
     transient = batch * seq * cfg.vocab_size * elem  # the logits' gradient at the start of the backward pass
     if checkpointing == "layer":  # one block recomputed in full
         transient = max(transient, activation_bytes(cfg, batch, seq, precision, "none")[1])
-    if cfg.attn == "cem" and cfg.kq_diag == "shared":  # the kernel's score matrix and Σ dS (cem.kernels)
-        scores = 2 * batch * seq * seq * elem
-        if scores <= DIAG_SCORES_MAX_BYTES:
-            transient = max(transient, scores)
+    kernel = ATTENTION_KINDS[cfg.attn].kernel
+    if kernel is not None:  # what the attention kernel allocates at the peak (CEM: the diagonal's score matrix and Σ dS)
+        transient = max(transient, kernel.scratch(cfg.attention_config(), batch, seq, elem))
     return MemoryPlan(params, grads, optimizer, activations, transient)
 
 

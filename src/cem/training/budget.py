@@ -62,5 +62,5 @@ def hf_bytes_for_budget(run: RunConfig, world_size: int = 1) -> int | None:
         return t.hf_max_bytes
     if t.max_steps is None and t.tokens is None:
         return None
-    cfg = run.model(run.vocab_hint())
+    cfg = run.model()
     return HF_BYTES_PER_TOKEN * Budget.of(t, cfg, t.seq_len or cfg.context, world_size).tokens

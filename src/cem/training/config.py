@@ -4,6 +4,7 @@ optional YAML file and `key=value` overrides."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 import reprlib
@@ -13,13 +14,12 @@ from pathlib import Path
 
 import yaml
 
-from ..device import PRECISIONS
+from ..device import PARALLEL, PRECISIONS
 from ..checks import check_choice, check_finite, check_positive_int
 from ..data.tokenizers import ByteTokenizer
-from ..model import ModelConfig, model_config
+from ..model import ARCHS, SIZES, ModelConfig, model_config
 from ..model.lm import CHECKPOINTING
 
-PARALLEL = ("ddp", "fsdp")
 LLAMA_VOCAB = 32_000  # the paper's Llama tokenizer: the guess for a pretrained tokenizer not loaded yet
 
 
@@ -28,44 +28,82 @@ class TrainConfig:
     """The paper's recipe (Table 2) as defaults: AdamW, cosine with 5% warm-up to 0.1x, clipping 1.0."""
 
     data: str = "python-stdlib"
+    """corpus: a named one (`cem data prepare --help` lists them), a local file or folder, or hf:NAME[:CONFIG]"""
     data_dir: str | None = None
-    data_encoding: str = "utf-8"  # of local .txt/.jsonl corpora; text that does not decode is refused
+    """where named corpora live (default: $CEM_DATA_DIR, else ./data when it holds the corpus, else ~/.cache/cem/data, where `cem data prepare` puts them)"""
+    data_encoding: str = "utf-8"
+    """of local .txt/.jsonl corpora; text that does not decode is refused"""
     tokenizer: str = "byte"
+    """byte, bpe:N, or a Hugging Face tokenizer name / path"""
     preset: str = "small"
+    """model size"""
     arch: str = "cem"
-    seq_len: int | None = None  # default: the model's context
-    batch_size: int = 16  # sequences per micro-batch (per process)
+    """architecture: which sublayers are CEM, and their variants"""
+    seq_len: int | None = None
+    """training sequence length (default: the model's context)"""
+    batch_size: int = 16
+    """sequences per micro-batch and process"""
     grad_accum: int = 1
+    """micro-batches per optimiser step"""
     max_steps: int | None = None
-    tokens: str | None = None  # a number of training tokens, or "chinchilla" (20 per Llama-baseline parameter)
+    """optimiser steps"""
+    tokens: str | None = None
+    """training tokens (e.g. 5e6) or 'chinchilla' (20 per parameter of the Llama baseline), instead of max_steps (default: none)"""
     lr: float = 2e-3
+    """peak learning rate"""
     beta1: float = 0.9
+    """AdamW's β1"""
     beta2: float = 0.95
+    """AdamW's β2"""
     eps: float = 1e-9
+    """AdamW's ε"""
     weight_decay: float = 0.1
+    """AdamW's decoupled weight decay"""
     grad_clip: float = 1.0
+    """clip the gradient's global norm to this"""
     warmup_frac: float = 0.05
+    """fraction of the steps of linear warm-up"""
     final_lr_frac: float = 0.1
+    """the cosine schedule ends at this fraction of lr"""
     eval_every: int = 200
-    eval_batches: int = 20  # validation batches per periodic evaluation
-    # leading tokens of the final validation and test evaluation; None: the whole split where that is quick
-    # (`trainer.final_eval_tokens`: at most 5% of the training tokens), else 5% of the training tokens; 0: all
+    """steps between validation evaluations (0: none)"""
+    eval_batches: int = 20
+    """validation batches per periodic evaluation"""
     final_eval_tokens: int | None = None
+    """leading tokens of the final validation and test evaluation; 0: all (default: the whole split where that is quick, `trainer.final_eval_tokens`: at most 5% of the training tokens, else 5% of the training tokens)"""
     log_every: int = 10
+    """steps between log lines"""
     save_every: int = 200
+    """steps between checkpoints (0: only at the end)"""
     seed: int = 0
+    """seed of the weights, the data order and sampling"""
     device: str = "auto"
-    precision: str = "auto"  # "auto" (bf16 autocast where supported on GPU), "bf16", "fp32"
-    compile: bool | None = None  # None: `compile_by_default` (on for CUDA; on the CPU only for long runs)
-    parallel: str = "ddp"  # with torchrun: "ddp" or "fsdp" (FSDP2, fully_shard)
-    activation_checkpointing: str = "none"  # "none", "layer" (each block) or "step" (each recursion step): memory for compute
+    """auto (CUDA when available, else the CPU), cpu, cuda, cuda:N, mps"""
+    precision: str = "auto"
+    """auto (bf16 autocast where supported on GPU), bf16 or fp32"""
+    compile: bool | None = None
+    """run the model under torch.compile (default: `compile_by_default`, on for CUDA; on the CPU only for long runs)"""
+    parallel: str = "ddp"
+    """with torchrun: ddp or fsdp (FSDP2, fully_shard)"""
+    activation_checkpointing: str = "none"
+    """recompute activations in the backward pass: layer (each block) or step (each recursion step of a CEM sublayer, memory independent of T)"""
     wandb: bool = False
+    """log to Weights & Biases"""
     wandb_project: str = "cem"
-    tensorboard: bool = True  # when TensorBoard is installed (the `tensorboard` extra); said once in the log otherwise
-    hf_max_docs: int | None = None  # hf: corpora: documents streamed per split (None: no document limit)
-    hf_max_bytes: int | None = None  # hf: corpora: text bytes streamed for train (None: enough for the budget)
-    diverge_factor: float = 10.0  # stop when the median loss of the last 10 steps exceeds this multiple of the earlier median, or a loss this multiple of ln(vocab) (0: only non-finite)
-    diverge_warmup: int = 20  # steps before the loss medians are compared
+    """the Weights & Biases project"""
+    tensorboard: bool = True
+    """TensorBoard logs, when TensorBoard is installed (the `tensorboard` extra); said once in the log otherwise"""
+    hf_max_docs: int | None = None
+    """hf: corpora: documents streamed per split (default: no document limit)"""
+    hf_max_bytes: int | None = None
+    """hf: corpora: text bytes streamed for train (default: enough for the budget)"""
+    diverge_factor: float = 10.0
+    """stop when the median loss of the last 10 steps exceeds this multiple of the earlier median, or a loss this multiple of ln(vocab) (0: only non-finite)"""
+    diverge_warmup: int = 20
+    """steps before the loss medians are compared"""
+
+    CHOICES = {"preset": tuple(SIZES), "arch": tuple(ARCHS), "precision": PRECISIONS, "parallel": PARALLEL,
+               "activation_checkpointing": CHECKPOINTING}  # fmt: skip
 
     def __post_init__(self) -> None:
         self.validate()
@@ -100,9 +138,8 @@ class TrainConfig:
             value = getattr(self, name)
             if not isinstance(value, str) or not value.strip():
                 raise ValueError(f"{name} must name something, got {value!r}")
-        check_choice("parallel", self.parallel, PARALLEL)
-        check_choice("activation_checkpointing", self.activation_checkpointing, CHECKPOINTING)
-        check_choice("precision", self.precision, PRECISIONS)
+        for name, choices in self.CHOICES.items():
+            check_choice(name, getattr(self, name), choices)
         try:
             "".encode(self.data_encoding)
         except (LookupError, TypeError):
@@ -124,16 +161,24 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     model_overrides: dict = field(default_factory=dict)
 
-    def model(self, vocab_size: int) -> ModelConfig:
-        """The model config: size preset + architecture + overrides, vocabulary from the tokenizer (a
-        `vocab_size` setting must equal it: eval, generate and export read the model with its tokenizer)."""
+    def model(self, vocab_size: int | None = None) -> ModelConfig:
+        """The model config with the tokenizer's vocabulary `vocab_size` (default: `vocab_hint`, before the
+        tokenizer is loaded); a `vocab_size` setting must equal it: eval, generate and export read the model
+        with its tokenizer."""
+        vocab_size = self.vocab_hint() if vocab_size is None else vocab_size
         given = self.model_overrides.get("vocab_size", vocab_size)
         if given != vocab_size:
             raise ValueError(
                 f"vocab_size={given!r} does not match the tokenizer {self.train.tokenizer!r}, which has {vocab_size} symbols; "
                 "leave vocab_size out (it is set from the tokenizer)")
-        overrides = {**self.model_overrides, "vocab_size": vocab_size}
-        cfg = model_config(self.train.preset, self.train.arch, **overrides)
+        cfg = self._model_config
+        return cfg if cfg.vocab_size == vocab_size else cfg.replace(vocab_size=vocab_size)
+
+    @functools.cached_property
+    def _model_config(self) -> ModelConfig:
+        """Size preset + architecture + overrides, with `vocab_hint`'s vocabulary and a context of at least
+        `seq_len`: the one place a run's model config is built (`model` hands it out)."""
+        cfg = model_config(self.train.preset, self.train.arch, **{**self.model_overrides, "vocab_size": self.vocab_hint()})
         if self.train.seq_len and self.train.seq_len > cfg.context:
             cfg = cfg.replace(context=self.train.seq_len)
         return cfg
@@ -271,5 +316,5 @@ def load_run_config(yaml_path: str | Path | None = None, overrides: list[str] | 
         k, v = item.split("=", 1)
         pairs[k.strip()] = v.strip()
     run = apply_overrides(run, pairs)
-    run.model(run.vocab_hint())  # the model settings are checked now, not after the data loads
+    run.model()  # the model settings are checked now, not after the data loads
     return run

@@ -6,7 +6,8 @@ what a run left behind.
     tokenizer/      the tokenizer, reloadable with `cem.data.load_tokenizer`
     ckpt/           the latest checkpoint (`checkpoint.py`; `ckpt.old/` while a swap is interrupted)
     .lock           held (flock) by the process writing the run; holds its pid
-    metrics.jsonl   one record per logged step (also metrics.csv, tensorboard/)
+    metrics.jsonl   one record per logged step (`metrics.read_metrics`; also tensorboard/; runs started before
+                    2026-11-27 also hold metrics.csv, `metrics.drop_duplicate_csv`)
     results.json    the final results; its presence means the run is finished
     evals/          what analyses computed from the final weights (`cem.experiments.products`)
 
@@ -152,6 +153,7 @@ class RunDir:
 
     @property
     def metrics_csv(self) -> Path:
+        """The table older runs wrote beside metrics.jsonl (see `metrics`); new runs do not."""
         return self.path / "metrics.csv"
 
     @property
