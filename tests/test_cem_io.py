@@ -71,6 +71,7 @@ def test_staged_folder_moves_in_on_success_only(tmp_path, monkeypatch):
     assert (target / "config.json").read_text() == "new config.json" and sorted(p.name for p in tmp_path.iterdir()) == ["model"]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not hasattr(__import__("resource"), "RLIMIT_FSIZE"), reason="needs RLIMIT_FSIZE")
 @pytest.mark.parametrize("arch", ["attn='cem', mlp='cem'", "attn='llama', mlp='llama', position='rope'"], ids=["cem-format", "llama-format"])
 def test_an_export_cut_short_by_a_file_size_limit_leaves_the_folder_as_it_was(tmp_path, arch):

@@ -484,6 +484,20 @@ def trained(tmp_path_factory, corpus_dir):
     return root
 
 
+SLOW_CASES = ("lm-eval", "corpus")  # the cases that take tens of seconds (a harness run, a corpus tokenised): the slow tier
+
+
+def _tiered(case):
+    values = getattr(case, "values", case)
+    if not values[0].startswith(SLOW_CASES):
+        return case
+    marks = tuple(getattr(case, "marks", ())) + (pytest.mark.slow,)
+    return pytest.param(*values, marks=marks, id=getattr(case, "id", None))
+
+
+CASES = [_tiered(c) for c in CASES]
+
+
 @pytest.mark.parametrize("name,argv,setup,expect", CASES, ids=[getattr(c, "values", c)[0] for c in CASES])
 def test_bad_input_is_one_line(name, argv, setup, expect, trained, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("CEM_CACHE_DIR", str(trained / "cache"))
@@ -516,6 +530,7 @@ def test_the_table_is_large_enough():
     assert len(CASES) >= 60
 
 
+@pytest.mark.slow
 def test_cli_train_eval_generate(tiny_args, tmp_path, capsys):
     out = str(tmp_path / "run")
     args = ["train", "--data", tiny_args["data"], "--preset", "tiny", "--arch", "cem", "--max-steps", "4", "--batch-size", "4",
@@ -614,6 +629,7 @@ def test_smoke_experiment_ends_with_its_report_and_exit_0(corpus_dir, tmp_path, 
     assert report.startswith("> **Not the paper's protocol") and "report:" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_rehearse_runs_a_scales_suite_in_shape_at_a_few_steps(corpus_dir, tmp_path, monkeypatch, capsys):
     """--rehearse keeps the cpu scale's corpus, sizes, learning-rate sweep and analyses but trains each run 3
     steps (and the GP study at its tiny setting), into results/cpu-rehearsal, and writes the report marked

@@ -81,6 +81,7 @@ def _huggingface_prelude(ns: dict) -> None:
 PRELUDES = {"huggingface.md": _huggingface_prelude}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", [p for p in DOCS if any(b[2] == "docs: run" for b in blocks(p))], ids=lambda p: p.name)
 def test_run_blocks(path, tmp_path, monkeypatch):
     pytest.importorskip("transformers")

@@ -324,7 +324,7 @@ def cmd_info(args) -> int:
     print(format_breakdown(rows))
     print(f"training FLOPs per token: {train_flops_per_token(cfg):,}")
     if args.memory:
-        from .model.memory import format_plan, plan_memory
+        from .model.memory import depth_note, format_plan, plan_memory
 
         if not args.device_gb > 0:
             raise ValueError(f"--device-gb must be a positive number of GB, got {args.device_gb}")
@@ -336,6 +336,8 @@ def cmd_info(args) -> int:
         plan = plan_memory(planned, batch, seq, args.mem_precision, args.gpus, parallel, checkpointing)
         print(f"predicted training memory per device: batch {batch} x {seq} tokens, vocabulary {planned.vocab_size:,}, {args.mem_precision}, {args.gpus} device(s), "
               f"parallel {parallel}, checkpointing {checkpointing} (cem.model.memory)")
+        if depth_note(planned):
+            print(depth_note(planned))
         print(format_plan(plan, args.device_gb))
     return 0
 
@@ -350,6 +352,35 @@ def cmd_data_prepare(args) -> int:
     tokens = {k: parse_tokens(getattr(args, k), "--" + k.replace("_", "-")) for k in ("tokens", "held_out_tokens", "shard_tokens")}
     print(prepare_shards(args.name, args.tokenizer, args.out, tokens=tokens["tokens"], held_out_tokens=tokens["held_out_tokens"],
                          shard_tokens=tokens["shard_tokens"], workers=args.workers, data_dir=args.data_dir))
+    return 0
+
+
+def cmd_data_verify(args) -> int:
+    """Each file checked against its manifest's sha256, one line each, then a summary; exit 1 if one is not intact."""
+    from .data.tokenshards import MANIFEST as SHARDS_MANIFEST, FORMAT as SHARDS_FORMAT, verify_shards
+    from .io import read_json
+    from .training.checkpoint import MANIFEST as CKPT_MANIFEST, checkpoint_problems
+
+    checked = []
+    for folder in map(Path, args.folders):
+        if not folder.is_dir():
+            raise FileNotFoundError(f"{folder}: no such folder (give a token-shard folder, a run folder or a checkpoint folder)")
+        manifest = folder / SHARDS_MANIFEST
+        if manifest.is_file() and read_json(manifest).get("settings", {}).get("format") == SHARDS_FORMAT:
+            checked += verify_shards(folder)
+            continue
+        checkpoints = [folder] if (folder / CKPT_MANIFEST).is_file() else [c for c in (folder / "ckpt", folder / "ckpt.old") if c.is_dir()]
+        if not checkpoints:
+            raise ValueError(f"{folder} is neither a token-shard folder, a run folder with a checkpoint (ckpt/) nor a checkpoint folder")
+        for ckpt in checkpoints:
+            checked += checkpoint_problems(ckpt)
+    bad = [(path, problem) for path, problem in checked if problem]
+    for path, problem in checked:
+        print(f"{'ok ' if problem is None else 'BAD'} {path}" + (f": {problem}" if problem else ""))
+    if bad:
+        print(f"cem data verify: {len(bad)} of {len(checked)} files are not what their manifest records", file=sys.stderr)
+        return 1
+    print(f"verified {len(checked)} files (sha256 against their manifests): all intact")
     return 0
 
 
@@ -499,6 +530,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--from", dest="source", help="copy the files from this local folder (same layout) instead of downloading")
     p.add_argument("--force", action="store_true", help="fetch again even if the corpus is already there")
     p.set_defaults(func=cmd_data_prepare)
+
+    p = data_sub.add_parser("verify", help="check every file of token-shard folders, run folders (their checkpoints) or checkpoint "
+                            "folders against the sha256 its manifest records; exit 1 if one is missing or altered")
+    p.add_argument("folders", nargs="+", metavar="DIR", help="a token-shard folder (cem data prepare --tokenizer), a run folder or a checkpoint folder")
+    p.set_defaults(func=cmd_data_verify)
 
     try:
         from .experiments import ALL_IDS, SCALES

@@ -136,6 +136,7 @@ def test_attention_failures_are_notes_not_a_crash(monkeypatch):
 # ----------------------------------------------------------------------------------------------- training
 
 
+@pytest.mark.slow
 def test_train_throughput_smoke(tmp_path):
     out = tmp_path / "train.md"
     report = train_throughput.main(
@@ -165,6 +166,7 @@ def test_train_throughput_models_picks_the_cem_rows_and_keeps_llama():
         train_throughput.main(["--device", "cpu", "--models", "CEM T=3"])
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not kernel_tiles.HAS_TRITON, reason="needs triton (its interpreter on the CPU)")
 def test_kernel_tiles_smoke(tmp_path, monkeypatch):
     """Every candidate is checked against float64 before it is timed; a config that fails to launch is a
@@ -190,6 +192,7 @@ def test_kernel_tiles_smoke(tmp_path, monkeypatch):
     check_markdown(out, "Fused CEM attention kernel: tile sizes", kernel_tiles.COLUMNS)
 
 
+@pytest.mark.slow
 def test_train_memory_smoke(tmp_path):
     """Each cell in its own process: activation memory grows with T without checkpointing, and either
     checkpointing mode keeps less of it; static memory does not depend on the mode."""
@@ -255,6 +258,7 @@ def test_tiled_cache_has_the_prefilled_shape_and_repeats_the_chunk():
         assert tiled.length == 41
 
 
+@pytest.mark.slow
 def test_script_runs_as_a_file(tmp_path):
     out = tmp_path / "decode.md"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

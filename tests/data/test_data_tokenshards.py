@@ -236,6 +236,7 @@ prepare_shards(sys.argv[1], "byte", sys.argv[2], shard_tokens=20_000, workers=in
 """
 
 
+@pytest.mark.slow
 def test_kill_9_mid_prepare_then_rerun_gives_the_same_shards(tmp_path):
     rng = random.Random(2)
     corpus = tmp_path / "big"

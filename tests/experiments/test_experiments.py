@@ -45,6 +45,7 @@ def test_every_experiment_is_defined_at_every_scale():
                 assert variants and len({v.label for v in variants}) == len(variants)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scale", ["cpu", "gpu", "paper"])
 def test_reported_scales_train_every_run_to_the_chinchilla_budget_with_the_paper_warmup(scale):
     s = chosen(get_scale(scale))
@@ -194,6 +195,7 @@ def test_a_recorded_learning_rate_choice_stands_when_a_sweep_run_changes(corpus,
         run_experiment("lr", "smoke", root, **kw)
 
 
+@pytest.mark.slow
 def test_fig3a_brackets_the_current_best_rate_when_a_run_trained_again_moves_it(corpus, tmp_path, monkeypatch):
     """fig3a reads the whole curve: where a sweep run trained again has moved Llama's best rate (on the current
     results) to an end of its grid, the grid grows until that best is bracketed again and the new rate joins
@@ -257,6 +259,7 @@ def test_plan_says_what_would_be_trained_without_training(corpus, tmp_path, monk
     assert sweeping["undecided"] == {"micro-llama": 4} and sweeping["experiments"] == {} and sweeping["total"]["train"] == 4
 
 
+@pytest.mark.slow
 def test_fig2c_end_to_end_with_resume_and_the_budget_check(corpus, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("CEM_CACHE_DIR", str(tmp_path / "cache"))
     summary = run_experiment("fig2c", "smoke", tmp_path / "res", **smoke(corpus))
@@ -283,6 +286,7 @@ def test_fig2c_end_to_end_with_resume_and_the_budget_check(corpus, tmp_path, mon
     assert "## fig2c" in report and "![fig2c](fig2c/fig2c.png)" in report and "Llama micro" in report and "95% CI" in report
 
 
+@pytest.mark.slow
 def test_test_time_and_energy(corpus, tmp_path, monkeypatch):
     monkeypatch.setenv("CEM_CACHE_DIR", str(tmp_path / "cache"))
     scale = smoke(corpus, seeds=(0,), recursion_seeds=(0, 1))
@@ -363,6 +367,7 @@ def test_test_time_and_energy(corpus, tmp_path, monkeypatch):
     assert (tmp_path / "res" / "energy" / "energy.png").exists()
 
 
+@pytest.mark.slow
 def test_extra_steps_matches_the_depth_study(corpus, tmp_path):
     """`extra_steps` from T to T is free, and all layers at `more` is the depth study's loss at that T."""
     from cem.experiments.analysis import depth_study, extra_steps
@@ -445,6 +450,7 @@ def test_regime_check_compares_llama_with_an_ngram_on_the_same_tokens(corpus, tm
     assert 0 < extra["regime"]["bad"]["ngrams"][1]["valid_loss"] < 5.0
 
 
+@pytest.mark.slow
 def test_a_failed_run_stops_a_parallel_sweep(corpus, tmp_path, monkeypatch):
     """With --jobs > 1, a run that fails (or is interrupted) stops the sweep: the runs not started yet are
     cancelled instead of being trained one after another while the command is being stopped."""
@@ -560,6 +566,7 @@ def _gone(pids, seconds):
     return False
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="pgrep, /proc and PR_SET_PDEATHSIG are Linux's")
 def test_a_stopped_sweep_stops_its_running_runs_with_checkpoints(corpus, tmp_path):
     """SIGTERM to a parallel sweep's process (what `kill` or a scheduler sends): the running runs save their
@@ -576,6 +583,7 @@ def test_a_stopped_sweep_stops_its_running_runs_with_checkpoints(corpus, tmp_pat
     assert all((r / "ckpt").is_dir() and not (r / "results.json").exists() for r in runs)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="pgrep, /proc and PR_SET_PDEATHSIG are Linux's")
 def test_a_killed_sweep_takes_its_workers_with_it(corpus, tmp_path):
     """SIGKILL to the sweep's process: its workers get SIGTERM from the kernel (PR_SET_PDEATHSIG), save their

@@ -126,6 +126,7 @@ def test_run_cell_is_deterministic_with_early_stopping():
     assert a["best_step"] in (20, 40, 60) and math.isfinite(a["val_rmse"])
 
 
+@pytest.mark.slow
 def test_tiny_study_end_to_end_with_resume(tmp_path, monkeypatch):
     calls = []
     real = gp.run_cell

@@ -19,6 +19,7 @@ def _setup(corpus, tmp_path, monkeypatch):
     return get_scale("smoke", data=str(corpus)), tmp_path / "res"
 
 
+@pytest.mark.slow
 def test_products_are_computed_as_runs_finish_and_read_without_the_weights(corpus, tmp_path, monkeypatch, capsys):
     scale, root = _setup(corpus, tmp_path, monkeypatch)
     specs = [RunSpec.make("micro", "llama", seed=i) for i in (0, 1)]
@@ -70,6 +71,7 @@ def test_a_product_is_never_written_through_a_planted_link(corpus, tmp_path, mon
     assert list((tmp_path / "victim").iterdir()) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("jobs", [1, 2])
 def test_a_run_another_sweep_holds_is_put_off_then_waited_for(corpus, tmp_path, monkeypatch, capfd, jobs):
     """Two sweeps over the same results (two terminals, or two lanes of a suite) that both need a run: the

@@ -42,6 +42,7 @@ def test_own_rate_variants_wait_for_their_sweep_and_then_train_at_its_choice():
     assert set(RATE_RULES) == {"paper", "own"}
 
 
+@pytest.mark.slow
 def test_both_rate_rules_end_to_end(corpus, tmp_path, monkeypatch):
     """A smoke-sized fig2c under both rules: the own-rate sweeps are seed-0, recorded, and the summary carries the
     paper-family findings again with each CEM variant at its own rate."""

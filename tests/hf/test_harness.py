@@ -16,6 +16,7 @@ from cem.cli import main  # noqa: E402
 from cem.hf.harness import LOCAL_CHOICE, LOCAL_TEXT, write_local_tasks  # noqa: E402
 
 
+@pytest.mark.slow
 def test_lm_eval_on_a_trained_run_offline(tiny_args, tmp_path, capsys):
     out = str(tmp_path / "run")
     assert main(["train", "--data", tiny_args["data"], "--preset", "tiny", "--arch", "cem-t2", "--max-steps", "2", "--batch-size", "2",

@@ -412,6 +412,7 @@ def test_export_replaces_a_planted_link_and_never_writes_through_it(tmp_path):
     assert not (out / "modeling_cem.py").is_symlink() and "from cem.hf.modeling import" in (out / "modeling_cem.py").read_text()
 
 
+@pytest.mark.slow
 def test_the_exported_tokenizer_loads_with_stock_transformers(tmp_path):
     """Issue 21: AutoTokenizer on a CEM-format export stopped at "Do you wish to run the custom code?" (it
     reads config.json, whose auto_map pointed at the shim). By default an export holds no code: a fresh
@@ -433,6 +434,7 @@ def test_the_exported_tokenizer_loads_with_stock_transformers(tmp_path):
     assert int(run.stdout.split()[-1]) == tiny("cem").config.context
 
 
+@pytest.mark.slow
 def test_trust_remote_code_loads_without_importing_cem_hf(tmp_path):
     model = tiny("cem-t2")
     assert not (ch.export_hf(model, tmp_path / "plain") / "modeling_cem.py").exists()  # no code unless asked

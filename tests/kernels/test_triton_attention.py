@@ -145,6 +145,7 @@ def test_bfloat16_close_to_reference(device, B, K, Jq, Jk, d, D, diag, q_start):
         pytest.param(KernelConfig(block_m=64, block_n=64, block_dd=64), id="single-tile"),
     ],
 )
+@pytest.mark.slow
 @pytest.mark.parametrize("diag", ["shared", "shared-in-kernel", "per_head"])
 def test_tilings_and_head_groups(config, diag):
     """Head groups (diagonal tile recomputed per group, qd/ĥ gradients from several programs) and tile
@@ -285,6 +286,7 @@ def test_imports_without_triton():
     assert res.returncode == 0 and "ok" in res.stdout, res.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_kernels_compile_for_sm90():
     """No GPU needed: the default-tile kernels lower all the way to sm_90 machine code (catches what the
     interpreter does not check: layouts of the 3-D dots, reshapes/permutes, constexpr typing), run in a
@@ -302,6 +304,7 @@ def test_kernels_compile_for_sm90():
     assert len(lines) == 9, res.stdout
 
 
+@pytest.mark.slow
 def test_one_head_a_program_lowers_to_wgmma_for_sm90():
     """With G = 1 the per-head products are 2-D dots (`_bdot`), which Triton lowers to Hopper's wgmma; its
     3-D (batched) dots become mma.sync, which the H100 measurement found slow at large tiles. No GPU needed."""
@@ -409,6 +412,7 @@ def test_custom_operators_pass_opcheck(diag):
                                               ta._config_key(KernelConfig(block_m=16, block_n=16)), qd is not None, qd is not None, True))
 
 
+@pytest.mark.slow
 def test_a_compiled_model_is_one_graph_and_equals_eager():
     """torch.compile of a CEM model on the triton backend traces it as one graph (the kernels are opaque
     custom operators; the kernel-module lookup used to break the graph) and gives the eager loss and

@@ -65,6 +65,7 @@ def test_checkpointing_is_off_without_gradients_and_refuses_unknown_modes():
         model.set_activation_checkpointing("block")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["step"])  # the per-step regions inside a layer; "layer" wraps whole blocks the same way
 def test_under_torch_compile(mode):
     ids = torch.randint(0, 40, (2, 17), generator=torch.Generator().manual_seed(2))

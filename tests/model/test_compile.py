@@ -6,6 +6,7 @@ import torch
 from cem.model import Block, LanguageModel, model_config
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["llama", "llama-alibi", "cem", "cem-t2", "llama-reuse"])
 def test_block_compiles_full_graph(arch):
     torch._dynamo.reset()

@@ -16,6 +16,7 @@ H100 = {
 }  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("T", "mode"), list(H100))
 def test_plan_within_15_percent_of_the_h100(T, mode):
     """Issue 19's bar: activations and peak within 15% of the measurement (measured: within 10% and 9%)."""
@@ -25,6 +26,7 @@ def test_plan_within_15_percent_of_the_h100(T, mode):
     assert abs(plan.total / MiB / peak - 1) < 0.15, (plan.total / MiB, peak)
 
 
+@pytest.mark.slow
 def test_activations_scale_with_tokens_and_depth_not_with_checkpointed_depth():
     cfg = model_config("small", "cem-t2")
     one, _ = activation_bytes(cfg, 1, 256)
@@ -37,6 +39,7 @@ def test_activations_scale_with_tokens_and_depth_not_with_checkpointed_depth():
     assert activation_bytes(cfg, 4, 256, "fp32")[0] > four  # fp32 keeps 4-byte activations
 
 
+@pytest.mark.slow
 def test_parallel_terms_and_fit():
     cfg = model_config("small", "cem")
     single = plan_memory(cfg, 2, 128)
@@ -61,3 +64,24 @@ def test_bad_arguments_are_named(kwargs, message):
     args = {"batch": 1, "seq": 16} | kwargs
     with pytest.raises(ValueError, match=message):
         plan_memory(model_config("micro", "cem"), **args)
+
+
+@pytest.mark.slow
+def test_random_depth_is_planned_at_its_deepest_draw(capsys):
+    """Issue 39: with train_depth=model each probe drew its own T, so the same plan came out different each
+    time, and negative; now it is the plan at T = train_depth_max, every time, and the output says so."""
+    import re
+
+    from cem.cli import main
+
+    cfg = model_config("tiny", "cem-t2", train_depth="model", train_depth_max=4)
+    plans = {plan_memory(cfg, 2, 64) for _ in range(3)}
+    assert plans == {plan_memory(cfg.replace(train_depth="fixed", attn_steps=4, mlp_steps=4), 2, 64)}
+    assert next(iter(plans)).activations > plan_memory(cfg.replace(train_depth="fixed"), 2, 64).activations > 0
+    args = ["info", "--memory", "--preset", "tiny", "--arch", "cem-t2", "--batch", "2", "--seq", "64", "train_depth=model", "train_depth_max=4"]
+    printed = []
+    for _ in range(2):
+        assert main(args) == 0
+        printed.append(capsys.readouterr().out)
+    assert printed[0] == printed[1] and "planned for the deepest draw, T = 4" in printed[0]
+    assert not re.search(r"activations\s+-", printed[0])

@@ -72,6 +72,7 @@ def ops_of_a_save(tmp_path, tiny_model, monkeypatch):
     return len(counter.calls)
 
 
+@pytest.mark.slow
 def test_two_crashes_in_a_row_at_every_step_of_a_save_lose_nothing(tmp_path, tiny_model, monkeypatch):
     monkeypatch.setattr(os, "fsync", lambda fd: None)  # still called (and counted as operations), but no disk wait
     if Path("/dev/shm").is_dir() and os.access("/dev/shm", os.W_OK):

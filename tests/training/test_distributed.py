@@ -26,6 +26,7 @@ def losses(run_dir):
     return [r["loss"] for r in map(json.loads, open(run_dir / "metrics.jsonl")) if "loss" in r]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
 def test_two_processes_match_one(corpus_dir, tmp_path, parallel):
     env = {**os.environ, "CEM_CACHE_DIR": str(tmp_path / "cache"), "CORPUS": str(corpus_dir), "OMP_NUM_THREADS": "1"}
@@ -42,6 +43,7 @@ def test_two_processes_match_one(corpus_dir, tmp_path, parallel):
     assert two_res["test_loss"] == pytest.approx(one_res["test_loss"], rel=1e-5)
 
 
+@pytest.mark.slow
 def test_sigint_saves_checkpoint_and_exits_cleanly(corpus_dir, tmp_path):
     env = {**os.environ, "CEM_CACHE_DIR": str(tmp_path / "cache"), "CORPUS": str(corpus_dir)}
     out = tmp_path / "run"
@@ -59,6 +61,7 @@ def test_sigint_saves_checkpoint_and_exits_cleanly(corpus_dir, tmp_path):
     assert (out / "ckpt" / "manifest.json").is_file()
 
 
+@pytest.mark.slow
 def test_ctrl_c_with_the_output_piped_to_a_reader_that_is_gone_still_saves(corpus_dir, tmp_path):
     """`cem train ... 2>&1 | tee log`, then Ctrl-C: the signal reaches tee too, which exits, and the next
     progress write hit a dead pipe (BrokenPipeError) before the checkpoint was saved: the run was lost. Here
@@ -80,6 +83,7 @@ def test_ctrl_c_with_the_output_piped_to_a_reader_that_is_gone_still_saves(corpu
     assert proc.returncode == 128 + signal.SIGINT
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("parallel,mode", [("ddp", "step"), ("fsdp", "layer")])
 def test_activation_checkpointing_under_torchrun_matches_one_process(corpus_dir, tmp_path, parallel, mode):
     """Activation checkpointing composed with DDP / FSDP2 (two gloo processes): the same losses as one process

@@ -123,6 +123,7 @@ def test_divergence_stops_and_keeps_last_checkpoint(tiny_args, tmp_path, lr):
     assert max(p.abs().max().item() for p in model.parameters()) < 100
 
 
+@pytest.mark.slow
 def test_a_noisy_small_batch_run_is_not_stopped(tiny_args, tmp_path):
     """Issue 20: the default recipe at batch 2 has gradient-norm spikes above 10x their running median at a
     falling loss (here at step 171); the guard judged them divergence. It must finish, and the run must

@@ -80,6 +80,7 @@ def test_eval_of_a_run_on_shards_reads_them(tiny_args, shards, tmp_path, capsys)
     assert split.tokens.tolist() == load_shards(shards)[2]["valid"].tokens.tolist()
 
 
+@pytest.mark.slow
 def test_two_processes_on_shards_match_one_on_the_corpus(corpus_dir, shards, tmp_path):
     """torchrun with two CPU processes (gloo, DDP) on the shards: each rank reads its half of every global batch
     through the memory maps, and the loss curve is the one process's on the corpus loaded whole."""

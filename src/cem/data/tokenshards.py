@@ -26,6 +26,7 @@ import itertools
 import json
 import os
 import re
+import signal
 import sys
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -43,7 +44,8 @@ from cem.data.shards import TokenSplit, build_split, encode_pieces, piece_batche
 from cem.data.stream import DocumentStreams, Stream, open_streams
 from cem.data.chunking import pieces
 from cem.data.tokenizers import META_FILE, Tokenizer, bpe_from_texts, get_tokenizer, load_tokenizer
-from cem.io import atomic_write, atomic_write_json, refuse_link
+from cem.io import atomic_write, atomic_write_json, refuse_link, sha256_file
+from cem.processes import die_with_parent, stop_pool, submit_quietly
 
 FORMAT = "cem-token-shards/1"
 MANIFEST = "manifest.json"
@@ -292,7 +294,7 @@ def _in_order(pool: Executor | None, tasks: Iterator[tuple[list[str], Any]], win
     pending = deque()
     try:
         for group, position in tasks:
-            pending.append((pool.submit(_encode, group), position))
+            pending.append((submit_quietly(pool, _encode, group), position))
             if len(pending) >= window:
                 future, position = pending.popleft()
                 yield future.result(), position
@@ -313,17 +315,25 @@ def _executor(workers: int, tokenizer_dir: Path, encoding: str) -> Iterator[Exec
         yield None
         return
     pool = ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_init_worker,
-                               initargs=(str(tokenizer_dir), encoding))
+                               initargs=(str(tokenizer_dir), encoding, os.getpid()))
     try:
         yield pool
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+    except BaseException:  # Ctrl-C, SIGTERM, an error: the queues may be in any state, so wait on none of them
+        stop_pool(pool)
+        raise
+    pool.shutdown(wait=True, cancel_futures=True)
 
 
 _worker: dict = {}
 
 
-def _init_worker(tokenizer_dir: str, encoding: str) -> None:
+def _init_worker(tokenizer_dir: str, encoding: str, parent: int | None = None) -> None:
+    """A tokenising worker: it dies with the prepare (`die_with_parent`, even after a kill -9 of it), leaves
+    Ctrl-C to the prepare (which stops it: `stop_pool`; it is born with SIGINT blocked, `submit_quietly`),
+    and loads the tokenizer once."""
+    if parent is not None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        die_with_parent(parent, signal.SIGKILL)  # nothing to save: the prepare's rerun redoes its task
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # one thread per worker: the workers are the parallelism
     _worker.update(tokenizer=load_tokenizer(tokenizer_dir), encoding=encoding)
 
@@ -427,8 +437,40 @@ def find_shards(data: str, tokenizer_spec: str, data_dir: str | Path | None = No
     return None
 
 
+_HASHED: dict[tuple, str] = {}  # (path, device, inode, size, mtime) -> sha256 of the shard files this process has read
+
+
+def shard_problem(folder: Path, shard: dict, dtype: str) -> str | None:
+    """What is wrong with one shard of a manifest's (`shard`: its file, n_tokens and sha256) in `folder`, in
+    words naming the file; None when it is whole and unchanged. A file is hashed once per process while
+    its size and modification time stay the same (a shard rewritten or zeroed in place changes them)."""
+    path = folder / shard["file"]
+    if path.is_symlink() or not path.is_file():
+        return f"{path}: missing, or not a plain file (its manifest lists a shard file there)"
+    st = path.stat()
+    if st.st_size != shard["n_tokens"] * np.dtype(dtype).itemsize:
+        return f"{path}: {st.st_size:,} bytes, not the {shard['n_tokens'] * np.dtype(dtype).itemsize:,} its manifest records (truncated or altered)"
+    key = (str(path.resolve()), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    if key not in _HASHED:
+        _HASHED[key] = sha256_file(path)
+    if _HASHED[key] != shard["sha256"]:
+        return f"{path}: corrupted, its sha256 is not the one its manifest records (altered after it was prepared)"
+    return None
+
+
+def verify_shards(path: str | Path) -> list[tuple[Path, str | None]]:
+    """Every shard file a token-shard folder's manifest lists, with what is wrong with it (None: intact)."""
+    path = Path(path).expanduser()
+    manifest = _read_manifest(path)
+    if manifest is None:
+        raise FileNotFoundError(f"{path} holds no token shards (no {MANIFEST})")
+    return [(path / shard["file"], shard_problem(path, shard, manifest["settings"]["dtype"]))
+            for state in manifest["splits"].values() for shard in state["shards"]]
+
+
 def load_shards(path: str | Path) -> tuple[dict, Tokenizer, dict[str, TokenSplit]]:
-    """The manifest, tokenizer and memory-mapped splits of a finished prepare in `path`."""
+    """The manifest, tokenizer and memory-mapped splits of a finished prepare in `path`; every shard is
+    checked against its manifest (size and sha256, `shard_problem`) and refused, by name, unless intact."""
     path = Path(path).expanduser()
     manifest = _read_manifest(path)
     if manifest is None:
@@ -441,9 +483,10 @@ def load_shards(path: str | Path) -> tuple[dict, Tokenizer, dict[str, TokenSplit
     for split, state in manifest["splits"].items():
         paths = [path / s["file"] for s in state["shards"]]
         sizes = [s["n_tokens"] for s in state["shards"]]
-        for p, n in zip(paths, sizes):
-            if not p.is_file() or p.stat().st_size != n * np.dtype(settings["dtype"]).itemsize:
-                raise ValueError(f"{p}: missing or not the size the manifest records; prepare the shards again")
+        for shard in state["shards"]:
+            problem = shard_problem(path, shard, settings["dtype"])
+            if problem:
+                raise ValueError(f"{problem}; prepare the shards again")
         tokens = ShardedTokens(paths, sizes, settings["dtype"])
         splits[split] = TokenSplit(f"{settings['source']}/{split}", tokens, state["n_bytes"])
     return manifest, load_tokenizer(path / TOKENIZER_DIR), splits

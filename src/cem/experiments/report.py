@@ -227,8 +227,9 @@ def _opening(summaries: list[dict], short: bool = False) -> list[str]:
     at its own best rate; the findings at sizes that do not speak are pipeline checks, counted apart; then ours."""
     passing = regime_sizes(summaries)
     found = [(s, f) for s in summaries for f in s["findings"] if not f["claim"].startswith("(regime)")]
-    speaking = [(s, f) for s, f in found if not below_regime(f, s, passing)]
+    speaking = [(s, f) for s, f in found if not below_regime(f, s, passing) and s.get("rows")]
     pipeline = [(s, f) for s, f in found if below_regime(f, s, passing)]
+    other = [(s, f) for s, f in found if not s.get("rows")]  # not a language model (Table 3): no regime to pass
     paper = [(s, f) for s, f in speaking if s.get("paper", True) and f.get("family", "paper") == "paper"]
     ours = [(s, f) for s, f in speaking if f.get("family", "paper") != "paper" or not s.get("paper", True)]
 
@@ -265,6 +266,11 @@ def _opening(summaries: list[dict], short: bool = False) -> list[str]:
         lines += ["", f"**Controls and ours (beyond the paper){where}:** {_counts([f for _, f in ours])}."]
         for verdict in MARK:
             lines.append(f"- **{verdict.capitalize()}:** {listing(ours, verdict)}.")
+    if other:
+        lines += ["", f"**Not language models** ({', '.join(dict.fromkeys(s['experiment'] for s, _ in other))}: the regime check does not apply): "
+                      f"{_counts([f for _, f in other])}."]
+        for verdict in MARK:
+            lines.append(f"- **{verdict.capitalize()}:** {listing(other, verdict)}.")
     if pipeline:
         lines += ["", f"**Pipeline checks** (findings at sizes that do not speak: they show the pipeline runs, not what the paper "
                       f"claims; {len(pipeline)} findings, listed in their own table below): {_counts([f for _, f in pipeline])}."]
@@ -282,7 +288,7 @@ def _rates(summaries: list[dict]) -> list[str]:
     line = ("**Learning rates:** every run of a size trains at its Llama baseline's best rate on validation (the paper's rule): "
             + ", ".join(f"{size} {lr:g}" for size, lr in chosen.items()) + ".")
     own = dict(sc.get("own_lrs") or [])
-    if own:
+    if own and "own" in (sc.get("rate_rules") or ()):
         line += (f" Under the second rule each CEM variant of a headline comparison also trains at its own best rate, chosen by a "
                  f"seed-0 sweep on validation loss from half to twice Llama's rate (grown until bracketed; rates within "
                  f"{sc.get('lr_tie', 0):g} nats of the best tie, and the lowest of them is chosen): "

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
 
+from ..processes import die_with_parent
 from ..provenance import recorded_processors
 from ..training.rundir import RunDir, RunLockedError, run_identity, run_name
 from .scales import Scale
@@ -84,14 +85,7 @@ def _init_worker(stop, parent: int) -> None:
     trainer saves a checkpoint at the end of its step and stops."""
     global _STOP, _PARENT
     _STOP, _PARENT = stop, parent
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        PR_SET_PDEATHSIG = 1
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-        if os.getppid() != parent:  # the sweep died before the request took effect
-            os.kill(os.getpid(), signal.SIGTERM)
+    die_with_parent(parent, signal.SIGTERM)
 
 
 def _stop_workers(pool: ProcessPoolExecutor) -> None:

@@ -114,13 +114,32 @@ def _probe_backend(cfg: ModelConfig) -> str:
     return kernel.backend if kernel is not None and kernel.available() else cfg.attn_backend
 
 
+def deepest(cfg: ModelConfig) -> ModelConfig:
+    """`cfg` at the largest training depth it can draw: with random depth (`train_depth` "model" or "layer"),
+    every CEM layer at T = `train_depth_max` (a drawn T replaces each layer's own), else `cfg` itself. What
+    the planner measures, so that a plan is deterministic and covers every batch."""
+    if cfg.train_depth == "fixed":
+        return cfg
+    return cfg.replace(train_depth="fixed", attn_steps=cfg.train_depth_max, mlp_steps=cfg.train_depth_max)
+
+
+def depth_note(cfg: ModelConfig) -> str | None:
+    """What a plan of `cfg` says about a random training depth (None without one)."""
+    if cfg.train_depth == "fixed":
+        return None
+    return (f"random training depth (train_depth={cfg.train_depth}, T drawn in 1..{cfg.train_depth_max}): "
+            f"planned for the deepest draw, T = {cfg.train_depth_max} in every CEM layer")
+
+
 def activation_bytes(cfg: ModelConfig, batch: int, seq: int, precision: str = "bf16", checkpointing: str = "none") -> tuple[int, int]:
     """(activations of the whole model, activations of one block) for a training forward of `batch` × `seq`
-    tokens, measured on a one-block model at two short lengths and extrapolated (see the module docstring)."""
+    tokens, measured on a one-block model at two short lengths and extrapolated (see the module docstring);
+    with random training depth, at the deepest draw (`deepest`)."""
     from .lm import LanguageModel
 
     check_choice("precision", precision, PLANNED_PRECISIONS)
     bf16 = precision == "bf16"
+    cfg = deepest(cfg)
     probes = _probe_tokens(cfg)
     small = cfg.replace(n_layers=1, context=max(cfg.context, max(probes)), attn_backend=_probe_backend(cfg))
     with torch.random.fork_rng(devices=[]):
@@ -152,7 +171,8 @@ def plan_memory(
     parallel: str = "none",
     checkpointing: str = "none",
 ) -> MemoryPlan:
-    """Peak training memory per device for micro-batches of `batch` × `seq` tokens per device."""
+    """Peak training memory per device for micro-batches of `batch` × `seq` tokens per device; with random
+    training depth, for the deepest draw (`deepest`)."""
     from .lm import CHECKPOINTING, LanguageModel
 
     check_positive_int("batch", batch)
@@ -181,7 +201,7 @@ def plan_memory(
         transient = max(transient, activation_bytes(cfg, batch, seq, precision, "none")[1])
     kernel = ATTENTION_KINDS[cfg.attn].kernel
     if kernel is not None:  # what the attention kernel allocates at the peak (CEM: the diagonal's score matrix and Σ dS)
-        transient = max(transient, kernel.scratch(cfg.attention_config(), batch, seq, elem))
+        transient = max(transient, kernel.scratch(deepest(cfg).attention_config(), batch, seq, elem))
     return MemoryPlan(params, grads, optimizer, activations, transient)
 
 

@@ -183,15 +183,27 @@ def read_manifest(directory: Path) -> dict:
     return data
 
 
-def verify_checkpoint(directory: Path) -> None:
-    """Raise ValueError unless every file listed in the manifest is present, whole and unchanged."""
+def checkpoint_problems(directory: Path) -> list[tuple[Path, str | None]]:
+    """Every file the checkpoint's manifest lists, with what is wrong with it in words naming the checkpoint
+    (None: present, whole and unchanged)."""
     directory = Path(directory)
+    checked = []
     for name, meta in read_manifest(directory)["files"].items():
         path = directory / name
         if not path.is_file():
-            raise ValueError(f"checkpoint {directory} is incomplete: {name} is missing")
-        if path.stat().st_size != meta["bytes"] or sha256_file(path) != meta["sha256"]:
-            raise ValueError(f"checkpoint {directory} is corrupted: {name} does not match its checksum (truncated or altered)")
+            checked.append((path, f"checkpoint {directory} is incomplete: {name} is missing"))
+        elif path.stat().st_size != meta["bytes"] or sha256_file(path) != meta["sha256"]:
+            checked.append((path, f"checkpoint {directory} is corrupted: {name} does not match its checksum (truncated or altered)"))
+        else:
+            checked.append((path, None))
+    return checked
+
+
+def verify_checkpoint(directory: Path) -> None:
+    """Raise ValueError unless every file listed in the manifest is present, whole and unchanged."""
+    for _, problem in checkpoint_problems(directory):
+        if problem:
+            raise ValueError(problem)
 
 
 def checkpoint_step(directory: Path) -> int | None:

@@ -1,0 +1,60 @@
+"""Worker processes that never outlive the command that started them."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+
+__all__ = ["die_with_parent", "stop_pool", "submit_quietly"]
+
+
+def die_with_parent(parent: int, sig: int = signal.SIGTERM) -> None:
+    """In a worker process started by `parent` (its pid): on Linux, ask for `sig` when that process dies,
+    even by SIGKILL (PR_SET_PDEATHSIG), so that the worker does not run on, orphaned, holding what the
+    command held (its output, a run directory's lock); and send it now if `parent` already died before the
+    request took effect. Elsewhere nothing is asked."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(sig))
+    if os.getppid() != parent:
+        os.kill(os.getpid(), sig)
+
+
+def stop_pool(pool: ProcessPoolExecutor, timeout: float = 5.0) -> None:
+    """Shut `pool` down without waiting on its queues (after an interrupt or an error, when they may be in
+    any state): cancel what is queued, terminate the workers, join each for at most `timeout` seconds in
+    all, then kill those still alive. Never blocks for longer than about `timeout` plus one second."""
+    processes = list((getattr(pool, "_processes", None) or {}).values())
+    for proc in processes:
+        with contextlib.suppress(OSError, ValueError):
+            proc.terminate()
+    pool.shutdown(wait=False, cancel_futures=True)
+    deadline = time.monotonic() + timeout
+    for proc in processes:
+        with contextlib.suppress(OSError, ValueError, AssertionError):
+            proc.join(max(0.0, deadline - time.monotonic()))
+            if proc.is_alive():
+                proc.kill()
+                proc.join(1.0)
+
+
+def submit_quietly(pool: ProcessPoolExecutor, fn, *args):
+    """`pool.submit(fn, *args)` with SIGINT blocked in this thread meanwhile, so that a worker the submit
+    starts is born with SIGINT blocked: a terminal's Ctrl-C, sent to the whole process group, then reaches
+    the command alone, which stops its workers (`stop_pool`), instead of printing a KeyboardInterrupt
+    traceback from each worker. A Ctrl-C arriving during the submit is delivered to this thread right after."""
+    if not hasattr(signal, "pthread_sigmask"):
+        return pool.submit(fn, *args)
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        return pool.submit(fn, *args)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)

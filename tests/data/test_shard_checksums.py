@@ -1,0 +1,84 @@
+"""Issue 39: the sha256 every manifest records is checked. A token shard altered in place (same size) is
+refused when the shards are loaded, naming the file, and `cem data verify` checks shard folders, run folders
+and checkpoint folders file by file."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from cem.cli import main
+from cem.data import get_tokenizer, tokenshards
+from cem.data.tokenshards import load_shards, prepare_shards, token_split
+from cem.model import LanguageModel, model_config
+from cem.training.checkpoint import save_checkpoint
+
+WORDS = "the cat sat on a mat and then ran to its home".split()
+
+
+@pytest.fixture
+def shards(tmp_path) -> Path:
+    rng = random.Random(0)
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    with open(corpus / "part.jsonl", "w", encoding="utf-8") as f:
+        for _ in range(300):
+            f.write(json.dumps({"text": " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 40)))}) + "\n")
+    return prepare_shards(str(corpus), "byte", tmp_path / "shards", shard_tokens=5_000, workers=0, progress=False)
+
+
+def _zero(path: Path) -> None:
+    """Overwrite the file with zeros in place, keeping its size."""
+    size = path.stat().st_size
+    with open(path, "r+b") as f:
+        f.write(bytes(size))
+
+
+def test_a_shard_zeroed_in_place_is_refused_naming_it(shards):
+    load_shards(shards)  # intact: loads
+    _zero(shards / "train-00001.bin")
+    with pytest.raises(ValueError, match=r"train-00001\.bin: corrupted, its sha256"):
+        load_shards(shards)
+    with pytest.raises(ValueError, match=r"train-00001\.bin"):  # what training and `cem eval` read through
+        token_split(str(shards), get_tokenizer("byte"), "byte", "valid")
+
+
+def test_each_shard_is_hashed_once_per_process_while_unchanged(shards, monkeypatch):
+    hashed = []
+    real = tokenshards.sha256_file
+    monkeypatch.setattr(tokenshards, "_HASHED", {})
+    monkeypatch.setattr(tokenshards, "sha256_file", lambda p: hashed.append(Path(p).name) or real(p))
+    n_files = len(list(shards.glob("*.bin")))
+    load_shards(shards)
+    load_shards(shards)
+    assert len(hashed) == n_files == len(set(hashed))
+
+
+def test_cem_data_verify_reports_a_zeroed_shard(shards, capsys):
+    assert main(["data", "verify", str(shards)]) == 0
+    out = capsys.readouterr().out
+    n_files = len(list(shards.glob("*.bin")))
+    assert f"verified {n_files} files" in out and "all intact" in out and out.count("ok ") == n_files
+    _zero(shards / "valid-00000.bin")
+    assert main(["data", "verify", str(shards)]) == 1
+    captured = capsys.readouterr()
+    assert f"BAD {shards / 'valid-00000.bin'}: " in captured.out and "1 of" in captured.err
+    assert "Traceback" not in captured.out + captured.err
+
+
+def test_cem_data_verify_checks_a_run_folder_s_checkpoint(tmp_path, capsys):
+    cfg = model_config("tiny", "llama", vocab_size=16, dim=8, n_heads=2, hidden_dim=16, n_layers=1, context=8)
+    run = tmp_path / "run"
+    save_checkpoint(run / "ckpt", cfg, LanguageModel(cfg).state_dict(), {"step": 3, "numbers": torch.arange(3)})
+    assert main(["data", "verify", str(run)]) == 0
+    assert "all intact" in capsys.readouterr().out
+    weights = next(p for p in (run / "ckpt").iterdir() if p.suffix == ".safetensors")
+    _zero(weights)
+    assert main(["data", "verify", str(run)]) == 1
+    assert f"BAD {weights}: " in capsys.readouterr().out
+    assert main(["data", "verify", str(tmp_path / "nothing")]) == 2
+    assert "no such folder" in capsys.readouterr().err
