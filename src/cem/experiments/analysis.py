@@ -545,7 +545,7 @@ def _t975(n: int) -> float:
 
 def _slope_text(entry: dict) -> str:
     if "slope" not in entry:
-        return "not fitted"
+        return f"not fitted ({entry.get('unfitted', 'fewer than three sizes')})"
     s = entry["slope"]
     return f"slope {s['mean']:+.4f} [95% CI {s['lo']:+.4f}, {s['hi']:+.4f}], p = {s['p']:.2g}"
 
