@@ -254,23 +254,16 @@ def _opening(summaries: list[dict], short: bool = False) -> list[str]:
         "not held: the other side; inconclusive: neither.",
         "",
     ]
-    for verdict in MARK:
-        lines.append(f"- **{verdict.capitalize()}:** {listing(paper, verdict)}.")
+    lines += [f"- **{verdict.capitalize()}:** {listing(paper, verdict)}." for verdict in MARK]
+
+    def group(heading: str, fs: list) -> list[str]:
+        """A heading with its counts, then the findings by verdict."""
+        return ["", f"{heading} {_counts([f for _, f in fs])}."] + [f"- **{v.capitalize()}:** {listing(fs, v)}." for v in MARK] if fs else []
+
     own = [(s, _own(s)[f["claim"]]) for s, f in paper if f["claim"] in _own(s)]
-    if own:
-        lines += ["", f"**With each CEM variant at its own best rate** (the second rate rule: a seed-0 sweep on validation loss; "
-                      f"the Llamas at theirs): {_counts([f for _, f in own])}."]
-        for verdict in MARK:
-            lines.append(f"- **{verdict.capitalize()}:** {listing(own, verdict)}.")
-    if ours:
-        lines += ["", f"**Controls and ours (beyond the paper){where}:** {_counts([f for _, f in ours])}."]
-        for verdict in MARK:
-            lines.append(f"- **{verdict.capitalize()}:** {listing(ours, verdict)}.")
-    if other:
-        lines += ["", f"**Not language models** ({', '.join(dict.fromkeys(s['experiment'] for s, _ in other))}: the regime check does not apply): "
-                      f"{_counts([f for _, f in other])}."]
-        for verdict in MARK:
-            lines.append(f"- **{verdict.capitalize()}:** {listing(other, verdict)}.")
+    lines += group("**With each CEM variant at its own best rate** (the second rate rule: a seed-0 sweep on validation loss; the Llamas at theirs):", own)
+    lines += group(f"**Controls and ours (beyond the paper){where}:**", ours)
+    lines += group(f"**Not language models** ({', '.join(dict.fromkeys(s['experiment'] for s, _ in other))}: the regime check does not apply):", other)
     if pipeline:
         lines += ["", f"**Pipeline checks** (findings at sizes that do not speak: they show the pipeline runs, not what the paper "
                       f"claims; {len(pipeline)} findings, listed in their own table below): {_counts([f for _, f in pipeline])}."]
