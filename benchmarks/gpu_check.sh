@@ -19,6 +19,8 @@
 #   decode   benchmarks/decode.py at 134M, bf16, contexts 2k, 8k, 32k (decode_cuda.md)
 #   suite    the whole test suite with CUDA present (tests_all_cuda.log)
 # The source runs from src/ (PYTHONPATH): the machine's own torch, triton and transformers are used.
+# Issue 37's side-by-side run (training, attention, eager and static-compiled decoding, memory planner; ~9.5 min,
+# each section under its own timeout, --dry-run on the CPU): benchmarks/gpu_issue37.sh OUTDIR.
 set -uo pipefail
 out=${1:?usage: gpu_check.sh OUTDIR PHASE...}
 shift

@@ -14,6 +14,7 @@ import os
 import shutil
 import signal
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -68,6 +69,10 @@ def patch(target, exc_factory):
         monkeypatch.setattr(target, boom)
 
     return setup
+
+
+class SimulatedCtrlC(KeyboardInterrupt):
+    """A Ctrl-C a case injects: one that escapes `main` fails the case (not the whole session)."""
 
 
 def sigterm_while_tokenising(tmp, run, monkeypatch):
@@ -171,9 +176,17 @@ def resigned(edit):
     return setup
 
 
-def negative_step(ckpt):
-    state = torch.load(ckpt / "trainer_state.pt", weights_only=False)
-    torch.save({**state, "step": -5}, ckpt / "trainer_state.pt")
+def edited_state(drop=(), **changes):
+    """An edit for `resigned`: the trainer state with `changes` made and the keys in `drop` removed."""
+
+    def edit(ckpt):
+        state = torch.load(ckpt / "trainer_state.pt", weights_only=False)
+        torch.save({k: v for k, v in {**state, **changes}.items() if k not in drop}, ckpt / "trainer_state.pt")
+
+    return edit
+
+
+negative_step = edited_state(step=-5)
 
 
 def int_weights(ckpt):
@@ -191,6 +204,83 @@ def no_tokenizer(tmp, run, monkeypatch):
 def lost_manifest(tmp, run, monkeypatch):
     unfinished_copy(tmp, run, monkeypatch)
     (tmp / "run2" / "ckpt" / "manifest.json").unlink()
+
+
+def recorded(edit):
+    """The trained run copied to {tmp}/run2 (unfinished), its run.json's record edited by `edit(record)`."""
+
+    def setup(tmp, run, monkeypatch):
+        unfinished_copy(tmp, run, monkeypatch)
+        record = json.loads((tmp / "run2" / "run.json").read_text())
+        edit(record)
+        (tmp / "run2" / "run.json").write_text(json.dumps(record))
+
+    return setup
+
+
+def llama_record(record):
+    """run.json of the same run as a Llama (its config and identity agree; the checkpoint is CEM's)."""
+    from cem.training import RunConfig
+
+    record["config"]["train"]["arch"] = record["train"]["arch"] = "llama"
+    record["model"] = RunConfig.from_dict(record["config"]).model(record["model"]["vocab_size"]).to_dict()
+
+
+def no_checkpoint(tmp, run, monkeypatch):
+    unfinished_copy(tmp, run, monkeypatch)
+    shutil.rmtree(tmp / "run2" / "ckpt")
+
+
+def hf_tokenizer(config):
+    """A tokenizer.json in {tmp}/tok with `config` as its tokenizer_config.json."""
+
+    def setup(tmp, run, monkeypatch):
+        import tokenizers
+
+        (tmp / "tok").mkdir()
+        model = tokenizers.models.WordLevel({"<|endoftext|>": 0, "a": 1}, unk_token="<|endoftext|>")
+        tokenizers.Tokenizer(model).save(str(tmp / "tok" / "tokenizer.json"))
+        (tmp / "tok" / "tokenizer_config.json").write_text(config)
+        (tmp / "c.txt").write_text("hello world\n" * 100)
+
+    return setup
+
+
+def shards(edit=None, text=None):
+    """Token shards of {tmp}/c.txt in {tmp}/sh (byte tokenizer), their manifest edited by `edit(manifest)`
+    or replaced by `text`."""
+
+    def setup(tmp, run, monkeypatch):
+        from cem.data.tokenshards import prepare_shards
+
+        (tmp / "c.txt").write_text("hello world\n" * 100)
+        prepare_shards(str(tmp / "c.txt"), "byte", tmp / "sh", tokens=100, workers=0, progress=False)
+        manifest = json.loads((tmp / "sh" / "manifest.json").read_text())
+        if edit is not None:
+            edit(manifest)
+        (tmp / "sh" / "manifest.json").write_text(text if text is not None else json.dumps(manifest))
+
+    return setup
+
+
+def altered_shard(tmp, run, monkeypatch):
+    shards()(tmp, run, monkeypatch)
+    shard = tmp / "sh" / "train-00000.bin"
+    shard.write_bytes(bytes(len(shard.read_bytes())))
+
+
+def file_size_limit_in_checkpoint(tmp, run, monkeypatch):
+    """`ulimit -f` of 1 MB reached by torch.save (which says only "file write failed"), after the weights (0.4 MB)."""
+    from cem.training import checkpoint
+
+    def op(name, fn, *a, **kw):
+        if name == "torch.save":
+            Path(a[1]).write_bytes(bytes(10**6))
+            raise RuntimeError("PytorchStreamWriter failed writing file data/0: file write failed")
+        return fn(*a, **kw)
+
+    monkeypatch.setattr(checkpoint, "_op", op)
+    monkeypatch.setattr(checkpoint.resource, "getrlimit", lambda which: (10**6, 10**6))
 
 
 def offline(tmp, run, monkeypatch):
@@ -301,7 +391,7 @@ CASES = [
     ("resume a folder that holds no run (a typo)", [*TRAIN, *STEP, "--out", "{tmp}/nope", "--resume"], None, "nope holds no run"),
     ("resume a folder holding other files", [*TRAIN, *STEP, "--out", "{tmp}/other", "--resume"], write("other/notes.txt", "x"), "other holds no run"),
     ("resume a corrupt trainer state", RESUME, damaged_run("ckpt/trainer_state.pt", b"garbage"), "trainer_state.pt"),
-    ("resume a crafted trainer state", RESUME, malicious_state, "refusing"),
+    ("resume a crafted trainer state", RESUME, malicious_state, "not a plain trainer state (only tensors, numbers and containers are read): WeightsUnpickler error: Unsupported global"),
     ("resume a damaged manifest", RESUME, damaged_run("ckpt/manifest.json", "{"), "manifest"),
     ("resume a re-signed negative step", RESUME, resigned(negative_step), "step -5"),
     ("resume re-signed int32 weights", RESUME, resigned(int_weights), "not floating point"),
@@ -335,7 +425,7 @@ CASES = [
     # -- odd but plausible input (issue 20)
     ("vocab_size unlike the byte tokenizer", [*TRAIN, *STEP, "vocab_size=1000"], None, "vocab_size=1000 does not match"),
     ("a BPE the library cannot train", [*TRAIN, *STEP, "--tokenizer", "bpe:4000000"], None, "at most 1,048,576 symbols"),
-    ("a BPE above any vocabulary", [*TRAIN, *STEP, "--tokenizer", "bpe:1000000000"], None, "vocab_size must be at most"),
+    ("a BPE above any vocabulary", [*TRAIN, *STEP, "--tokenizer", "bpe:1000000000"], None, "tokenizer bpe:1000000000: at most 1,048,576 symbols"),
     ("--resume with --overwrite", [*TRAIN, *STEP, "--resume", "--overwrite"], None, "give one of them"),
     ("--data empty", [*TRAIN, *STEP, "--data", ""], None, "data must name something"),
     ("--tokenizer empty", [*TRAIN, *STEP, "--tokenizer", " "], None, "tokenizer must name something"),
@@ -382,13 +472,13 @@ CASES = [
     ("generate guard negative", ["generate", "--ckpt", "{run}", "--guard", "-2", "--max-new-tokens", "2"], None, "guard"),
     ("generate steps zero", ["generate", "--ckpt", "{run}", "--steps", "0", "--max-new-tokens", "2"], None, "steps"),
     ("generate vocabulary mismatch", ["generate", "--ckpt", "{tmp}/run2", "--max-new-tokens", "2"], bpe_tokenizer_in_run, "vocabulary mismatch"),
-    ("generate from a file", ["generate", "--ckpt", "{tmp}/afile"], write("afile", "x"), None),
+    ("generate from a file", ["generate", "--ckpt", "{tmp}/afile"], write("afile", "x"), "afile is a file, not a run or model directory"),
     # -- others
     ("no command", [], None, "command"),
     ("info unknown preset", ["info", "--preset", "nope"], None, "preset"),
     ("info bad value", ["info", "lr=nan"], None, "lr"),
     ("info memory batch zero", ["info", "--memory", "--batch", "0"], None, "batch"),
-    ("info memory vocabulary zero", ["info", "--memory", "--vocab", "0"], None, "vocab_size"),
+    ("info memory vocabulary zero", ["info", "--memory", "--vocab", "0"], None, "--vocab must be an integer >= 1"),
     ("info memory several gpus, no parallelism", ["info", "--memory", "--gpus", "2", "--parallel", "none"], None, "parallel"),
     ("info memory zero gpus", ["info", "--memory", "--gpus", "0"], None, "gpus"),
     ("report of nothing", ["report", "{tmp}/no-results"], None, None),
@@ -440,12 +530,12 @@ CASES = [
     ("lm-eval a damaged checkpoint", ["lm-eval", "{tmp}/run2", "--tasks", "cem_local_text"], damaged_run("ckpt/model.safetensors", b"garbage"), "model.safetensors"),
     ("lm-eval few-shot negative", ["lm-eval", "{run}", "--tasks", "cem_local_choice", "--num-fewshot", "-1"], None, "--num-fewshot"),
     ("info memory batch a word", ["info", "--memory", "--batch", "many"], None, "--batch"),
-    ("info memory seq above any context", ["info", "--memory", "--seq", "100000000"], None, "context"),
+    ("info memory seq above any context", ["info", "--memory", "--seq", "100000000"], None, "--seq must be at most"),
     ("info memory precision fp8", ["info", "--memory", "--precision", "fp8"], None, "precision"),
     ("info memory device of nan GB", ["info", "--memory", "--device-gb", "nan"], None, "--device-gb"),
     ("data prepare --from a file", ["data", "prepare", "tinyshakespeare", "--from", "{tmp}/afile", "--data-dir", "{tmp}/dd"], write("afile", "x"), "afile"),
     ("data prepare shards into a file", ["data", "prepare", "{tmp}/c.txt", "--tokenizer", "byte", "--tokens", "100", "--out", "{tmp}/afile"],
-     lambda t, r, m: [write("c.txt", "hello world\n" * 100)(t, r, m), write("afile", "x")(t, r, m)], "afile"),
+     lambda t, r, m: [write("c.txt", "hello world\n" * 100)(t, r, m), write("afile", "x")(t, r, m)], "--out {tmp}/afile is a file"),
     ("data prepare shards of a word's tokens", ["data", "prepare", "{tmp}/c.txt", "--tokenizer", "byte", "--tokens", "lots", "--out", "{tmp}/sh"],
      write("c.txt", "hello world\n" * 100), "--tokens must be a number"),
     ("data prepare shards from a missing file", ["data", "prepare", "{tmp}/none.txt", "--tokenizer", "byte", "--tokens", "100", "--out", "{tmp}/sh"], None, "none.txt"),
@@ -463,6 +553,131 @@ CASES = [
     ("export format unknown", ["export", "{run}", "--format", "onnx", "{tmp}/o"], None, "format"),
     ("data prepare shards with zero held-out tokens", ["data", "prepare", "{tmp}/c.txt", "--tokenizer", "byte", "--tokens", "100",
      "--held-out-tokens", "0", "--out", "{tmp}/sh"], write("c.txt", "hello world\n" * 100), "--held-out-tokens must be positive"),
+    # -- 2026-11-27 (issue 39): settings read from a run's files say where they come from
+    ("resume run.json lr a word", RESUME, recorded(lambda r: r["config"]["train"].update(lr="abc")), "run.json: recorded settings not usable: lr must be a finite number, got 'abc'"),
+    ("resume run.json with an unknown setting", RESUME, recorded(lambda r: r["config"]["train"].update(bogus=1)), "run.json: recorded settings not usable: unknown setting 'train.bogus'"),
+    ("resume run.json without its train block", RESUME, recorded(lambda r: r["config"].pop("train")), "run.json: recorded settings not usable: expected a 'train' mapping"),
+    ("resume run.json train_depth_dist bogus", RESUME, recorded(lambda r: r["config"]["model_overrides"].update(train_depth_dist="bogus")),
+     "run.json: recorded settings not usable: unknown train_depth_dist 'bogus'"),
+    ("resume run.json model_overrides a list", RESUME, recorded(lambda r: r["config"].update(model_overrides=[1])), "run.json: recorded settings not usable"),
+    ("eval run.json without its train block", ["eval", "--ckpt", "{tmp}/run2"], recorded(lambda r: r["config"].pop("train")), "run.json: recorded settings not usable"),
+    ("eval run.json batch_size a word", ["eval", "--ckpt", "{tmp}/run2"], recorded(lambda r: r["config"]["train"].update(batch_size="many")), "run.json: recorded settings not usable: batch_size must be an integer >= 1, got 'many'"),
+    ("resume a re-signed state without its optimizer", RESUME, resigned(edited_state(drop=("optimizer",))), "trainer_state.pt holds no optimizer state"),
+    ("resume a re-signed state with no sampler state", RESUME, resigned(edited_state(sampler=[])), "trainer_state.pt holds no sampler state"),
+    ("resume a re-signed state with rng a number", RESUME, resigned(edited_state(rng=3)), "trainer_state.pt holds no rng state"),
+    ("resume a run.json of another architecture", [*TRAIN, *STEP, "--out", "{tmp}/run2", "--resume"], recorded(llama_record), "the architectures differ (attn 'cem' there, 'llama' in run.json"),
+    ("eval a run whose checkpoint was deleted", ["eval", "--ckpt", "{tmp}/run2"], no_checkpoint, "run2 holds a run (run.json) but no checkpoint"),
+    ("generate from a run whose checkpoint was deleted", ["generate", "--ckpt", "{tmp}/run2", "--max-new-tokens", "2"], no_checkpoint, "but no checkpoint"),
+    ("export a run whose checkpoint was deleted", ["export", "{tmp}/run2", "{tmp}/o"], no_checkpoint, "but no checkpoint"),
+    ("lm-eval a run whose checkpoint was deleted", ["lm-eval", "{tmp}/run2", "--tasks", "cem_local_text"], no_checkpoint, "but no checkpoint"),
+    # -- tokenizer and shard files, big numbers
+    ("train with a broken tokenizer_config.json", [*TRAIN, *STEP, "--tokenizer", "{tmp}/tok"], hf_tokenizer("{"), "tokenizer_config.json is corrupted: not JSON"),
+    ("train with a tokenizer_config.json that is a list", [*TRAIN, *STEP, "--tokenizer", "{tmp}/tok"], hf_tokenizer("[1]"), "tokenizer_config.json is corrupted: expected a JSON object"),
+    ("data prepare shards with a list for tokenizer_config.json", ["data", "prepare", "{tmp}/c.txt", "--tokenizer", "{tmp}/tok", "--tokens", "100", "--out", "{tmp}/sh"],
+     hf_tokenizer("[]"), "tokenizer_config.json is corrupted"),
+    ("data verify shards whose manifest lacks its splits", ["data", "verify", "{tmp}/sh"], shards(lambda m: m.pop("splits")), "manifest.json is corrupted: it has no valid splits"),
+    ("data verify shards whose settings are a list", ["data", "verify", "{tmp}/sh"], shards(lambda m: m.update(settings=[1])), "manifest.json is not a cem token-shard manifest"),
+    ("data verify shards whose manifest is a list", ["data", "verify", "{tmp}/sh"], shards(text="[1, 2]"), "manifest.json is corrupted: expected a JSON object"),
+    ("data verify a shard entry without its sha256", ["data", "verify", "{tmp}/sh"], shards(lambda m: m["splits"]["train"]["shards"][0].pop("sha256")),
+     "it has no valid splits.train"),
+    ("data verify a shard manifest of a 5000-digit number", ["data", "verify", "{tmp}/sh"], shards(text='{"settings": {"format": ' + "9" * 5000 + "}}"), "manifest.json"),
+    ("data verify altered shards", ["data", "verify", "{tmp}/sh"], altered_shard, "1 of 3 files are not what their manifest records"),
+    ("data verify a checkpoint with altered weights", ["data", "verify", "{tmp}/run2"], damaged_run("ckpt/model.safetensors", b"garbage"), "are not what their manifest records"),
+    ("data verify a missing folder", ["data", "verify", "{tmp}/nope"], None, "nope: no such folder"),
+    ("data verify a folder of other files", ["data", "verify", "{tmp}/other"], write("other/notes.txt", "x"), "other is neither a token-shard folder"),
+    ("train on shards whose manifest lacks complete", [*TRAIN, *STEP, "--data", "{tmp}/sh"], shards(lambda m: m.pop("complete")), "it has no valid complete"),
+    ("train on shards whose settings are a list", [*TRAIN, *STEP, "--data", "{tmp}/sh"], shards(lambda m: m.update(settings=["format"])), "not a cem token-shard manifest"),
+    ("train on shards of another tokenizer", [*TRAIN, *STEP, "--data", "{tmp}/sh", "--tokenizer", "bpe:300"], shards(), "train with --tokenizer byte"),
+    ("jsonl corpus with an integer of 100000 digits", [*TRAIN, *STEP, "--data", "{tmp}/big.jsonl"], write("big.jsonl", '{"text": "a", "n": ' + "9" * 100000 + "}\n"),
+     "big.jsonl:1: not readable JSON (Exceeds the limit"),
+    ("a blank valid.txt", [*TRAIN, *STEP, "--data", "{tmp}/ev"],
+     lambda t, r, m: [write(f"ev/{s}.txt", c)(t, r, m) for s, c in (("train", "some text\n" * 500), ("valid", "\n \n"), ("test", "more text\n" * 50))], "valid.txt is empty"),
+    # -- flags named in their messages
+    ("tokenizer bpe:0", [*TRAIN, *STEP, "--tokenizer", "bpe:0"], None, "tokenizer bpe:0: need at least 257 symbols"),
+    ("data prepare shards with --workers -1", ["data", "prepare", "{tmp}/c.txt", "--tokenizer", "byte", "--tokens", "100", "--workers", "-1", "--out", "{tmp}/sh"],
+     write("c.txt", "hello world\n" * 100), "--workers must be an integer >= 0"),
+    ("info memory seq of two million", ["info", "--memory", "--seq", "2000000"], None, "--seq must be at most 1,048,576"),
+    ("info memory device of inf GB", ["info", "--memory", "--device-gb", "inf"], None, "--device-gib (--device-gb) must be a finite number"),
+    ("info memory device of 1e400 GB", ["info", "--memory", "--device-gb", "1e400"], None, "--device-gib (--device-gb) must be a finite number"),
+    ("experiment --results empty", ["experiment", "fig2a", "--scale", "smoke", "--results", ""], None, "--results is empty"),
+    ("train_depth_max=1 under the default depth mean", [*TRAIN, *STEP, "train_depth_max=1"], None, "set train_depth_mean=1 (or less) as well"),
+    # -- interruptions and limits
+    ("Ctrl-C while the command line loads", ["info"], patch("cem.cli.build_parser", SimulatedCtrlC), "cem: error: interrupted (Ctrl-C)"),
+    ("file size limit in a checkpoint", [*TRAIN, *STEP], file_size_limit_in_checkpoint, "file size limit (ulimit -f) reached while writing a checkpoint (the previous checkpoint is kept): {tmp}/out/ckpt/trainer_state.pt"),
+    # -- token shards: cem data prepare --tokenizer
+    ("data prepare shards --out empty", ["data", "prepare", "{tmp}/c.txt", "--tokenizer", "byte", "--tokens", "100", "--out", ""], write("c.txt", "hello\n"), "--out is empty"),
+    ("data prepare shards --tokenizer empty", ["data", "prepare", "{tmp}/c.txt", "--tokenizer", "", "--out", "{tmp}/sh"], write("c.txt", "hello\n"), "--tokenizer is empty"),
+    ("data prepare shards of zero tokens a shard", ["data", "prepare", "{tmp}/c.txt", "--tokenizer", "byte", "--shard-tokens", "0", "--out", "{tmp}/sh"],
+     write("c.txt", "hello\n"), "--shard-tokens must be positive"),
+    ("data prepare shards of nan tokens", ["data", "prepare", "{tmp}/c.txt", "--tokenizer", "byte", "--tokens", "nan", "--out", "{tmp}/sh"], write("c.txt", "hello\n"), "--tokens must be a number"),
+    ("data prepare shards of inf tokens", ["data", "prepare", "{tmp}/c.txt", "--tokenizer", "byte", "--tokens", "inf", "--out", "{tmp}/sh"], write("c.txt", "hello\n"), "--tokens must be a number"),
+    ("data prepare shards of negative tokens", ["data", "prepare", "{tmp}/c.txt", "--tokenizer", "byte", "--tokens", "-5", "--out", "{tmp}/sh"], write("c.txt", "hello\n"), "--tokens must be positive"),
+    ("data prepare shards of a BPE too small", ["data", "prepare", "{tmp}/c.txt", "--tokenizer", "bpe:10", "--tokens", "100", "--out", "{tmp}/sh"],
+     None, "tokenizer bpe:10: need at least 257"),
+    ("data prepare shards into a folder of other files", ["data", "prepare", "{tmp}/c.txt", "--tokenizer", "byte", "--out", "{tmp}/other"],
+     lambda t, r, m: [write("c.txt", "hello\n")(t, r, m), write("other/notes.txt", "x")(t, r, m)], "other is not empty and holds no token shards"),
+    ("data prepare shards through a symbolic link", ["data", "prepare", "{tmp}/c.txt", "--tokenizer", "byte", "--out", "{tmp}/x/sh"],
+     lambda t, r, m: [write("c.txt", "hello\n")(t, r, m), planted("sh")(t, r, m)], "is a symbolic link"),
+    ("data prepare shards of an hf corpus without --tokens", ["data", "prepare", "hf:nobody/nothing", "--tokenizer", "byte", "--out", "{tmp}/sh"], None, "say how many training tokens"),
+    ("data prepare shards onto shards of other settings", ["data", "prepare", "{tmp}/c.txt", "--tokenizer", "byte", "--tokens", "200", "--out", "{tmp}/sh", "--workers", "0"],
+     shards(), "prepared with other settings (tokens differ)"),
+    # -- the memory planner: cem info --memory
+    ("info memory batch negative", ["info", "--memory", "--batch", "-1"], None, "--batch must be an integer >= 1"),
+    ("info memory batch 1e3", ["info", "--memory", "--batch", "1e3"], None, "argument --batch: invalid int value"),
+    ("info memory seq negative", ["info", "--memory", "--seq", "-5"], None, "--seq must be an integer >= 1"),
+    ("info memory vocab above any", ["info", "--memory", "--vocab", "100000000"], None, "--vocab must be at most"),
+    ("info memory device of -1 GB", ["info", "--memory", "--device-gb", "-1"], None, "--device-gib (--device-gb) must be > 0"),
+    ("info memory device GB a word", ["info", "--memory", "--device-gb", "lots"], None, "argument --device-gib/--device-gb"),
+    ("info memory parallel zero3", ["info", "--memory", "--parallel", "zero3"], None, "argument --parallel: invalid choice"),
+    ("info memory precision fp16", ["info", "--memory", "--precision", "fp16"], None, "argument --precision: invalid choice"),
+    ("info memory checkpointing block", ["info", "--memory", "--checkpointing", "block"], None, "argument --checkpointing: invalid choice"),
+    ("info memory gpus a word", ["info", "--memory", "--gpus", "two"], None, "argument --gpus"),
+    ("info memory random depth of 0", ["info", "--memory", "train_depth=model", "train_depth_max=0"], None, "train_depth_max must be an integer >= 1"),
+    ("info memory random depth of 100000", ["info", "--memory", "train_depth=model", "train_depth_max=100000"], None, "train_depth_max must be at most 256"),
+    ("info memory random depth unknown", ["info", "--memory", "train_depth=random"], None, "unknown train_depth 'random'"),
+    ("info memory heavy-tailed depth mean above its maximum", ["info", "--memory", "train_depth=layer", "train_depth_dist=poisson-lognormal", "train_depth_max=2",
+     "train_depth_mean=5"], None, "train_depth_mean=5 is above train_depth_max=2"),
+    # -- lm-eval
+    ("lm-eval tasks blank", ["lm-eval", "{run}", "--tasks", " , "], None, "--tasks is empty"),
+    ("lm-eval limit negative", ["lm-eval", "{run}", "--tasks", "cem_local_text", "--limit", "-1"], None, "--limit must be >= 1"),
+    ("lm-eval few-shot a word", ["lm-eval", "{run}", "--tasks", "cem_local_choice", "--num-fewshot", "two"], None, "argument --num-fewshot"),
+    ("lm-eval batch size negative", ["lm-eval", "{run}", "--tasks", "cem_local_text", "--batch-size", "-4"], None, "--batch-size must be >= 1"),
+    ("lm-eval a file", ["lm-eval", "{tmp}/afile", "--tasks", "cem_local_text"], write("afile", "x"), "afile is a file, not a run or model directory"),
+    ("lm-eval an unknown task among known ones", ["lm-eval", "{run}", "--tasks", "cem_local_text,no_such_task", "--device", "cpu"], None, "no_such_task"),
+    # -- export
+    ("export through a symbolic link to a folder", ["export", "{run}", "{tmp}/x/out"], lambda t, r, m: [(t / "victim").mkdir(), (t / "x").mkdir(), (t / "x" / "out").symlink_to(t / "victim")],
+     "is a symbolic link"),
+    ("export through a dangling symbolic link", ["export", "{run}", "{tmp}/x/out"], lambda t, r, m: [(t / "x").mkdir(), (t / "x" / "out").symlink_to(t / "nowhere")], "is a symbolic link"),
+    ("export into a folder of other files", ["export", "{run}", "{tmp}/other"], write("other/notes.txt", "x"), "holds other files and no earlier export"),
+    ("export OUT empty", ["export", "{run}", ""], None, "OUT is empty"),
+    ("export format bin", ["export", "{run}", "--format", "bin", "{tmp}/o"], None, "argument --format: invalid choice"),
+    ("export into the run's tokenizer", ["export", "{run}", "{run}/tokenizer/hf"], None, "of the run being exported"),
+    # -- random depth and anchors
+    ("train_depth unknown", [*TRAIN, *STEP, "train_depth=random"], None, "unknown train_depth 'random'"),
+    ("train_depth_max zero", [*TRAIN, *STEP, "train_depth=model", "train_depth_max=0"], None, "train_depth_max must be an integer >= 1"),
+    ("train_depth_max a thousand", [*TRAIN, *STEP, "train_depth=model", "train_depth_max=1000"], None, "train_depth_max must be at most 256"),
+    ("train_depth_mean below one", [*TRAIN, *STEP, "train_depth=model", "train_depth_mean=0.5"], None, "train_depth_mean must be >= 1"),
+    ("train_depth_mean nan", [*TRAIN, *STEP, "train_depth_mean=nan"], None, "train_depth_mean must be a finite number"),
+    ("train_depth_dist unknown", [*TRAIN, *STEP, "train_depth_dist=zipf"], None, "unknown train_depth_dist 'zipf'"),
+    ("anchor_weight negative", [*TRAIN, *STEP, "anchor_weight=-1"], None, "anchor_weight must be >= 0"),
+    ("anchor_weight inf", [*TRAIN, *STEP, "anchor_weight=inf"], None, "anchor_weight must be a finite number"),
+    ("anchor_weight yes in a config", [*TRAIN, *STEP, "--config", "{tmp}/a.yaml"], write("a.yaml", "model:\n  anchor_weight: yes\n"), "anchor_weight: True is a boolean"),
+    ("fixed_point_weight negative", [*TRAIN, *STEP, "fixed_point_weight=-1"], None, "fixed_point_weight must be >= 0"),
+    ("backprop_steps negative", [*TRAIN, *STEP, "backprop_steps=-1"], None, "backprop_steps must be an integer >= 0"),
+    ("backprop_steps a thousand", [*TRAIN, *STEP, "backprop_steps=1000"], None, "backprop_steps must be at most 256"),
+    ("step_decay zero", [*TRAIN, *STEP, "step_schedule=geometric", "step_decay=0"], None, "step_decay must be > 0"),
+    ("step_schedule unknown", [*TRAIN, *STEP, "step_schedule=cosine"], None, "unknown step_schedule 'cosine'"),
+    ("start unknown", [*TRAIN, *STEP, "start=zero"], None, "unknown start 'zero'"),
+    # -- experiment plans
+    ("experiment plan unknown id", ["experiment", "fig9", "--plan", "--scale", "smoke", "--results", "{tmp}/r"], None, "unknown experiment 'fig9'"),
+    ("experiment plan empty id", ["experiment", "", "--plan", "--scale", "smoke", "--results", "{tmp}/r"], None, "unknown experiment ''"),
+    ("experiment plan unknown scale", ["experiment", "fig2a", "--plan", "--scale", "huge"], None, "argument --scale: invalid choice"),
+    ("experiment plan --jobs 0", ["experiment", "fig2a", "--plan", "--scale", "smoke", "--jobs", "0", "--results", "{tmp}/r"], None, "--jobs must be an integer >= 1"),
+    ("experiment plan --jobs negative", ["experiment", "fig2a", "--plan", "--scale", "smoke", "--jobs", "-3", "--results", "{tmp}/r"], None, "--jobs must be an integer >= 1"),
+    ("experiment plan --results empty", ["experiment", "fig2a", "--plan", "--scale", "smoke", "--results", " "], None, "--results is empty"),
+    ("experiment plan --results a file", ["experiment", "fig2a", "--plan", "--scale", "smoke", "--results", "{tmp}/afile"], write("afile", "x"), "afile is a file"),
+    ("experiment plan --processor empty", ["experiment", "fig2a", "--plan", "--scale", "smoke", "--processor", "", "--results", "{tmp}/r"], None, "--processor is empty"),
+    ("experiment plan seeds not numbers", ["experiment", "fig2a", "--plan", "--scale", "smoke", "--seeds", "x", "--results", "{tmp}/r"], None, "--seeds must be"),
 ]
 
 
@@ -511,6 +726,8 @@ def test_bad_input_is_one_line(name, argv, setup, expect, trained, tmp_path, mon
         code = main(args)
     except SystemExit as e:  # argparse
         code = e.code
+    except SimulatedCtrlC:
+        pytest.fail(f"{name}: the Ctrl-C escaped main()")
     err = capsys.readouterr().err
     if os.environ.get("CEM_FUZZ_LOG"):  # the messages, for reading them all at once
         with open(os.environ["CEM_FUZZ_LOG"], "a") as log:
@@ -524,6 +741,37 @@ def test_bad_input_is_one_line(name, argv, setup, expect, trained, tmp_path, mon
     for kept in (tmp_path / "victim", tmp_path / "x" / "ckpt" / "precious", tmp_path / "x" / "tokenizer" / "precious"):
         assert not kept.is_file() or kept.read_text() == "keep", f"{name}: {kept} was written"
     assert not (tmp_path / "victim").is_dir() or not any((tmp_path / "victim").iterdir()), f"{name}: written into the victim folder"
+
+
+@pytest.mark.parametrize("launch", [["-m", "cem"], ["-c", "import sys; from cem.cli import main; sys.exit(main())"]], ids=["python -m cem", "the cem script"])
+def test_ctrl_c_while_the_modules_load_is_one_line(launch, tmp_path):
+    """Issue 39: Ctrl-C in the first seconds of a command, while torch is imported, printed a 30-line
+    traceback; it is one line and exit 130, as during the command (`cem` is `cem.cli:main`)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, *launch, "info"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    time.sleep(0.5)  # Python is up (its SIGINT handler installed); importing torch takes seconds
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=300)
+    assert (proc.returncode, err) == (130, "cem: error: interrupted (Ctrl-C)\n")
+
+
+@pytest.mark.skipif(not hasattr(__import__("resource"), "RLIMIT_FSIZE"), reason="needs RLIMIT_FSIZE")
+def test_a_file_size_limit_in_a_checkpoint_is_one_line_naming_the_file(trained, tmp_path):
+    """Issue 39: under `ulimit -f` (Python ignores SIGXFSZ, so the write fails with EFBIG) a checkpoint save
+    ended in "RuntimeError: ... file write failed (unexpected)"; it says the file size limit and the file.
+    The limit lets the weights (about 0.4 MB) through and stops the trainer state (about 0.8 MB)."""
+    import resource
+    import subprocess
+    import sys
+
+    args = [a.format(corpus=trained / "corpus", out=tmp_path / "run") for a in [*TRAIN, *STEP, "--arch", "cem"]]
+    limit = lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (500_000, 500_000))  # noqa: E731
+    env = {**os.environ, "CEM_CACHE_DIR": str(trained / "cache")}  # the corpus' tokens are cached there
+    run = subprocess.run([sys.executable, "-m", "cem", *args], capture_output=True, text=True, preexec_fn=limit, env=env, timeout=600)
+    assert run.returncode == 1 and run.stderr.count("\n") == 1, run.stderr
+    assert "file size limit (ulimit -f) reached while writing a checkpoint" in run.stderr and str(tmp_path / "run" / "ckpt" / "trainer_state.pt") in run.stderr
 
 
 def test_the_table_is_large_enough():
@@ -552,7 +800,7 @@ def test_cli_train_eval_generate(tiny_args, tmp_path, capsys):
     assert "| attention | 28.312M | 14.165M | 0.500 |" in capsys.readouterr().out
     assert main(["info", "--preset", "small", "--memory", "--batch", "2", "--seq", "64", "--device-gb", "0.5"]) == 0
     out = capsys.readouterr().out
-    assert "predicted training memory per device: batch 2 x 64 tokens" in out and "peak" in out and "does NOT fit a 0.5 GB device" in out
+    assert "predicted training memory per device, in GiB (2^30 bytes): batch 2 x 64 tokens" in out and "peak" in out and "does NOT fit a 0.5 GiB device" in out
 
 
 def test_cli_errors_are_one_line(tiny_args, tmp_path, capsys):
@@ -589,12 +837,12 @@ def test_default_run_names_hold_the_overrides():
     parse = build_parser().parse_args
     a = default_run_dir(_run_config(parse(["train", "attn_steps=2"])))
     b = default_run_dir(_run_config(parse(["train", "attn_steps=3", "--lr", "1e-3"])))
-    assert a.name == "cem-small-python-stdlib-s0-attn_steps=2"
-    assert b.name == "cem-small-python-stdlib-s0-lr=0.001-attn_steps=3"
-    assert default_run_dir(_run_config(parse(["train", "--device", "cpu"]))).name == "cem-small-python-stdlib-s0"
+    assert a.name == "cem-small-shakespeare-s0-attn_steps=2"
+    assert b.name == "cem-small-shakespeare-s0-lr=0.001-attn_steps=3"
+    assert default_run_dir(_run_config(parse(["train", "--device", "cpu"]))).name == "cem-small-shakespeare-s0"
     from cem.training.budget import with_default_steps
 
-    for argv, name in ((["train"], "cem-small-python-stdlib-s0"), (["train", "--max-steps", "100"], "cem-small-python-stdlib-s0-max_steps=100")):
+    for argv, name in ((["train"], "cem-small-shakespeare-s0"), (["train", "--max-steps", "100"], "cem-small-shakespeare-s0-max_steps=100")):
         run = _run_config(parse(argv))
         with_default_steps(run.train)  # as `cem train` does: the default budget of 600 steps is not in the name
         assert default_run_dir(run).name == name
@@ -612,7 +860,7 @@ def test_long_run_names_are_cut_with_a_digest():
                                      ("eps", 1e-8), ("log_every", 7), ("save_every", 11), ("eval_every", 13), ("diverge_warmup", 9))]
     a = default_run_dir(_run_config(parse(["train", *many])))
     b = default_run_dir(_run_config(parse(["train", *many, "beta1=0.8"])))
-    assert len(a.name.encode()) <= MAX_NAME_BYTES + 20 and a.name.startswith("cem-small-python-stdlib-s0-")
+    assert len(a.name.encode()) <= MAX_NAME_BYTES + 20 and a.name.startswith("cem-small-shakespeare-s0-")
     assert a.name != b.name  # the digest keeps cut names apart
 
 
@@ -625,8 +873,9 @@ def test_smoke_experiment_ends_with_its_report_and_exit_0(corpus_dir, tmp_path, 
     monkeypatch.setenv("CEM_DATA_DIR", str(tmp_path / "data"))
     res = tmp_path / "res"
     assert main(["experiment", "fig2c", "--scale", "smoke", "--results", str(res), "--seeds", "0"]) == 0
-    report = (res / "report.md").read_text()
-    assert report.startswith("> **Not the paper's protocol") and "report:" in capsys.readouterr().out
+    report, out = (res / "report.md").read_text(), capsys.readouterr().out
+    assert report.startswith("> **Not the paper's protocol: a pipeline check") and "report:" in out
+    assert "fig2c: pipeline check: " in out and not any(w in out for w in ("[held]", "[not held]", "[inconclusive]", "paired seeds would detect"))
 
 
 @pytest.mark.slow
@@ -751,3 +1000,19 @@ def test_generate_flags_reach_every_layer_unchanged(monkeypatch, capsys):
     assert ran == {("attn", 3, 0.01, "update", 2), ("mlp", 4, 0.01, "update", 2)}
     assert "at most 4)" in capsys.readouterr().err
     assert {(m.steps, m.adaptive_tol, m.guard) for m in model.descent_layers()} == {(1, None, 0)}
+
+
+def test_generate_static_flag_gives_the_eager_text(monkeypatch, capsys):
+    """`cem generate --static` decodes with the static-shape cache: at temperature 0 the same text as the default."""
+    import cem.cli as cli
+    from cem.data.tokenizers import ByteTokenizer
+    from cem.model import LanguageModel, model_config
+
+    torch.manual_seed(0)
+    model = LanguageModel(model_config("micro", "cem", vocab_size=ByteTokenizer.vocab_size))
+    monkeypatch.setattr(cli, "_load_run", lambda path: (model, ByteTokenizer(), None))
+    texts = []
+    for extra in ([], ["--static"]):
+        assert main(["generate", "--ckpt", "run", "--prompt", "ab", "--max-new-tokens", "6", "--temperature", "0", *extra]) == 0
+        texts.append(capsys.readouterr().out)
+    assert texts[0] == texts[1] and len(texts[0]) > 2

@@ -60,20 +60,26 @@ def test_every_block_says_how_it_is_checked(path, line, lang, mark, code):
 
 
 def _huggingface_prelude(ns: dict) -> None:
-    """What docs/huggingface.md assumes: a trained CEM model saved at runs/134M-cem/final, a tokenizer `tok`,
-    a Llama `llama_model`, an export at hf/134M-cem, token ids `ids` (all tiny)."""
+    """What docs/huggingface.md assumes, made by its own commands (its bash block covered by `test_run_blocks`)
+    at a tiny size: the run runs/134M-cem by `cem train`, its export hf/134M-cem by `cem export`; then the
+    export's tokenizer `tok`, token ids `ids` and a Llama `llama_model`."""
     pytest.importorskip("lm_eval")  # its last block scores with lm-eval's HFLM
     pytest.importorskip("accelerate")
-    from cem.data.tokenizers import ByteTokenizer
-    from cem.hf import export_hf
-    from cem.hf.tokenizer import transformers_tokenizer
-    from cem.model import LanguageModel, model_config, save_pretrained
+    import shlex
 
-    tok = transformers_tokenizer(ByteTokenizer())
-    torch.manual_seed(0)
-    model = LanguageModel(model_config("tiny", "cem", vocab_size=len(tok))).eval()
-    save_pretrained(model, "runs/134M-cem/final")
-    export_hf(model, "hf/134M-cem", tokenizer=tok)
+    import cem.hf  # noqa: F401 - the "cem" model type, for AutoTokenizer
+    from transformers import AutoTokenizer
+
+    from cem.cli import main
+    from cem.model import LanguageModel, model_config
+
+    code = next(c for _, lang, mark, c in blocks(ROOT / "docs" / "huggingface.md") if lang == "bash" and mark.endswith("::test_run_blocks"))
+    commands = [shlex.split(line, comments=True) for line in code.splitlines()]
+    assert [c[:2] for c in commands] == [["cem", "train"], ["cem", "export"]]
+    tiny = ["--preset", "tiny", "--max-steps", "2", "--batch-size", "2", "context=64", "tensorboard=false"]
+    for command in commands:
+        assert main(command[1:] + (tiny if command[1] == "train" else [])) == 0, command
+    tok = AutoTokenizer.from_pretrained("hf/134M-cem")
     ns.update(tok=tok, llama_model=LanguageModel(model_config("tiny", "llama", vocab_size=len(tok))).eval(),
               ids=torch.tensor([tok("The energy").input_ids]))  # fmt: skip
 

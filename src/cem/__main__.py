@@ -1,5 +1,9 @@
 import sys
 
-from .cli import main
+try:
+    from .cli import main
+except KeyboardInterrupt:  # Ctrl-C while the command line loads: one line, as during a command
+    sys.stderr.write("cem: error: interrupted (Ctrl-C)\n")
+    sys.exit(130)
 
 sys.exit(main())

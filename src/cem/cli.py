@@ -48,11 +48,13 @@ def _raise_terminated(signum, frame):
 
 
 def _one_line(e: BaseException) -> str:
-    """An exception as one line: an OSError with its file, a full disk said as such."""
+    """An exception as one line: an OSError with its file, a full disk and a file size limit said as such."""
     if isinstance(e, OSError) and not isinstance(e, FileNotFoundError) and e.strerror:
         text = f"{e.strerror}: {e.filename}" if e.filename else e.strerror
         if e.errno == errno.ENOSPC and "space" not in text.lower():
             text = f"no space left on device: {text}"
+        if e.errno == errno.EFBIG and "limit" not in text.lower():
+            text = f"file size limit (ulimit -f) reached: {text}"
     else:
         text = str(e) or type(e).__name__
     return " ".join(text.split())
@@ -112,10 +114,15 @@ def _run_config(args, base=None):
 
 def _recorded_config(out: Path):
     """The config a run directory recorded (run.json), None if it has none."""
-    from .training import RunConfig, RunDir
+    from .training import RunDir
 
-    recorded = RunDir(out).read_run() if out.is_dir() else None
-    return RunConfig.from_dict(recorded["config"]) if recorded and "config" in recorded else None
+    return RunDir(out).recorded_config() if out.is_dir() else None
+
+
+def _check_named(flag: str, value: str | None, instead: str) -> None:
+    """ValueError for a path or name given as empty text (`--out ''`), which would mean the current folder or a default."""
+    if value is not None and not value.strip():
+        raise ValueError(f"{flag} is empty: {instead}")
 
 
 def _seeds(text: str) -> tuple[int, ...]:
@@ -134,8 +141,7 @@ def cmd_train(args) -> int:
     from .training.budget import with_default_steps
     from .training.rundir import default_run_dir
 
-    if args.out is not None and not args.out.strip():
-        raise ValueError("--out is empty: give a folder, or leave --out out for the default runs/NAME")
+    _check_named("--out", args.out, "give a folder, or leave --out out for the default runs/NAME")
     if args.resume and args.overwrite:
         raise ValueError("--resume continues a run and --overwrite deletes it: give one of them")
     out = Path(args.out) if args.out else None
@@ -238,7 +244,7 @@ def cmd_generate(args) -> int:
     model.reset_steps_used()
     most = max((inference.depth(m.sublayer) or m.steps for m in model.descent_layers()), default=0)
     out = model.to(device).generate(torch.tensor(ids, device=device), args.max_new_tokens, args.temperature, args.top_k, args.top_p,
-                                     generator=gen, inference=inference)
+                                     generator=gen, inference=inference, static=args.static, compile=args.compile)
     print(tokenizer.decode(out.tolist()))
     used = model.steps_used()
     adaptive = inference.adaptive_tol if inference.adaptive_tol is not None else model.config.adaptive_tol
@@ -250,11 +256,17 @@ def cmd_generate(args) -> int:
 
 def cmd_lm_eval(args) -> int:
     from .device import pick_device
-    from .hf.harness import harness_evaluate
+
+    try:
+        from .hf.harness import harness_evaluate
+        import lm_eval.models.huggingface  # noqa: F401 - lm-eval's HFLM, and accelerate
+    except ImportError as e:  # before the run loads: the eval extra names what is missing
+        raise ValueError(f"cem lm-eval needs the eval extra ({(e.name or getattr(e.__cause__, 'name', None) or 'a package').split('.')[0]} is missing): "
+                         "pip install -e '.[eval]' in the cem clone") from None
 
     model, tokenizer, run = _load_run(args.run)
     _check_tokenizer(model, tokenizer, run, "evaluate")
-    tasks = [t for t in args.tasks.split(",") if t]
+    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     if not tasks:
         raise ValueError("--tasks is empty: name one or more lm-eval tasks, e.g. cem_local_text,cem_local_choice")
     for name, value in (("--limit", args.limit), ("--batch-size", args.batch_size)):
@@ -279,12 +291,18 @@ def cmd_export(args) -> int:
     except ImportError as e:
         raise ValueError(str(e)) from None
 
+    _check_named("OUT", args.out, "name the folder to export into")
     model, tokenizer, run = _load_run(args.run)
     _check_tokenizer(model, tokenizer, run, "export")
     if run.holds(args.out) is not None:
         raise ValueError(f"cannot export into {args.out}: it is, or lies in, {run.holds(args.out)} of the run being exported; choose another output folder")
-    if Path(args.out).exists() and not Path(args.out).is_dir():
-        raise ValueError(f"cannot export into {args.out}: it is a file; name a folder")
+    out = Path(args.out)
+    if out.is_symlink():
+        raise ValueError(f"cannot export into {out}: it is a symbolic link; refusing to write through it (name a real folder)")
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"cannot export into {out}: it is a file; name a folder")
+    if out.is_dir() and any(out.iterdir()) and not (out / "config.json").is_file():
+        raise ValueError(f"cannot export into {out}: it holds other files and no earlier export (no config.json); name a new or empty folder")
     from safetensors import SafetensorError
 
     try:
@@ -294,6 +312,19 @@ def cmd_export(args) -> int:
     kind = "LlamaForCausalLM format" if is_plain_llama(model) else "CEM format: the model loads after `import cem.hf`"
     print(f"exported {run.path} to {out} ({kind}); load it with AutoTokenizer / AutoModelForCausalLM.from_pretrained")
     return 0
+
+
+def _info_vocab(args, run) -> tuple[int, str]:
+    """The vocabulary `cem info` counts and plans for, and where it comes from: --vocab; with --memory, the paper's
+    Llama tokenizer for the paper's sizes on the default byte tokenizer; else the run's tokenizer's."""
+    from .model.config import SIZES
+    from .training.config import LLAMA_VOCAB
+
+    if args.mem_vocab is not None:
+        return args.mem_vocab, "--vocab"
+    if args.memory and "vocab_size" not in SIZES[run.train.preset] and run.train.tokenizer == "byte" and "vocab_size" not in run.model_overrides:
+        return LLAMA_VOCAB, f"assumed: the paper's Llama tokenizer, for the paper's size {run.train.preset}; --vocab N plans another"
+    return run.vocab_hint(), f"the run's tokenizer, {run.train.tokenizer}; --vocab N counts another"
 
 
 def cmd_info(args) -> int:
@@ -313,51 +344,84 @@ def cmd_info(args) -> int:
             for f in fields(cls):
                 print(f"{f.name} = {f.default!r}")
         return 0
+    if args.memory:  # the planner's own flags, each named (before the run's config, which --vocab sizes)
+        from .checks import check_finite, check_positive_int
+        from .model.config import MAXIMA
+
+        check_finite("--device-gib (--device-gb)", args.device_gib, 0, low_open=True)
+        for flag, value, high in (("--batch", args.mem_batch, None), ("--seq", args.mem_seq, MAXIMA["context"]),
+                                  ("--vocab", args.mem_vocab, MAXIMA["vocab_size"]), ("--gpus", args.gpus, None)):
+            if value is not None:
+                check_positive_int(flag, value, high)
     run = _run_config(args)
-    vocab = run.vocab_hint()
+    vocab, vocab_source = _info_vocab(args, run)
     cfg = run.model(vocab)
     print(json.dumps({"train": run.to_dict()["train"], "model": cfg.to_dict()}, indent=2))
     rows = {}
     for name, c in (("llama", model_config(run.train.preset, "llama", vocab_size=vocab, context=cfg.context)), (run.train.arch, cfg)):
         with torch.device("meta"):
             rows[name] = parameter_breakdown(LanguageModel(c))
+    print(f"note: vocabulary {vocab:,} ({vocab_source})")
     print(format_breakdown(rows))
     print(f"training FLOPs per token: {train_flops_per_token(cfg):,}")
     if args.memory:
-        from .model.memory import depth_note, format_plan, plan_memory
+        from .model.memory import depth_note, format_plan, other_backend, path_note, plan_memory
 
-        if not args.device_gb > 0:
-            raise ValueError(f"--device-gb must be a positive number of GB, got {args.device_gb}")
         batch = args.mem_batch if args.mem_batch is not None else run.train.batch_size
         seq = args.mem_seq if args.mem_seq is not None else (run.train.seq_len or cfg.context)
         parallel = args.mem_parallel or ("ddp" if args.gpus > 1 else "none")
         checkpointing = args.checkpointing or run.train.activation_checkpointing
-        planned = cfg.replace(context=max(cfg.context, seq), vocab_size=cfg.vocab_size if args.mem_vocab is None else args.mem_vocab)
+        if seq > cfg.context:
+            print(f"cem info: warning: --seq {seq} exceeds the model's context ({cfg.context:,}): planned as if trained with context={seq}", file=sys.stderr)
+        planned = cfg.replace(context=max(cfg.context, seq))
         plan = plan_memory(planned, batch, seq, args.mem_precision, args.gpus, parallel, checkpointing)
-        print(f"predicted training memory per device: batch {batch} x {seq} tokens, vocabulary {planned.vocab_size:,}, {args.mem_precision}, {args.gpus} device(s), "
-              f"parallel {parallel}, checkpointing {checkpointing} (cem.model.memory)")
-        if depth_note(planned):
-            print(depth_note(planned))
-        print(format_plan(plan, args.device_gb))
+        alt = other_backend(planned)  # the attention path a machine without triton counts: its figure beside this one
+        other = plan_memory(planned, batch, seq, args.mem_precision, args.gpus, parallel, checkpointing, backend=alt) if alt else None
+        print(f"predicted training memory per device, in GiB (2^30 bytes): batch {batch} x {seq} tokens, vocabulary {planned.vocab_size:,}, "
+              f"{args.mem_precision}, {args.gpus} device(s), parallel {parallel}, checkpointing {checkpointing} (cem.model.memory)")
+        for note in (depth_note(planned), path_note(planned, plan, other)):
+            if note:
+                print(note)
+        print(format_plan(plan, args.device_gib))
     return 0
 
 
 def cmd_data_prepare(args) -> int:
     from .data.prepare import prepare
+    from .data.local import UndecodableText
     from .data.tokenshards import parse_tokens, prepare_shards
 
     if args.tokenizer is None:
+        if args.encoding != "utf-8" or args.doc_separator is not None:
+            raise ValueError("--encoding and --doc-separator apply to the token shards of a local corpus (with --tokenizer)")
         print(prepare(args.name, args.data_dir, source=args.source, force=args.force))
         return 0
+    from .checks import check_nonnegative_int
+    from .data.tokenizers import check_spec
+
+    _check_named("--tokenizer", args.tokenizer, "give byte, bpe:N or a tokenizer")
+    check_spec(args.tokenizer)
+    _check_named("--out", args.out, "give a folder, or leave --out out for the default under the data directory")
+    if args.out and Path(args.out).exists() and not Path(args.out).is_dir() and not Path(args.out).is_symlink():  # a link: refused as one
+        raise ValueError(f"--out {args.out} is a file; name a folder for the token shards")
+    if args.workers is not None:
+        check_nonnegative_int("--workers", args.workers)
     tokens = {k: parse_tokens(getattr(args, k), "--" + k.replace("_", "-")) for k in ("tokens", "held_out_tokens", "shard_tokens")}
-    print(prepare_shards(args.name, args.tokenizer, args.out, tokens=tokens["tokens"], held_out_tokens=tokens["held_out_tokens"],
-                         shard_tokens=tokens["shard_tokens"], workers=args.workers, data_dir=args.data_dir))
+    if args.doc_separator == "":
+        raise ValueError("--doc-separator is empty (leave it out for blank lines)")
+    separator = None if args.doc_separator is None else args.doc_separator.replace("\\n", "\n").replace("\\t", "\t")
+    try:
+        print(prepare_shards(args.name, args.tokenizer, args.out, tokens=tokens["tokens"], held_out_tokens=tokens["held_out_tokens"],
+                             shard_tokens=tokens["shard_tokens"], workers=args.workers, data_dir=args.data_dir,
+                             encoding=args.encoding, separator=separator))
+    except UndecodableText as e:
+        raise e.with_flag("--encoding") from None
     return 0
 
 
 def cmd_data_verify(args) -> int:
     """Each file checked against its manifest's sha256, one line each, then a summary; exit 1 if one is not intact."""
-    from .data.tokenshards import MANIFEST as SHARDS_MANIFEST, FORMAT as SHARDS_FORMAT, verify_shards
+    from .data.tokenshards import MANIFEST as SHARDS_MANIFEST, verify_shards
     from .io import read_json
     from .training.checkpoint import MANIFEST as CKPT_MANIFEST, checkpoint_problems
 
@@ -366,7 +430,7 @@ def cmd_data_verify(args) -> int:
         if not folder.is_dir():
             raise FileNotFoundError(f"{folder}: no such folder (give a token-shard folder, a run folder or a checkpoint folder)")
         manifest = folder / SHARDS_MANIFEST
-        if manifest.is_file() and read_json(manifest).get("settings", {}).get("format") == SHARDS_FORMAT:
+        if manifest.is_file() and "settings" in read_json(manifest):  # a checkpoint's manifest has none (`verify_shards` checks the rest)
             checked += verify_shards(folder)
             continue
         checkpoints = [folder] if (folder / CKPT_MANIFEST).is_file() else [c for c in (folder / "ckpt", folder / "ckpt.old") if c.is_dir()]
@@ -388,14 +452,21 @@ def _experiments():
     try:
         import cem.experiments as experiments
     except ImportError as e:
-        raise ValueError(f"experiments need the experiments extra ({e.name} is missing): pip install 'cem-transformers[experiments]'") from None
+        raise ValueError(f"experiments need the experiments extra ({e.name} is missing): pip install -e '.[experiments]' in the cem clone") from None
     return experiments
 
 
 def cmd_experiment(args) -> int:
     ex = _experiments()
     run_suite, write_report = ex.run_suite, ex.write_report
+    from .experiments.report import pipeline_check
 
+    from .checks import check_positive_int
+
+    _check_named("--results", args.results, "give a folder, or leave --results out for the default results/SCALE")
+    _check_named("--processor", args.processor, "give a processor's model name, or leave --processor out")
+    if args.jobs is not None:
+        check_positive_int("--jobs", args.jobs)
     ids = None if args.id == "all" else tuple(args.id.split(","))  # all: the scale's suite
     overrides = {}
     if args.seeds:
@@ -415,9 +486,14 @@ def cmd_experiment(args) -> int:
     if args.plan:
         print(ex.format_plan(ex.plan(args.scale, results, ids, **overrides)))
         return 0
-    for summary in run_suite(args.scale, results, args.data_dir, args.jobs, ids, args.device, **overrides):
-        for f in summary["findings"]:
-            print(f"{summary['experiment']}: [{f['verdict']}] {f['claim']} -- {f['evidence']}")
+    options = {k: v for k, v in (("slurm_partition", args.partition), ("timeout_min", args.time_min), ("gpus_per_node", args.gpus_per_run),
+                                 ("cpus_per_task", args.cpus_per_run)) if v is not None}
+    launcher = ex.make_launcher(args.launcher, args.jobs, args.devices, args.nproc_per_run, Path(results) / ".submitit",
+                                **options, **ex.slurm_options(args.slurm_option))
+    for summary in run_suite(args.scale, results, args.data_dir, launcher.jobs, ids, args.device, launcher, **overrides):
+        for f in summary["findings"]:  # a scale that never speaks (smoke): differences as pipeline checks, no verdicts
+            print(f"{summary['experiment']}: [{f['verdict']}] {f['claim']} -- {f['evidence']}" if ex.get_scale(args.scale).findings
+                  else f"{summary['experiment']}: pipeline check: {pipeline_check(f)}")
     # the smoke scale's and a rehearsal's runs are short by design (a few steps): the report says so in its first line
     short = args.allow_short or args.rehearse or not ex.get_scale(args.scale).findings
     print(f"report: {write_report(results, allow_short=short)}")
@@ -454,7 +530,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True)  # subcommands are _Parser too
 
-    p = sub.add_parser("train", help="train a model (no arguments: a small CEM model on python-stdlib, minutes on a CPU)",
+    p = sub.add_parser("train", help="train a model (no arguments: a small CEM model on the embedded shakespeare corpus, minutes on a CPU)",
                        description="Train a model. Running the same command again: an unfinished run needs --resume, "
                        "a finished one is left as it is (exit 0), or extended from its last checkpoint when asked for more "
                        "steps; --overwrite starts again.")
@@ -488,6 +564,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_field_flags(p, Inference, defaults={f.name: "the model's" for f in fields(Inference)})
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--device", default="auto", help=device_help)
+    p.add_argument("--static", action="store_true", help="decode with a static-shape cache (fixed buffers, masked by position)")
+    p.add_argument("--compile", action="store_true", help="static, and each decoding step compiled (CUDA graphs on a GPU; fixed steps only)")
     p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("export", help="write a run as a Hugging Face model directory (AutoTokenizer, AutoModelForCausalLM, pipeline)")
@@ -529,6 +607,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", dest="data_dir", help="where to put it (default $CEM_DATA_DIR, else ~/.cache/cem/data, where every command looks)")
     p.add_argument("--from", dest="source", help="copy the files from this local folder (same layout) instead of downloading")
     p.add_argument("--force", action="store_true", help="fetch again even if the corpus is already there")
+    p.add_argument("--encoding", default="utf-8", help="token shards: the encoding of local .txt/.jsonl files (default utf-8; "
+                   "text that does not decode is refused)")
+    p.add_argument("--doc-separator", dest="doc_separator", help="token shards: the text that ends a document in local .txt "
+                   "files, e.g. '<|endoftext|>' (\\n for a line end; default: blank lines, and a folder's file of at most 1 MB is one document)")
     p.set_defaults(func=cmd_data_prepare)
 
     p = data_sub.add_parser("verify", help="check every file of token-shard folders, run folders (their checkpoints) or checkpoint "
@@ -537,16 +619,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_data_verify)
 
     try:
-        from .experiments import ALL_IDS, SCALES
+        from .experiments import ALL_IDS, LAUNCHERS, SCALES
     except ImportError:  # the experiments extra (scipy, matplotlib) is not installed
-        ALL_IDS, SCALES = ("see docs/experiments.md",), ("smoke", "cpu", "gpu", "paper")
+        ALL_IDS, SCALES, LAUNCHERS = ("see docs/experiments.md",), ("smoke", "cpu", "gpu", "paper"), ("process", "local", "slurm")
 
     p = sub.add_parser("experiment", help="run the paper's experiments (one, several, or 'all') at a scale, then write the report")
     p.add_argument("id", help=f"an experiment, a comma-separated list, or all: {', '.join(ALL_IDS)}")
     p.add_argument("--scale", default="cpu", choices=tuple(SCALES), help="cpu, gpu and paper follow the paper's budget; smoke is a few steps (default cpu)")
     p.add_argument("--results", help="results directory (default results/SCALE); finished runs there are skipped")
     p.add_argument("--data-dir", dest="data_dir", help=docs["data_dir"])
-    p.add_argument("--jobs", type=int, default=1, help="runs trained in parallel (CPU: processes sharing the cores; default 1)")
+    p.add_argument("--jobs", type=int, help="runs trained at once (CPU: processes sharing the cores; default: one per device group "
+                                            "with --devices, else 1); with --launcher slurm, the jobs in the queue at once")
+    p.add_argument("--devices", help="device ids shared out to the jobs, --nproc-per-run to a group, e.g. 0,1,2,3 (default with --jobs "
+                                     "or --nproc-per-run above 1 on a CUDA machine: its visible devices; each job sees only its group)")
+    p.add_argument("--nproc-per-run", dest="nproc_per_run", type=int, default=1,
+                   help="processes per run, under torchrun's launcher (DDP, the same global batch; default 1)")
+    p.add_argument("--launcher", default="process", choices=tuple(LAUNCHERS),
+                   help="where runs train: process (this machine, default), local or slurm (each run a submitit job, needs "
+                        "the cluster extra; job files in RESULTS/.submitit)")
+    p.add_argument("--partition", help="slurm: the partition")
+    p.add_argument("--time-min", dest="time_min", type=int, help="local, slurm: a job's time limit in minutes (default 1440; a job "
+                                                                   "timed out is requeued and resumes from its checkpoint)")
+    p.add_argument("--gpus-per-run", dest="gpus_per_run", type=int, help="slurm: GPUs per job (default --nproc-per-run; 0 on a CPU cluster)")
+    p.add_argument("--cpus-per-run", dest="cpus_per_run", type=int, help="local, slurm: CPUs per job")
+    p.add_argument("--slurm-option", dest="slurm_option", action="append", default=[], metavar="KEY=VALUE",
+                   help="slurm: another sbatch setting, as submitit names it (e.g. account=ABC, qos=high, constraint=h100); repeatable")
     p.add_argument("--seeds", help="comma-separated seeds for every experiment (default: the scale's)")
     p.add_argument("--device", default="auto", help="device of the analyses that evaluate trained models: " + device_help)
     p.add_argument("--allow-short", action="store_true", dest="allow_short",
@@ -561,7 +658,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("report", help="write RESULTS_DIR/report.md from experiment results")
     p.add_argument("results_dir", help="a results directory written by `cem experiment`")
-    p.add_argument("--allow-short", action="store_true", dest="allow_short", help="accept runs short of the Chinchilla budget (the report's first line says so)")
+    p.add_argument("--allow-short", action="store_true", dest="allow_short", help="accept runs short of the Chinchilla budget (the report's first line says so); the smoke scale's "
+                   "report needs none: a pipeline check, without verdicts")
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("info", help="print the resolved config and the parameter breakdown")
@@ -572,25 +670,32 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--batch", type=int, default=None, dest="mem_batch", help="sequences per micro-batch and device (default: the run's batch_size)")
     m.add_argument("--seq", type=int, default=None, dest="mem_seq", help="tokens per sequence (default: the run's seq_len, else the context)")
     m.add_argument("--vocab", type=int, default=None, dest="mem_vocab",
-                   help="vocabulary size to plan for (default: the tokenizer's; 32000 for the paper's Llama tokenizer)")
+                   help="vocabulary size to count and plan for (default: the run's tokenizer's; with --memory, 32000, the paper's "
+                   "Llama tokenizer, for the paper's sizes 86M-256M on the default byte tokenizer)")
     m.add_argument("--precision", default="bf16", dest="mem_precision", choices=PLANNED_PRECISIONS, help="bf16 autocast (default, the GPU recipe) or fp32")
     m.add_argument("--gpus", type=int, default=1, help="devices (default 1)")
     m.add_argument("--parallel", default=None, dest="mem_parallel", choices=PLANNED_PARALLEL, help="default: ddp with several devices, else none")
     m.add_argument("--checkpointing", default=None, choices=CHECKPOINTING, help="default: the run's activation_checkpointing")
-    m.add_argument("--device-gb", type=float, default=40.0, help="device memory in GB to check the fit against (default 40: the paper's A100)")
+    m.add_argument("--device-gib", "--device-gb", type=float, default=40.0, dest="device_gib",
+                   help="device memory in GiB (2^30 bytes, the unit of the plan; a GPU sold as \"40 GB\" holds 40 GiB) to check the "
+                   "fit against (default 40: the paper's A100)")
     p.set_defaults(func=cmd_info)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    stray = [a for a in extra if a.startswith("-") or "=" not in a]
-    if stray or (extra and not hasattr(args, "overrides")):
-        parser.error(f"unrecognized arguments: {' '.join(stray or extra)}")
-    if extra:  # key=value settings written among the options
-        args.overrides = [*args.overrides, *extra]
-    return _run(args)
+    try:
+        parser = build_parser()  # imports torch: seconds in which a Ctrl-C is one line too
+        args, extra = parser.parse_known_args(argv)
+        stray = [a for a in extra if a.startswith("-") or "=" not in a]
+        if stray or (extra and not hasattr(args, "overrides")):
+            parser.error(f"unrecognized arguments: {' '.join(stray or extra)}")
+        if extra:  # key=value settings written among the options
+            args.overrides = [*args.overrides, *extra]
+        return _run(args)
+    except KeyboardInterrupt:  # before a command runs (`_run` says it for the command itself)
+        print("cem: error: interrupted (Ctrl-C)", file=sys.stderr)
+        return 130
 
 
 def _run(args) -> int:
@@ -613,10 +718,10 @@ def _run(args) -> int:
         previous = None
     try:
         return args.func(args)
-    except Terminated:
-        return fail("terminated (SIGTERM)", 143)
-    except KeyboardInterrupt:
-        return fail("interrupted (Ctrl-C)", 130)
+    except Terminated as e:  # its args: where the run stands and how to go on, when the trainer says (`train`)
+        return fail(" ".join(("terminated (SIGTERM)", *map(str, e.args))), 143)
+    except KeyboardInterrupt as e:
+        return fail(" ".join(("interrupted (Ctrl-C)", *map(str, e.args))), 130)
     except USER_ERRORS as e:
         return fail(_one_line(e), 2)
     except yaml.YAMLError as e:

@@ -1,14 +1,16 @@
 """Safe file writes: atomic (readers see the old file, no file, or the whole new one, never half of it),
 never through a symbolic link the program did not create (a planted link is refused, or replaced by the
-atomic rename, never followed); and file checksums."""
+atomic rename, never followed); folder locks (one writer per folder); and file checksums."""
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -16,9 +18,84 @@ from pathlib import Path
 from typing import BinaryIO, TextIO
 
 __all__ = [
-    "atomic_write", "atomic_write_json", "atomic_write_text", "default_mode", "fix_modes", "make_temp_dir", "open_append", "staged_folder", "open_no_follow",
-    "read_json", "refuse_link", "sha256_file",
+    "atomic_write", "atomic_write_json", "atomic_write_text", "default_mode", "fix_modes", "lock_folder", "LockedError", "make_temp_dir",
+    "open_append", "staged_folder", "open_no_follow", "read_json", "refuse_link", "remove_stale_temp_files", "sha256_file",
 ]
+
+LOCK_FILE = ".lock"  # in a locked folder (`lock_folder`): held with flock by the writing process; holds its pid
+
+
+class LockedError(ValueError):
+    """Another live process holds the folder (`lock_folder`)."""
+
+
+def _flock(fd: int) -> bool:
+    """Take an exclusive flock on `fd` without waiting: False when another open file holds it."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def lock_folder(folder: str | os.PathLike, what: str) -> Iterator[None]:
+    """Hold `folder` (made if need be) for this process: an exclusive flock on `folder/.lock`, which records
+    the pid until it is released; a second writer gets a LockedError naming `what` (e.g. "run directory
+    PATH"), the lock and the holder's pid. The kernel drops the lock when the process ends, however it
+    ends, so a crashed writer never leaves the folder locked; a folder this call made that holds only the
+    lock at the end is removed."""
+    folder = Path(folder)
+    created = not folder.exists()
+    folder.mkdir(parents=True, exist_ok=True)
+    lock_file = folder / LOCK_FILE
+    fd = open_no_follow(lock_file, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        if not _flock(fd):
+            holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
+            raise LockedError(f"{what} is in use by another process (pid {holder}, lock {lock_file}); "
+                              "wait for it to finish or stop it, or choose another --out")
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        try:
+            yield
+        finally:
+            os.ftruncate(fd, 0)  # released: no pid (a killed holder's stays, `_abandoned`)
+            if created:  # a writer that failed before writing anything leaves no folder holding only `.lock`
+                with contextlib.suppress(OSError):
+                    if [p.name for p in folder.iterdir()] == [LOCK_FILE]:
+                        lock_file.unlink()
+                        folder.rmdir()
+    finally:
+        os.close(fd)  # releases the flock
+
+
+def _abandoned(folder: Path) -> bool:
+    """Whether `folder` (a real folder, not a link) was locked (`lock_folder`) by a process that is gone:
+    its lock records a pid (written once the flock was held) and nobody holds the flock now."""
+    if folder.is_symlink() or not folder.is_dir():
+        return False
+    try:
+        fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_NOFOLLOW)
+    except OSError:  # no lock (yet), or a link
+        return False
+    try:
+        return bool(os.pread(fd, 64, 0).strip()) and _flock(fd)
+    finally:
+        os.close(fd)
+
+
+def remove_stale_temp_files(folder: str | os.PathLike, names: str) -> None:
+    """Remove the temp files `atomic_write` left in `folder` for files whose names match the regular
+    expression `names` (`.NAME.XXXXXXXX.tmp`: a writer killed mid-write). Only for a folder this process
+    holds (`lock_folder`): no other writer is at it. Plain files only; a link is left alone."""
+    pattern = re.compile(rf"\.(?:{names})\.[a-z0-9_]{{8}}\.tmp")
+    with contextlib.suppress(FileNotFoundError):
+        for entry in Path(folder).iterdir():
+            if pattern.fullmatch(entry.name) and entry.is_file() and not entry.is_symlink():
+                entry.unlink(missing_ok=True)
 
 
 def default_mode(directory: bool = False) -> int:
@@ -61,20 +138,26 @@ def staged_folder(directory: str | os.PathLike, last: tuple[str, ...] = ("config
     there into `directory` (made if need be) by renames, the files named in `last` after the others (a reader
     that finds config.json finds the rest), and remove the temp folder. On failure (a full disk, a file size
     limit, Ctrl-C) only the temp folder is removed: `directory` keeps what it held. Renames replace a planted
-    link at a name instead of writing through it."""
+    link at a name instead of writing through it. The temp folder is locked (`lock_folder`) while it is
+    written, and a successful write removes those of writers to `directory` killed before they finished."""
     directory = Path(directory)
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = make_temp_dir(directory.parent, f".{directory.name}.")
     try:
-        yield tmp
-        _move_into(tmp, directory, last)
+        with lock_folder(tmp, f"staging folder {tmp}"):  # while it is locked, no other writer takes it for a killed one's
+            yield tmp
+            _move_into(tmp, directory, last, skip=(LOCK_FILE,))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    pattern = re.compile(rf"\.{re.escape(directory.name)}\.[a-z0-9_]{{8}}")  # `make_temp_dir`'s names for this `directory`
+    for entry in directory.parent.iterdir():  # the temp folders of writers killed before they finished (kill -9)
+        if pattern.fullmatch(entry.name) and _abandoned(entry):
+            shutil.rmtree(entry, ignore_errors=True)
 
 
-def _move_into(src: Path, dst: Path, last: tuple[str, ...] = ()) -> None:
+def _move_into(src: Path, dst: Path, last: tuple[str, ...] = (), skip: tuple[str, ...] = ()) -> None:
     dst.mkdir(parents=True, exist_ok=True)
-    for entry in sorted(src.iterdir(), key=lambda p: (p.name in last, p.name)):
+    for entry in sorted((e for e in src.iterdir() if e.name not in skip), key=lambda p: (p.name in last, p.name)):
         target = dst / entry.name
         if entry.is_dir() and not entry.is_symlink() and target.is_dir() and not target.is_symlink():
             _move_into(entry, target)
@@ -152,8 +235,8 @@ def read_json(path: str | os.PathLike, mapping: bool = True):
     path = Path(path)
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path} is corrupted: not JSON ({e})") from None
+    except ValueError as e:  # not JSON, not UTF-8, or an integer of more than 4300 digits
+        raise ValueError(f"{path} is corrupted: not JSON ({str(e).split(';')[0]})") from None
     except RecursionError:
         raise ValueError(f"{path} is corrupted: JSON nested too deeply") from None
     if mapping and not isinstance(value, dict):

@@ -258,6 +258,33 @@ def test_tiled_cache_has_the_prefilled_shape_and_repeats_the_chunk():
         assert tiled.length == 41
 
 
+def test_decode_dtypes_modes_best_against_best_and_split(tmp_path):
+    """Several dtypes and modes in one run: each row against Llama at its own dtype and mode, the second table
+    each model at its fastest setting against Llama's fastest, both paired per round; --split fills its columns."""
+    report = decode.main(["--device", "cpu", "--preset", "tiny", "--contexts", "48", "--steps", "2", "--warmup", "1", "--dtype", "fp32", "bf16",
+                          "--modes", "eager", "static", "--models", "CEM kq=shared", "--split", "--fill", "tile", "--prefill-chunk", "16"])
+    rows = by(report.table.records(), "model", "dtype", "mode")
+    assert len(rows) == 8 and all(r["note"] == "" for r in rows.values())
+    for (name, dt, mode), r in rows.items():
+        assert name != "Llama" or r["tok/s ×Llama [min-max]"] == "1.00 [1.00-1.00]"
+        assert r["mem ×Llama"] == ("1.00" if name == "Llama" else "0.50")
+        assert num(r["cache pass ms"]) + num(r["rest ms"]) == pytest.approx(num(r["ms/token"]), abs=0.15)
+    best = by(report.tables[1][1].records(), "model")
+    assert list(best) == ["Llama", "CEM kq=shared"] and best["Llama"]["tok/s ×Llama best [min-max]"] == "1.00 [1.00-1.00]"
+    fastest = min((k for k in rows if k[0] == "CEM kq=shared"), key=lambda k: num(rows[k]["ms/token"]))
+    assert best["CEM kq=shared"]["best setting"] == " ".join(fastest[1:])
+
+
+def test_static_tiled_cache_advances_to_the_context():
+    torch.manual_seed(0)
+    model = decode.LanguageModel(decode.model_config("tiny", "cem")).eval()
+    cache = decode.prefill(model, torch.randint(0, 64, (1, 16)), 48, 8, static=True)
+    decode.tile_cache(cache, 40)
+    assert cache.length == 40 and int(cache.position) == 40
+    decode.decode_step(model, torch.randint(0, 64, (1, 1)), cache, "static")()
+    assert cache.length == 40  # a static step writes at the same position every call
+
+
 @pytest.mark.slow
 def test_script_runs_as_a_file(tmp_path):
     out = tmp_path / "decode.md"
@@ -266,4 +293,4 @@ def test_script_runs_as_a_file(tmp_path):
            "--steps", "2", "--warmup", "0", "--out", str(out)]  # fmt: skip
     done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert "| CEM kq=none | 16 | 1 |" in done.stdout and out.is_file()
+    assert "| CEM kq=none | fp32 | eager | 16 | 1 |" in done.stdout and out.is_file()

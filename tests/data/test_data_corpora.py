@@ -1,9 +1,11 @@
-"""Tests for corpus loading: named corpora, python-stdlib determinism, Corpus itself, error messages."""
+"""Tests for corpus loading: named corpora, the embedded ones' determinism, Corpus itself, error messages."""
 
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
+import re
 import os
 import subprocess
 import sys
@@ -14,6 +16,7 @@ import pytest
 
 from cem.data import KNOWN_CORPORA, Corpus, load_corpus, prepared_data_dir, resolve_data_dir
 from cem.data import named
+from cem.training import TrainConfig
 
 
 def test_resolve_data_dir_prefers_argument_then_env_then_default(monkeypatch, tmp_path):
@@ -45,6 +48,30 @@ def test_corpus_bytes_and_fingerprint():
         assert Corpus("x", {**corpus.splits, "train": changed}).fingerprint() != corpus.fingerprint()
     swapped = Corpus("x", {"train": ["café", "ab"], "valid": ["c"], "test": ["b"]})
     assert swapped.fingerprint() != corpus.fingerprint()
+
+
+def test_shakespeare_is_the_embedded_default_with_fixed_splits():
+    """Issue 38, item 4: a default corpus that does not move with the Python version, with valid and test
+    of many documents of the same kind as train."""
+    assert TrainConfig().data == "shakespeare" and {"shakespeare", "python-stdlib"} <= set(KNOWN_CORPORA)
+    corpus = load_corpus("shakespeare")
+    assert {s: len(d) for s, d in corpus.splits.items()} == {"train": 651, "valid": 36, "test": 36}
+    assert corpus.fingerprint() == "2b11409c492ff11fe2077127a5e640164ba786d4917c5d69e712fe8e39c94a19"
+    docs = [d for s in ("train", "valid", "test") for d in corpus.splits[s]]
+    assert sum(map(len, docs)) == 1_115_394 and sum(not d.endswith("\n\n") for d in docs) == 1  # the text's end
+    speakers = re.compile(r"^\n?[A-Z][A-Za-z ,&]*:\n", re.MULTILINE)  # every document is a run of speeches
+    assert sum(len(speakers.findall(d)) < 5 for d in docs) <= 1  # the last may hold fewer speeches
+    for split in ("valid", "test"):
+        assert 50_000 < corpus.n_bytes(split) < 70_000
+
+
+def test_the_embedded_shakespeare_is_tiny_shakespeare_with_its_notice(shared_data):
+    package = Path(named.__file__).parent / "embedded"
+    text = gzip.decompress((package / "shakespeare.txt.gz").read_bytes())
+    assert text == (shared_data / "tinyshakespeare" / "input.txt").read_bytes()
+    assert hashlib.sha256(text).hexdigest() == "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
+    notice = (package / "NOTICE").read_text()
+    assert "public domain" in notice and "MIT" in notice and "karpathy/char-rnn" in notice
 
 
 def test_stdlib_paths_skip_excluded_directories(tmp_path):

@@ -14,7 +14,6 @@ from cem.experiments import ALL_IDS, EXPERIMENTS, SCALES, SUITE_ORDER, RunSpec, 
 from cem.experiments.findings import Finding, adjust, close, gains_more, lower, not_worse
 from cem.experiments.lr import extend
 from cem.experiments.scales import LearningRateNotChosen
-from cem.experiments.report import ShortOfBudget
 from cem.experiments.runner import _specs
 from cem.experiments.stats import Interval, ci_halfwidth
 from cem.experiments.sweep import run_config
@@ -230,12 +229,23 @@ def test_plan_says_what_would_be_trained_without_training(corpus, tmp_path, monk
     root = tmp_path / "res"
     before = plan("smoke", root, ("fig2c",), **smoke(corpus))
     assert before["experiments"]["fig2c"] == {"finished": 0, "train": 10, "evaluate": 0, "again": 0}
-    assert before["unestimated"] == 10 and not root.exists()  # no finished run to time them by; nothing written
+    # no finished run to time them by, here or committed: the FLOP model at a stated rate; nothing written
+    ((basis, n),) = before["bases"].items()
+    assert n == 10 and basis.startswith("the FLOP model at an assumed") and before["core_hours"] > 0 and not root.exists()
     run_experiment("fig2c", "smoke", root, **smoke(corpus))
     after = plan("smoke", root, ("fig2c", "test-time"), **smoke(corpus))
     # fig2c's Llama runs are test-time's Llama-reuse runs, whose depth study is computed from their checkpoints
     assert after["experiments"]["fig2c"] == {"finished": 8, "train": 0, "evaluate": 2, "again": 0}
-    assert after["experiments"]["test-time"]["train"] > 0 and after["unestimated"] == 0 and after["core_hours"] > 0
+    assert after["experiments"]["test-time"]["train"] > 0 and set(after["bases"]) == {"here"} and after["core_hours"] > 0
+    from cem.experiments import runner
+
+    monkeypatch.setattr(runner, "COMMITTED", tmp_path / "docs" / "results")  # these runs, as if committed beside the code
+    shutil.copytree(root / "runs", tmp_path / "docs" / "results" / "smoke" / "runs")
+    fresh = plan("smoke", tmp_path / "fresh", ("fig2c", "test-time"), **smoke(corpus))
+    assert fresh["bases"] == {"the committed runs in docs/results/smoke/runs": fresh["total"]["train"]}
+    assert fresh["core_hours"] == pytest.approx(after["core_hours"] * fresh["total"]["train"] / after["total"]["train"], rel=0.5)
+    monkeypatch.undo()
+    monkeypatch.setenv("CEM_CACHE_DIR", str(tmp_path / "cache"))
     assert after["eval_core_hours"] == 0 and after["eval_unestimated"] > 0  # no product computed yet: no time to go by
     runs = sorted(p.name for p in (root / "runs").iterdir())
     capsys.readouterr()
@@ -256,7 +266,10 @@ def test_plan_says_what_would_be_trained_without_training(corpus, tmp_path, monk
     (root / "runs" / llama.slug / "evals" / "times.json").write_text('{"a": "slow", "b": [1]')
     assert recorded_times(root / "runs" / llama.slug) == {}  # an unreadable record only loses the estimate
     sweeping = plan("smoke", tmp_path / "other", ("fig2a",), **smoke(corpus, lr_sweep=True, lrs=(1e-3, 4e-3)))
-    assert sweeping["undecided"] == {"micro-llama": 4} and sweeping["experiments"] == {} and sweeping["total"]["train"] == 4
+    # an undecided sweep: its runs, and the runs at its rate counted at a provisional one (the middle of its grid)
+    assert sweeping["undecided"] == {"micro-llama": 4} and sweeping["provisional"] == ["micro-llama"]
+    assert sweeping["experiments"]["fig2a"]["train"] > 0 and sweeping["total"]["train"] > 4
+    assert "provisional rate" in runner.format_plan(sweeping)
 
 
 @pytest.mark.slow
@@ -277,11 +290,8 @@ def test_fig2c_end_to_end_with_resume_and_the_budget_check(corpus, tmp_path, mon
     assert again["rows"] == summary["rows"]
     with pytest.raises(ValueError, match="trained with other settings"):
         run_experiment("fig2c", "smoke", tmp_path / "res", **smoke(corpus, max_steps=4))
-    with pytest.raises(ShortOfBudget, match="--allow-short"):
-        write_report(tmp_path / "res")
-    report = write_report(tmp_path / "res", allow_short=True).read_text()
-    assert report.startswith("> **Not the paper's protocol")
-    assert "with runs short of the paper's budget" in report and "with every run at the paper's budget" not in report
+    report = write_report(tmp_path / "res").read_text()  # the smoke scale: a pipeline check, written without allow_short
+    assert report.startswith("> **Not the paper's protocol: a pipeline check") and not any(m in report for m in "✅❌➖")
     assert f"> **Interim report: {len(SUITE_ORDER) - 1} of the {len(SUITE_ORDER)} experiments of the scale's suite are not analysed yet" in report
     assert "## fig2c" in report and "![fig2c](fig2c/fig2c.png)" in report and "Llama micro" in report and "95% CI" in report
 

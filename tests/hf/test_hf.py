@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-pytest.importorskip("transformers", reason="the Hugging Face integration needs transformers (pip install 'cem-transformers[hf]')")
+pytest.importorskip("transformers", reason="the Hugging Face integration needs transformers (pip install -e '.[hf]')")
 
 from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM  # noqa: E402
 
@@ -200,6 +200,19 @@ def test_greedy_generate_matches_cem(arch, extra):
     assert cache.bytes_per_token() == cfg.n_layers * sum(per_layer.values()) * 4
     for name in cache._slots:
         assert set(cache.slot(name).buffers) == set(per_layer)
+
+
+def test_generate_and_forward_are_quiet(monkeypatch):
+    """Issue 38: every forward logged "`past_key_values`/`cache_params` are deprecated" (transformers >= 5.24 names
+    the output's cache `cache`): the output now uses the name the installed transformers has."""
+    import transformers.utils.generic as generic
+
+    said = []
+    monkeypatch.setattr(generic.logger, "warning_once", lambda msg, *a, **k: said.append(msg))
+    hf = ch.to_hf(tiny("cem", rand=True))
+    out = hf.generate(ids_of(length=5), max_new_tokens=4, do_sample=False)
+    assert out.shape == (2, 9) and isinstance(hf(ids_of(), use_cache=True)[ch.modeling.CACHE_FIELD], ch.HFCache)
+    assert not [m for m in said if "deprecated" in m]
 
 
 def test_inference_options_generate_and_survive_save(tmp_path):
@@ -484,7 +497,7 @@ REQUESTS = [("The cat", " sat on the mat"), ("Hello", " world!"), ("a", "b"), ("
 @pytest.mark.parametrize("as_directory", [False, True], ids=["model-object", "directory"])
 def test_lm_eval_hflm_scores_loglikelihood(tmp_path, as_directory):
     pytest.importorskip("accelerate", reason="lm_eval's HFLM needs accelerate")
-    pytest.importorskip("lm_eval", reason="needs lm-evaluation-harness (pip install 'cem-transformers[eval]')")
+    pytest.importorskip("lm_eval", reason="needs lm-evaluation-harness (pip install -e '.[eval]')")
     from lm_eval.api.instance import Instance
     from lm_eval.models.huggingface import HFLM
 

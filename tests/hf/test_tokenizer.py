@@ -2,7 +2,7 @@
 
 import pytest
 
-pytest.importorskip("transformers", reason="the Hugging Face integration needs transformers (pip install 'cem-transformers[hf]')")
+pytest.importorskip("transformers", reason="the Hugging Face integration needs transformers (pip install -e '.[hf]')")
 
 from cem.data.tokenizers import ByteTokenizer  # noqa: E402
 from cem.hf.tokenizer import special_token_ids, to_transformers_tokenizer, transformers_tokenizer  # noqa: E402

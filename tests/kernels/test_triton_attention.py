@@ -438,3 +438,45 @@ def test_a_compiled_model_is_one_graph_and_equals_eager():
     torch.testing.assert_close(loss, eager, rtol=1e-5, atol=1e-6)
     for a, p in zip(grads, model.parameters()):
         torch.testing.assert_close(a, p.grad, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("diag", ["shared", None])
+def test_eager_calls_skip_the_operator_wrappers(diag):
+    """Eager calls run the operators' implementations under a plain autograd Function (the custom-operator
+    wrappers cost tens of microseconds of Python a call on a GPU step); torch.compile sees the operators. Both
+    run the same code: the same output and gradients, bit for bit; the eager path never dispatches `cem::`."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from cem.kernels import triton_attention as ta
+
+    class Names(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.add(func.namespace)
+            return func(*args, **(kwargs or {}))
+
+    q, k, diagonal, positions = make_inputs(1, 2, 9, 9, 8, 6, diag)
+    qd, hn = (None, None) if diagonal is None else diagonal
+    inputs = [t for t in (q, k, qd, hn, positions.self_bias) if t is not None]
+    args = (q, k, qd, hn, core.kernel_slopes(positions, q.device), positions.self_bias, 0, None)
+    seen: set = set()
+    with Names():
+        eager = ta._TritonAttention.apply(*args)
+        eager_grads = torch.autograd.grad(eager.square().sum(), inputs)
+    op = ta._attention_fwd(*args)[0]
+    assert "cem" not in seen and "aten" in seen
+    assert torch.equal(eager, op)
+    assert all(torch.equal(a, b) for a, b in zip(eager_grads, torch.autograd.grad(op.square().sum(), inputs)))
+
+
+def test_per_call_constants_are_cached():
+    """The kernel's slopes (float32, on the device) and tile choice are decided once, not in every call."""
+    from cem.kernels import triton_attention as ta
+
+    positions = Positions("standard", 3)
+    slopes = core.kernel_slopes(positions, torch.device("cpu"))
+    assert slopes is core.kernel_slopes(Positions("standard", 3), torch.device("cpu"))
+    assert torch.equal(slopes, positions.slopes().float()) and slopes.dtype == torch.float32
+    before = ta._config.cache_info().hits
+    ta.default_config(3, 8, 24, torch.float32, torch.device("cpu"))
+    ta.default_config(3, 8, 24, torch.float32, torch.device("cpu"))
+    assert ta._config.cache_info().hits > before

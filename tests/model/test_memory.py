@@ -27,14 +27,14 @@ def test_plan_within_15_percent_of_the_h100(T, mode):
 
 
 @pytest.mark.slow
-def test_activations_scale_with_tokens_and_depth_not_with_checkpointed_depth():
+def test_activations_scale_with_tokens_and_depth_less_when_checkpointed():
     cfg = model_config("small", "cem-t2")
     one, _ = activation_bytes(cfg, 1, 256)
     four, _ = activation_bytes(cfg, 4, 256)
     assert 3.5 < four / one < 4.0  # linear in tokens, plus the token-independent bf16 weight copies
     deep = cfg.replace(attn_steps=4, mlp_steps=4)
     assert activation_bytes(deep, 4, 256)[0] > 1.8 * four
-    assert activation_bytes(deep, 4, 256, checkpointing="step")[0] < four
+    assert activation_bytes(cfg, 4, 256, checkpointing="step")[0] < activation_bytes(deep, 4, 256, checkpointing="step")[0] < four
     assert activation_bytes(deep, 4, 256, checkpointing="layer")[0] < activation_bytes(deep, 4, 256, checkpointing="step")[0]
     assert activation_bytes(cfg, 4, 256, "fp32")[0] > four  # fp32 keeps 4-byte activations
 
@@ -85,3 +85,64 @@ def test_random_depth_is_planned_at_its_deepest_draw(capsys):
         printed.append(capsys.readouterr().out)
     assert printed[0] == printed[1] and "planned for the deepest draw, T = 4" in printed[0]
     assert not re.search(r"activations\s+-", printed[0])
+
+
+def _stub_plans(monkeypatch, total_gib: float = 39.0) -> list:
+    """`plan_memory` replaced by a recorder of its config and backend, returning a plan of `total_gib` GiB."""
+    from cem.model import memory
+
+    calls = []
+
+    def plan(cfg, batch, seq, precision, gpus, parallel, checkpointing, backend=None):
+        calls.append((cfg, seq, backend))
+        return memory.MemoryPlan(int(total_gib * memory.GiB) - 4, 1, 1, 1, 1 + (backend is not None), backend or memory._probe_backend(cfg))
+
+    monkeypatch.setattr(memory, "plan_memory", plan)
+    return calls
+
+
+def test_info_plans_a_paper_size_at_the_paper_vocabulary_in_gib(monkeypatch, capsys):
+    """Issue 38: without --vocab a paper size was planned (and counted) for the byte vocabulary; the unit was GB on
+    the device and GiB in the plan, so 39 GiB + the context "did NOT fit" a 40 GB (= 40 GiB) card."""
+    from cem.cli import main
+
+    calls = _stub_plans(monkeypatch)
+    assert main(["info", "--preset", "134M", "--arch", "cem-t2", "--memory", "--batch", "8", "--seq", "4096", "--device-gb", "40"]) == 0
+    out, err = capsys.readouterr()
+    assert calls[0][0].vocab_size == 32000 and "note: vocabulary 32,000 (assumed: the paper's Llama tokenizer" in out
+    assert "| total | 134." in out  # the parameter table counts the planned vocabulary
+    assert "in GiB" in out and "fits a 40 GiB device" in out and " GB " not in out
+    assert "--seq 4096 exceeds the model's context (2,048)" in err and calls[0][1] == 4096
+    assert main(["info", "--preset", "134M", "--arch", "cem-t2", "--vocab", "257"]) == 0  # --vocab: the table honours it
+    assert "note: vocabulary 257 (--vocab)" in capsys.readouterr().out
+
+
+def test_info_names_the_attention_path_counted_and_the_others_peak(monkeypatch, capsys):
+    """Issue 38: whether the plan fit depended on whether triton was installed, without saying which path was counted."""
+    from cem.cli import main
+    from cem.layers import ATTENTION_KINDS
+
+    calls = _stub_plans(monkeypatch)
+    assert main(["info", "--preset", "tiny", "--arch", "cem-t2", "--memory", "--batch", "2", "--seq", "64"]) == 0
+    out = capsys.readouterr().out
+    if ATTENTION_KINDS["cem"].kernel.available():
+        assert "attention path counted: the fused triton kernel" in out and "counted with attn_backend=auto instead: peak" in out
+        assert [backend for _, _, backend in calls] == [None, "auto"]
+    else:
+        assert "attention path counted: attn_backend=auto, not the fused triton kernel a CUDA run uses (not installed here" in out
+    assert main(["info", "--preset", "tiny", "--arch", "llama", "--memory", "--batch", "2", "--seq", "64"]) == 0
+    assert "attention path" not in capsys.readouterr().out  # no fused kernel to choose
+
+
+def test_the_checkpointing_help_says_what_the_planner_measures():
+    """Issue 38: --help (TrainConfig's docstring) and the README said step checkpointing makes activation memory
+    independent of T; the planner measures it growing with T, and layer keeping less (test_activations_scale_with_tokens_and_depth_less_when_checkpointed)."""
+    from pathlib import Path
+
+    from cem.cli import _field_docs
+    from cem.training import TrainConfig
+
+    text = _field_docs(TrainConfig)["activation_checkpointing"]
+    assert "grows with T" in text and "independent of T" not in text
+    readme = " ".join((Path(__file__).resolve().parents[2] / "README.md").read_text().split())
+    assert "no longer grows with T" not in readme and "independent of T" not in readme

@@ -167,7 +167,7 @@ def test_loads_what_a_run_left(tiny_args, tmp_path):
     own = run.eval_settings(model.config.context)  # the run set no seq_len: the model's context
     assert own == EvalSettings(tiny_args["data"], None, "utf-8", 32, 4, "auto", tiny_args["tokenizer"])
     assert run.eval_settings(99, data="other", data_dir="d", seq_len=8, batch_size=2) == EvalSettings("other", "d", "utf-8", 8, 2, "auto")
-    assert RunDir(tmp_path).eval_settings(99) == EvalSettings("python-stdlib", None, "utf-8", 99, 8, "auto")  # nothing recorded
+    assert RunDir(tmp_path).eval_settings(99) == EvalSettings("shakespeare", None, "utf-8", 99, 8, "auto")  # nothing recorded
     assert RunDir(tmp_path / "missing").results() is None
     with pytest.raises(FileNotFoundError, match="no run or model directory"):
         RunDir(tmp_path / "missing").load_model()

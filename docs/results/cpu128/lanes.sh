@@ -6,6 +6,7 @@
 #   git worktree add --detach /tmp/suite/wt128 HEAD     # or: git -C /tmp/suite/wt128 checkout --detach main
 #   bash /tmp/suite/wt128/docs/results/cpu128/lanes.sh /work/main /work/shared/data
 #
+# Before moving the worktree to newer code, check that it trains to the same bits: docs/results/cpu128/parity.sh.
 # Rerun it to resume (finished runs are skipped, interrupted ones resume bit-exact from their checkpoint).
 # Commit only run folders with a results.json. Every run trains on one processor (--processor): a machine
 # with another refuses to train, and a run recorded on another is trained again.

@@ -13,6 +13,7 @@ from cem.data.local import load_local
 from cem.data.named import (
     load_enwik8,
     load_python_stdlib,
+    load_shakespeare,
     load_tinyshakespeare,
     load_tinystories,
     load_wikitext2,
@@ -21,6 +22,7 @@ from cem.data.named import (
 __all__ = ["KNOWN_CORPORA", "SPLITS", "Corpus", "load_corpus", "prepared_data_dir", "resolve_data_dir"]
 
 _LOADERS: dict[str, Callable[[Path], Corpus]] = {
+    "shakespeare": lambda data_dir: load_shakespeare(),
     "python-stdlib": lambda data_dir: load_python_stdlib(),
     "wikitext-2": load_wikitext2,
     "tinyshakespeare": load_tinyshakespeare,

@@ -1,9 +1,10 @@
-"""Loaders for the named corpora: python-stdlib (embedded) and files under the data directory."""
+"""Loaders for the named corpora: shakespeare and python-stdlib (embedded) and files under the data directory."""
 
 from __future__ import annotations
 
 import gzip
 import os
+from importlib import resources
 import re
 import sysconfig
 import zipfile
@@ -51,6 +52,25 @@ def stdlib_paths(root: Path) -> list[str]:
         dirnames[:] = [d for d in dirnames if d not in _STDLIB_EXCLUDED_DIRS]
         paths += [Path(dirpath, f).relative_to(root).as_posix() for f in filenames if f.endswith(".py")]
     return sorted(paths)
+
+
+SHAKESPEARE_SPEECHES_PER_DOC = 10
+
+
+def load_shakespeare() -> Corpus:
+    """Tiny Shakespeare, embedded (`embedded/shakespeare.txt.gz`, public domain; see `embedded/NOTICE`).
+
+    The text is cut after each blank line into speeches (7,224), and runs of SHAKESPEARE_SPEECHES_PER_DOC
+    consecutive speeches are the documents (723; they concatenate back to the text exactly). The documents
+    are hashed 90/5/5 by index (`hash_split`: 651 train, 36 valid, 36 test), so valid and test are
+    scattered passages of the same plays, fixed for every Python version and machine.
+    """
+    data = resources.files("cem.data").joinpath("embedded/shakespeare.txt.gz").read_bytes()
+    speeches = re.split(r"(?<=\n\n)", gzip.decompress(data).decode("utf-8"))
+    n = SHAKESPEARE_SPEECHES_PER_DOC
+    docs = ["".join(speeches[i : i + n]) for i in range(0, len(speeches), n)]
+    parts = hash_split([str(i) for i in range(len(docs))], 0.05, 0.05, source="embedded shakespeare")
+    return Corpus("shakespeare", {s: [docs[i] for i in parts[s]] for s in SPLITS})
 
 
 def load_python_stdlib() -> Corpus:

@@ -9,20 +9,23 @@
     enwik8           http://mattmahoney.net/dc/enwik8.zip -> enwik8/enwik8.zip
 
 `source` (`--from DIR`) copies the corpus's files from a local folder of the same layout instead (a shared
-copy, an offline machine). Every prepared corpus is loaded once to check it. The two network functions,
-`download` and `hf_rows`, are module attributes so that tests replace them.
+copy, an offline machine). The data directory is held by one prepare at a time (`cem.io.lock_folder`),
+which removes the temp files a killed prepare left beside the corpus's files. Every prepared corpus is
+loaded once to check it. The two network functions, `download` and `hf_rows`, are module attributes so
+that tests replace them.
 """
 
 from __future__ import annotations
 
 import itertools
+import re
 import shutil
 import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from cem.io import atomic_write, atomic_write_text, sha256_file
+from cem.io import atomic_write, atomic_write_text, lock_folder, remove_stale_temp_files, sha256_file
 
 TINYSHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 TINYSHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
@@ -52,7 +55,7 @@ def hf_rows(name: str, config: str | None, split: str) -> Iterator[dict]:  # pra
     try:
         import datasets
     except ImportError:
-        raise ValueError("preparing this corpus needs Hugging Face datasets: pip install 'cem-transformers[data]'") from None
+        raise ValueError("preparing this corpus needs Hugging Face datasets: pip install -e '.[data]' in the cem clone") from None
     return iter(datasets.load_dataset(name, config, split=split, streaming=True))
 
 
@@ -124,7 +127,7 @@ def prepare(name: str, data_dir: str | Path | None = None, source: str | Path | 
     from cem.data.corpora import load_corpus, prepare_target
 
     if name not in FILES:
-        raise ValueError(f"cannot prepare {name!r}: choose one of {', '.join(PREPARABLE)} (python-stdlib is embedded), or give --tokenizer to write the token shards of hf:NAME[:CONFIG] or a local folder")
+        raise ValueError(f"cannot prepare {name!r}: choose one of {', '.join(PREPARABLE)} (shakespeare and python-stdlib are embedded), or give --tokenizer to write the token shards of hf:NAME[:CONFIG] or a local folder")
     root = prepare_target(data_dir)
     source = None if source is None else Path(source).expanduser()
     if _present(root, name, source) and not force:
@@ -134,14 +137,17 @@ def prepare(name: str, data_dir: str | Path | None = None, source: str | Path | 
         print(f"preparing {name} in {root} ({where})", file=sys.stderr)
         for rel in FILES[name]:
             (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        if source is not None:
-            _copy(source, root, name)
-        else:
-            try:
-                _FETCH[name](root)
-            except OSError as e:  # no network (URLError is an OSError), a refused connection, a full disk
-                raise OSError(f"could not download {name} into {root} ({e}); offline, copy it from a local folder of the "
-                              f"data-directory layout with `cem data prepare {name} --from DIR`") from None
+        with lock_folder(root, f"data directory {root}"):  # one prepare at a time: a second would take the first's temp files for stale
+            if source is not None:
+                _copy(source, root, name)
+            else:
+                try:
+                    _FETCH[name](root)
+                except OSError as e:  # no network (URLError is an OSError), a refused connection, a full disk
+                    raise OSError(f"could not download {name} into {root} ({e}); offline, copy it from a local folder of the "
+                                  f"data-directory layout with `cem data prepare {name} --from DIR`") from None
+            rels = {*FILES[name], *(_ENWIK8_ALTERNATIVES if name == "enwik8" else ())}  # all in one folder
+            remove_stale_temp_files(root / Path(FILES[name][0]).parent, "|".join(re.escape(Path(rel).name) for rel in sorted(rels)))
     corpus = load_corpus(name, root)
     sizes = ", ".join(f"{s} {corpus.n_bytes(s):,} bytes" for s in ("train", "valid", "test"))
     print(f"{name} ready in {root}: {sizes}", file=sys.stderr)

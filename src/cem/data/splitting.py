@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+import sys
 from collections.abc import Sequence
+
+FEW_DOCUMENTS = 5  # a hashed split with fewer documents than this is warned about
 
 
 def hash_split(
@@ -39,3 +42,16 @@ def split_of(key: str, valid_frac: float, test_frac: float) -> str:
     not exactly, the fractions."""
     u = int.from_bytes(hashlib.sha256(key.encode("utf-8")).digest()[:8], "big") / 2**64
     return "test" if u < test_frac else "valid" if u < test_frac + valid_frac else "train"
+
+
+def warn_thin_split(source: str, split: str, n_docs: int, one_file: str | None, n_files: int) -> None:
+    """One line on stderr when a hashed split got fewer than FEW_DOCUMENTS documents, or all of them from one
+    file (`one_file`) of a corpus of `n_files` files: its loss would measure little more than that text."""
+    if n_docs < FEW_DOCUMENTS:
+        what = f"only {n_docs} document{'s' * (n_docs != 1)}" if n_docs else "no documents"
+    elif one_file is not None and n_files > 1:
+        what = f"all its {n_docs} documents from one file ({one_file}) of {n_files}"
+    else:
+        return
+    print(f"warning: {source}: the {split} split has {what}; give more documents (or --doc-separator to cut files "
+          "into more) or train/valid/test files", file=sys.stderr)

@@ -2,28 +2,32 @@
 them into token shards; `load_corpus` holds a small corpus whole instead).
 
 A source is `hf:NAME[:CONFIG]` (Hugging Face `datasets`, streamed) or a local `.txt`/`.jsonl`/`.parquet`
-file or folder of them. Splits follow `load_corpus` where they are named (train/valid/test files of a
-folder; a dataset's "train", "validation"/"valid"/"dev" and "test"); otherwise, since a stream cannot be
-ranked as a whole, each document goes to a split by the hash of its key (`splitting.split_of`: about 1%
-valid, 1% test), and a dataset with one held-out split gives its even-numbered documents to valid and
-its odd-numbered ones to test. `documents(split)` starts a fresh stream each call, always in the same order;
-`documents(split, resume=stream.position())` continues a stream where it stood (a dataset split read
-directly, through `datasets`' `IterableDataset.state_dict`: whole files already read are not read again).
+file or folder of them, read incrementally (a `.txt` file is cut into documents as `cem.data.local` says,
+so one file of any size streams in bounded memory). Splits follow `load_corpus` where they are named
+(train/valid/test files of a folder; a dataset's "train", "validation"/"valid"/"dev" and "test"). A folder
+whose every file is one document is ranked by file like `load_corpus` (at least one file per split).
+Otherwise, since a stream cannot be ranked as a whole, each document goes to a split by the hash of its key
+(`splitting.split_of`: about 1% valid, 1% test), and a dataset with one held-out split gives its
+even-numbered documents to valid and its odd-numbered ones to test. A local split left with fewer than 5
+documents, or all from one file of several, is warned about when its stream ends. `documents(split)` starts
+a fresh stream each call, always in the same order; `documents(split, resume=stream.position())` continues a
+stream where it stood (a dataset split read directly, through `datasets`' `IterableDataset.state_dict`:
+whole files already read are not read again).
 """
 
 from __future__ import annotations
 
+import codecs
 import itertools
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from cem.data.hub import held_out_names, open_hf, texts
-from cem.data.local import SUFFIXES, split_files, iter_documents, split_text
-from cem.data.splitting import split_of
+from cem.data.local import corpus_files, is_one_document, iter_documents, split_files
+from cem.data.splitting import hash_split, split_of, warn_thin_split
 
 VALID_FRAC = TEST_FRAC = 0.01
-
 
 
 class Stream:
@@ -46,14 +50,19 @@ class Stream:
 DocumentStreams = Callable[..., Stream]  # documents(split, resume=None)
 
 
-def open_streams(spec: str, encoding: str = "utf-8") -> DocumentStreams:
-    """`documents(split)` for the source `spec`; ValueError / FileNotFoundError naming it when it cannot be read."""
+def open_streams(spec: str, encoding: str = "utf-8", separator: str | None = None) -> DocumentStreams:
+    """`documents(split)` for the source `spec` (`separator`: what ends a document in local `.txt` files,
+    blank lines by default); ValueError / FileNotFoundError naming it when it cannot be read."""
     if spec.startswith("hf:"):
         return _hf_streams(spec)
+    try:
+        codecs.lookup(encoding)
+    except LookupError:
+        raise ValueError(f"unknown encoding {encoding!r}") from None
     path = Path(spec).expanduser()
     if not path.exists():
         raise FileNotFoundError(f"corpus path {spec!r} does not exist (expected hf:NAME[:CONFIG] or a local file or folder)")
-    return _local_streams(path, encoding)
+    return _local_streams(path, encoding, separator)
 
 
 def _hashed(keyed: Callable[[], Iterator[tuple[str, str]]], split: str) -> Iterator[str]:
@@ -61,26 +70,31 @@ def _hashed(keyed: Callable[[], Iterator[tuple[str, str]]], split: str) -> Itera
     return (doc for key, doc in keyed() if split_of(key, VALID_FRAC, TEST_FRAC) == split)
 
 
-def _local_streams(path: Path, encoding: str) -> DocumentStreams:
-    if path.is_dir():
-        named = split_files(path)
-        if named:
-            return lambda split, resume=None: Stream(iter_documents(named[split], encoding))
-        files = sorted(p for p in path.rglob("*") if p.suffix in SUFFIXES and p.is_file())
-        if not files:
-            raise ValueError(f"{path}: directory holds no {', '.join(SUFFIXES)} files")
-    else:
-        files = [path]
+def _local_streams(path: Path, encoding: str, separator: str | None) -> DocumentStreams:
+    named = split_files(path) if path.is_dir() else {}
+    if named:
+        return lambda split, resume=None: Stream(iter_documents(named[split], encoding, separator))
+    files = corpus_files(path)
+    ranked = None  # a folder whose every file is one document: the split of each file, ranked as `load_local` does
+    if path.is_dir() and all(is_one_document(f, separator) for _, f in files):
+        parts = hash_split([f"{rel}#0" for rel, _ in files], VALID_FRAC, TEST_FRAC, source=str(path))
+        ranked = {k: s for s, ks in parts.items() for k in ks}
 
-    def keyed() -> Iterator[tuple[str, str]]:
-        for file in files:
-            rel = file.relative_to(path).as_posix() if path.is_dir() else file.name
-            docs = iter_documents(file, encoding)
-            if file.suffix == ".txt" and not path.is_dir():  # one text file: its paragraphs (or lines)
-                docs = iter(split_text(next(docs)))
-            yield from ((f"{rel}#{i}", doc) for i, doc in enumerate(docs))
+    def split_docs(split: str) -> Iterator[str]:
+        """The split's documents, then a warning if they are few or all from one file."""
+        n, sources = 0, set()
+        for k, (rel, file) in enumerate(files):
+            if ranked is not None and ranked[k] != split:
+                continue  # a file of another split: not read
+            for i, doc in enumerate(iter_documents(file, encoding, separator, alone=not path.is_dir())):
+                if ranked is not None or split_of(f"{rel}#{i}", VALID_FRAC, TEST_FRAC) == split:
+                    n += 1
+                    if len(sources) < 2:
+                        sources.add(rel)
+                    yield doc
+        warn_thin_split(str(path), split, n, sources.pop() if len(sources) == 1 else None, len(files))
 
-    return lambda split, resume=None: Stream(_hashed(keyed, split))
+    return lambda split, resume=None: Stream(split_docs(split))
 
 
 def _hf_streams(spec: str) -> DocumentStreams:

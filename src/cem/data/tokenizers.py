@@ -171,12 +171,19 @@ def get_tokenizer(spec: str, corpus: Corpus | None = None, cache_dir: str | Path
 MAX_BPE_VOCAB = 1 << 20  # symbols of a trained BPE (the paper's Llama tokenizer has 32,000)
 
 
+def check_spec(spec: str) -> None:
+    """ValueError for a `bpe:N` tokenizer spec whose size `check_bpe_size` refuses: said before a corpus is read."""
+    match = re.fullmatch(r"bpe:(\d+)", spec)
+    if match:
+        check_bpe_size(int(match.group(1)))
+
+
 def check_bpe_size(vocab_size: int) -> None:
     """ValueError unless a BPE of `vocab_size` symbols can be trained: 257 (bytes + end-of-text) to MAX_BPE_VOCAB."""
     if vocab_size < 257:
-        raise ValueError(f"bpe:{vocab_size}: need at least 257 symbols (256 bytes + {EOT_TOKEN})")
+        raise ValueError(f"tokenizer bpe:{vocab_size}: need at least 257 symbols (256 bytes + {EOT_TOKEN})")
     if vocab_size > MAX_BPE_VOCAB:  # the tokenizers library aborts the process (no exception) far above this
-        raise ValueError(f"bpe:{vocab_size}: at most {MAX_BPE_VOCAB:,} symbols")
+        raise ValueError(f"tokenizer bpe:{vocab_size}: at most {MAX_BPE_VOCAB:,} symbols")
 
 
 def train_bpe(corpus: Corpus | None, vocab_size: int, cache_dir: str | Path | None = None) -> HFTokenizer:
@@ -251,7 +258,7 @@ def _find_eot_id(backend: hf.Tokenizer, directory: Path) -> int:
     config_path = directory / "tokenizer_config.json"
     candidates = list(_EOT_CANDIDATES)
     if config_path.is_file():
-        eos = json.loads(config_path.read_text(encoding="utf-8")).get("eos_token")
+        eos = read_json(config_path).get("eos_token")
         eos = eos.get("content") if isinstance(eos, dict) else eos
         if isinstance(eos, str):
             candidates.insert(0, eos)

@@ -14,6 +14,11 @@ It skips the documents already consumed by reading them again, except where the 
 stands (`Stream.position`, a Hugging Face dataset split): then `resume.json` holds such a position at
 most one task before the last shard's end, and the rerun reopens the source there.
 
+The folder is held by one prepare at a time (`cem.io.lock_folder`: a second is refused, naming the holder's
+pid), which removes the temp files a killed prepare left. The manifest records the size and modification
+time of the local source's files when the prepare begins; a rerun refuses, naming the file, a source
+changed since (a file added, removed or edited), whose shards would mix the old text and the new.
+
 The trainer reads a prepared split as one token stream through memory maps (`ShardedTokens`): windows
 may cross shard boundaries, so the shards behave exactly as one `.bin` of the whole split would.
 """
@@ -44,7 +49,8 @@ from cem.data.shards import TokenSplit, build_split, encode_pieces, piece_batche
 from cem.data.stream import DocumentStreams, Stream, open_streams
 from cem.data.chunking import pieces
 from cem.data.tokenizers import META_FILE, Tokenizer, bpe_from_texts, get_tokenizer, load_tokenizer
-from cem.io import atomic_write, atomic_write_json, refuse_link, sha256_file
+from cem.data.local import SUFFIXES
+from cem.io import LOCK_FILE, atomic_write, atomic_write_json, lock_folder, refuse_link, remove_stale_temp_files, sha256_file
 from cem.processes import die_with_parent, stop_pool, submit_quietly
 
 FORMAT = "cem-token-shards/1"
@@ -92,6 +98,7 @@ def prepare_shards(
     workers: int | None = None,
     data_dir: str | Path | None = None,
     encoding: str = "utf-8",
+    separator: str | None = None,
     progress: bool = True,
 ) -> Path:
     """Write the token shards of `source` into `out` (default `shard_dir`); return the folder.
@@ -99,7 +106,8 @@ def prepare_shards(
     `tokens`: train tokens to write (None: the whole train stream; an hf: source needs a number);
     `held_out_tokens`: at most this many for valid and for test each (default: HELD_OUT_FRACTION of
     `tokens`, at least MIN_HELD_OUT_TOKENS; the whole split without `tokens`). `workers`: tokenising
-    processes (default: the CPU count; 0 tokenises in this process). `tokenizer_spec` "bpe:N" trains a
+    processes (default: the CPU count; 0 tokenises in this process). `encoding`, `separator`: of local `.txt`
+    files, read and cut into documents as `cem.data.local` says (default: UTF-8, blank lines). `tokenizer_spec` "bpe:N" trains a
     BPE on the leading training documents (BPE_SAMPLE_CHARS characters) and keeps it in the folder. A
     folder holding an unfinished prepare of the same settings is continued; one of other settings is refused.
     """
@@ -113,15 +121,23 @@ def prepare_shards(
     if held_out_tokens is None and tokens is not None:
         held_out_tokens = max(MIN_HELD_OUT_TOKENS, int(HELD_OUT_FRACTION * tokens))
     out = refuse_link(Path(out) if out is not None else shard_dir(source, tokenizer_spec, data_dir))
-    manifest = _read_manifest(out)
-    if manifest is None and out.is_dir() and any(out.iterdir()):
+    if _read_manifest(out) is None and out.is_dir() and any(p.name != LOCK_FILE for p in out.iterdir()):
         raise ValueError(f"{out} is not empty and holds no token shards; choose a new or empty folder (--out)")
+    with lock_folder(out, f"token-shard folder {out}"):  # one prepare at a time: a second one would take the first's temp files for stale
+        return _prepare_locked(source, tokenizer_spec, out, tokens, held_out_tokens, shard_tokens, workers, encoding, separator, progress)
+
+
+def _prepare_locked(source: str, tokenizer_spec: str, out: Path, tokens: int | None, held_out_tokens: int | None,
+                    shard_tokens: int, workers: int | None, encoding: str, separator: str | None, progress: bool) -> Path:
+    """`prepare_shards` in the folder `out`, held by this process."""
+    files = _source_files(source)  # before anything is read from it
+    manifest = _read_manifest(out)
     documents = None
     bpe = re.fullmatch(r"bpe:(\d+)", tokenizer_spec)
     if bpe and manifest is not None and (out / TOKENIZER_DIR / META_FILE).is_file():
         tokenizer = load_tokenizer(out / TOKENIZER_DIR)  # trained by the prepare this one continues
     elif bpe:
-        documents = open_streams(source, encoding)
+        documents = open_streams(source, encoding, separator)
         sample = _sample(documents("train"), BPE_SAMPLE_CHARS)
         tokenizer = bpe_from_texts(sample, int(bpe.group(1)), f"the first {BPE_SAMPLE_CHARS:,} characters of {source}'s training documents")
     else:
@@ -137,6 +153,7 @@ def prepare_shards(
         "shard_tokens": shard_tokens,
         "tokens": {"train": tokens, "valid": held_out_tokens, "test": held_out_tokens},
         "encoding": encoding,
+        **({} if separator is None else {"separator": separator}),  # absent by default: older manifests stay valid
         "bpe_sample_chars": BPE_SAMPLE_CHARS if bpe else None,
     }
     if manifest is not None and manifest["settings"] != settings:
@@ -146,12 +163,16 @@ def prepare_shards(
     if manifest is not None and manifest["complete"]:
         _say(progress, f"{out} already holds these token shards")
         return out
-    documents = documents or open_streams(source, encoding)  # a source that cannot be read is refused before anything is written
+    if manifest is not None:
+        _refuse_changed_source(source, out, manifest.get("source_files"), files)
+    documents = documents or open_streams(source, encoding, separator)  # a source that cannot be read is refused before anything is written
     if manifest is None:
-        manifest = {"settings": settings, "splits": {}, "complete": False}
+        manifest = {"settings": settings, "source_files": files, "splits": {}, "complete": False}
         atomic_write_json(out / MANIFEST, manifest)  # first: from now on the folder is a prepare's own
     tokenizer.save(refuse_link(out / TOKENIZER_DIR))
-    _remove_stale_temporaries(out)
+    own = "|".join([re.escape(MANIFEST), re.escape(RESUME), *(rf"{split}-\d+\.bin" for split in SPLITS)])
+    remove_stale_temp_files(out, own)  # what a killed prepare left: this folder is held by this one
+    remove_stale_temp_files(out / TOKENIZER_DIR, r".+")
     workers = (os.cpu_count() or 1) if workers is None else workers
     resume = json.loads((out / RESUME).read_text(encoding="utf-8")) if (out / RESUME).is_file() else {}
     with _executor(workers, out / TOKENIZER_DIR, encoding) as pool:
@@ -360,18 +381,52 @@ def _read_manifest(out: Path) -> dict | None:
         return None
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path} is corrupted ({e}); remove the folder and prepare again") from None
-    if not isinstance(manifest, dict) or manifest.get("settings", {}).get("format") != FORMAT:
+    except (ValueError, RecursionError) as e:  # not JSON, not UTF-8, nested too deeply, an integer of 5000 digits
+        raise ValueError(f"{path} is corrupted ({str(e) or 'nested too deeply'}); remove the folder and prepare again") from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("settings"), dict) or manifest["settings"].get("format") != FORMAT:
         raise ValueError(f"{path} is not a cem token-shard manifest ({FORMAT})")
+    lacking = _manifest_lacks(manifest)
+    if lacking:
+        raise ValueError(f"{path} is corrupted: it has no valid {lacking}; remove the folder and prepare again")
     return manifest
 
 
-def _remove_stale_temporaries(out: Path) -> None:
-    """Remove the temporary files a killed prepare left (`atomic_write`'s `.NAME.*.tmp`, in this folder that
-    prepare made)."""
-    for tmp in [*out.glob(".*.tmp"), *(out / TOKENIZER_DIR).glob(".*.tmp")]:
-        tmp.unlink()
+def _manifest_lacks(manifest: dict) -> str | None:
+    """The first entry a token-shard manifest lacks (or holds as the wrong kind) of those read from it, None if none."""
+    settings, splits = manifest["settings"], manifest.get("splits")
+    lacking = [k for k, kind in (("splits", dict), ("complete", bool)) if not isinstance(manifest.get(k), kind)]
+    lacking += [f"settings.{k}" for k in ("source", "tokenizer", "tokenizer_spec", "dtype") if not isinstance(settings.get(k), str)]
+    for split, state in splits.items() if isinstance(splits, dict) else ():
+        if not isinstance(state, dict) or not {"shards", "end", "n_bytes", "done"} <= state.keys() or not isinstance(state["shards"], list) \
+                or not all(isinstance(x, dict) and {"file", "n_tokens", "sha256"} <= x.keys() for x in state["shards"]):
+            lacking.append(f"splits.{split}")
+    return lacking[0] if lacking else None
+
+
+def _source_files(source: str) -> dict[str, list[int]] | None:
+    """Size and modification time (ns) of each file of a local source (a file, or a folder's corpus files
+    by relative path); None for an hf: source. A resumed prepare checks that they are unchanged."""
+    if source.startswith("hf:"):
+        return None
+    path, found = Path(source), {}
+    for file in sorted(p for p in path.rglob("*") if p.suffix in SUFFIXES and p.is_file()) if path.is_dir() else [path]:
+        with contextlib.suppress(FileNotFoundError):  # a missing source is refused when it is opened
+            st = file.stat()
+            found[file.relative_to(path).as_posix() if path.is_dir() else file.name] = [st.st_size, st.st_mtime_ns]
+    return found
+
+
+def _refuse_changed_source(source: str, out: Path, recorded: dict | None, now: dict | None) -> None:
+    """ValueError naming a file of `source` added, removed or changed since the unfinished prepare in `out`
+    began (`recorded`: its `_source_files`; None, for an older prepare or an hf: source, is not checked)."""
+    if recorded is None or now is None or recorded == now:
+        return
+    added = sorted(now.keys() - recorded.keys())
+    name = (added or [n for n in recorded if recorded[n] != now.get(n)])[0]
+    how = "added" if added else "removed" if name not in now else "changed (its size or modification time differ)"
+    path = Path(source) / name if Path(source).is_dir() else Path(source)
+    raise ValueError(f"{path}: {how} since the unfinished token shards in {out} were begun from {source}; "
+                     f"remove {out} and prepare again to start over from the new text")
 
 
 def _say(show: bool, message: str) -> None:

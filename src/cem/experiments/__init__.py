@@ -1,5 +1,6 @@
 """The paper's experiments (and ours beyond it), one command each, at cpu / gpu / paper scale."""
 
+from .launchers import LAUNCHERS, make_launcher, slurm_options
 from .registry import ALL_IDS, EXPERIMENTS, SUITE_ORDER, akima_optimum
 from .report import write_report
 from .runner import format_plan, plan, run_experiment, run_suite
@@ -9,6 +10,7 @@ from .sweep import RunSpec, Variant, run_sweep
 __all__ = [
     "ALL_IDS",
     "EXPERIMENTS",
+    "LAUNCHERS",
     "SUITE_ORDER",
     "RunSpec",
     "SCALES",
@@ -17,10 +19,12 @@ __all__ = [
     "akima_optimum",
     "format_plan",
     "get_scale",
+    "make_launcher",
     "plan",
     "rehearsal",
     "run_experiment",
     "run_suite",
     "run_sweep",
+    "slurm_options",
     "write_report",
 ]

@@ -2,8 +2,9 @@
 that says which of the paper's findings hold at this scale, then every finding with its seed-paired
 difference and 95% confidence interval, the tables and the plots.
 
-A report of runs short of the Chinchilla budget (or of the `smoke` scale) is refused unless asked for,
-and then says so on its first line.
+A report of runs short of the Chinchilla budget is refused unless asked for, and then says so on its first
+line. A scale that never speaks (`smoke`: a few steps per run) gives a pipeline check: written without being
+asked, so labelled, its differences printed without verdicts, p-values or power (`pipeline_scale`).
 """
 
 from __future__ import annotations
@@ -150,6 +151,16 @@ def _short_runs(summaries: list[dict]) -> list[str]:
             out.append(f"{s['experiment']}: the {s['scale']['name']} scale (a few steps per run)")
         out += [f"{s['experiment']}: {label}" for label in s.get("short_runs", [])]
     return out
+
+
+def pipeline_scale(summaries: list[dict]) -> str | None:
+    """The name of the scale when these results are of one that never speaks (`Scale.findings` False: smoke), else None."""
+    return next((s["scale"]["name"] for s in summaries if not s["scale"].get("findings", True)), None)
+
+
+def pipeline_check(f: dict) -> str:
+    """A finding as a pipeline check: its claim and its difference, no verdict, p-value or power."""
+    return f"{f['claim']}: {_diff(f)}" if f.get("difference") else f["claim"]
 
 
 def _adjust(summaries: list[dict]) -> None:
@@ -351,7 +362,7 @@ def _diff(f: dict) -> str:
 
 def write_report(results_dir: str | Path, allow_short: bool = False) -> Path:
     """Write RESULTS_DIR/report.md from RESULTS_DIR/*/summary.json; refuses results short of the budget
-    (a `ShortOfBudget` error) unless `allow_short`."""
+    (a `ShortOfBudget` error) unless `allow_short` or they are of a scale that never speaks (`pipeline_scale`)."""
     root = Path(results_dir)
     if not root.is_dir():
         raise FileNotFoundError(f"no results directory at {root}")
@@ -360,14 +371,19 @@ def write_report(results_dir: str | Path, allow_short: bool = False) -> Path:
         raise ValueError(f"{root} holds no experiment results (expected {root}/ID/summary.json from `cem experiment`)")
     _adjust(summaries)
     short = _short_runs(summaries)
-    if short and not allow_short:
+    pipeline = pipeline_scale(summaries)
+    if short and not (allow_short or pipeline):
         raise ShortOfBudget(
             f"{len(short)} result(s) in {root} were not trained to the paper's budget (the Chinchilla tokens of the "
             f"Llama baseline), e.g. {short[0]}; they are not findings. Pass --allow-short to write the report anyway "
             "(its first line will say so)."
         )
     lines = []
-    if short:
+    if pipeline:
+        lines += [f"> **Not the paper's protocol: a pipeline check.** The `{pipeline}` scale trains each run a few steps to show that "
+                  "training, the analyses and this report run end to end; its differences are printed without verdicts, p-values "
+                  "or power, since at this scale they say nothing about the paper.", ""]
+    elif short:
         lines += [f"> **Not the paper's protocol: {len(short)} result(s) below were trained short of the Chinchilla budget "
                   f"(e.g. {short[0]}). Nothing here is a finding.**", ""]
     sc = next((s["scale"] for s in summaries if s["rows"]), summaries[0]["scale"])
@@ -375,7 +391,7 @@ def write_report(results_dir: str | Path, allow_short: bool = False) -> Path:
     missing = [i for i in suite if not (root / i / "summary.json").exists()]
     if missing:
         lines += [f"> **Interim report: {len(missing)} of the {len(suite)} experiments of the scale's suite are not analysed yet "
-                  f"({', '.join(missing)}). The Holm adjustments are over the findings present, so they will change.**", ""]
+                  f"({', '.join(missing)}).{'' if pipeline else ' The Holm adjustments are over the findings present, so they will change.'}**", ""]
     lines += ["# CEM experiments: the paper's findings, checked", ""]
     runs = _runs_of(root, sc, summaries)
     train_h = sum(r.get("train_wall_time_s", r["wall_time_s"]) for r in runs) / 3600
@@ -389,6 +405,8 @@ def write_report(results_dir: str | Path, allow_short: bool = False) -> Path:
         f"{len(runs)} training runs (shared between experiments, each trained once) took {train_h:.2f} h of training, summed over "
         f"runs ({wall_h:.2f} h with each run's final evaluation on the whole validation and test splits). {_provenance(runs)}",
         "",
+        "Differences: of test loss between runs paired by seed (nats per token), with their 95% confidence interval over the "
+        "seeds; pipeline checks, not findings." if pipeline else
         "How findings are judged: runs are paired by seed (same seed: same data order and, where Llama and CEM share a parameter's "
         "name and shape, the same initial value). Differences are of test loss (nats per token, log-perplexity), also given in % of "
         "perplexity. A directional finding is **held** only when the 95% confidence interval (Student t) of the mean paired "
@@ -401,7 +419,7 @@ def write_report(results_dir: str | Path, allow_short: bool = False) -> Path:
         "different processors are never paired: such a seed is left out of the difference, and the evidence says so.",
         "",
     ]
-    lines += _opening(summaries, bool(short))
+    lines += [] if pipeline else _opening(summaries, bool(short))
     lines += _rates(summaries)
     lr = next((x for x in summaries if x["experiment"] == "lr" and x.get("regime")), None)
     if lr:
@@ -437,9 +455,13 @@ def write_report(results_dir: str | Path, allow_short: bool = False) -> Path:
         return out
 
     speaks = [z for z, ok in passing.items() if ok]
-    lines += ["", f"## Verdicts{' at ' + ', '.join(speaks) if speaks else ''}", ""]
-    lines += table(lambda f, s: not below_regime(f, s, passing))
-    if any(below_regime(f, s, passing) for s in summaries for f in s["findings"]):
+    if pipeline:
+        lines += ["", "## Pipeline checks", "", "| experiment | check |", "|---|---|"]
+        lines += [f"| {s['experiment']} | {pipeline_check(f)} |" for s in summaries for f in s["findings"]]
+    else:
+        lines += ["", f"## Verdicts{' at ' + ', '.join(speaks) if speaks else ''}", ""]
+        lines += table(lambda f, s: not below_regime(f, s, passing))
+    if not pipeline and any(below_regime(f, s, passing) for s in summaries for f in s["findings"]):
         lines += ["", "## Pipeline checks: sizes that do not speak", "",
                   "These findings are about sizes whose Llama does not beat a 5-gram model on every seed's interval: they show that "
                   "the pipeline runs and what it gives there, not whether the paper's claims hold.", ""]
@@ -469,8 +491,12 @@ def write_report(results_dir: str | Path, allow_short: bool = False) -> Path:
         if "trend" in s:
             lines += [""] + [f"- {name}: slope {t['slope']['mean']:+.4f} nats per e-fold of parameters [95% CI {t['slope']['lo']:+.4f}, {t['slope']['hi']:+.4f}] "
                              "(tested sizes only)" for name, t in s["trend"].items() if "slope" in t]
-        lines += ["", *[f"- {'† ' if below_regime(f, s, passing) else ''}{_verdicts(f)}: {f['claim']} ({f['evidence']})" for f in s["findings"]]]
-        lines += [f"- at the CEM variants' own rates: {_verdicts(g)}: {g['claim']} ({g['evidence']})" for g in _own(s).values()]
+        if pipeline:
+            lines += ["", *[f"- pipeline check: {pipeline_check(f)}" for f in s["findings"]]]
+            lines += [f"- pipeline check, at the CEM variants' own rates: {pipeline_check(g)}" for g in _own(s).values()]
+        else:
+            lines += ["", *[f"- {'† ' if below_regime(f, s, passing) else ''}{_verdicts(f)}: {f['claim']} ({f['evidence']})" for f in s["findings"]]]
+            lines += [f"- at the CEM variants' own rates: {_verdicts(g)}: {g['claim']} ({g['evidence']})" for g in _own(s).values()]
         png = f"{s['experiment']}/{s['experiment']}.png"
         if (root / png).exists():
             lines += ["", f"![{s['experiment']}]({png})"]

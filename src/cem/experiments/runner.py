@@ -18,6 +18,7 @@ from ..io import atomic_write_json
 from ..training import RunDir
 from . import lr
 from .findings import Context
+from .launchers import Launcher, ProcessLauncher
 from .products import missing, recorded_times
 from .registry import ALL_IDS, EXPERIMENTS, RATE_RULES, SUITE_ORDER, own_templates, variants_under
 from .scales import Scale, get_scale
@@ -69,8 +70,8 @@ def run_experiment(exp_id: str, scale: str = "cpu", results_dir: str | Path | No
     return run_suite(scale, results_dir, data_dir, jobs, (exp_id,), device, **scale_overrides)[0]
 
 
-def train_runs(ids, sc: Scale, root: Path, data_dir: str | None = None, jobs: int = 1) -> tuple[Scale, dict]:
-    """Train every run the experiments `ids` need; returns the scale (with its chosen learning rates) and
+def train_runs(ids, sc: Scale, root: Path, data_dir: str | None = None, jobs: int | Launcher = 1) -> tuple[Scale, dict]:
+    """Train every run the experiments `ids` need (`jobs`: as `run_sweep`'s); returns the scale (with its chosen learning rates) and
     the results by spec. At a scale that sweeps learning rates (`cem.experiments.lr`) it goes size by size,
     the base first: a size's Llama sweep, then that size's runs in the order of `ids` (fig3a's CEM sweep is
     extended, where its optimum is not bracketed yet, after the base size's other runs; so is Llama's, where a run
@@ -105,9 +106,11 @@ def train_runs(ids, sc: Scale, root: Path, data_dir: str | None = None, jobs: in
 
 def plan(scale: str = "cpu", results_dir: str | Path | None = None, ids=None, **scale_overrides) -> dict:
     """What `run_suite` would train and evaluate, without doing either (`cem experiment ... --plan`): the
-    learning-rate decisions so far (a size whose sweep is undecided has runs that cannot be named yet), each
-    experiment's runs by `run_status` (with every experiment's products), and the core-hours of training
-    left (`_estimate_seconds`; runs of a size with no finished run are counted in `unestimated`)."""
+    learning-rate decisions so far (an undecided sweep's runs are named at a provisional rate, the middle of its
+    grid: `provisional`), each experiment's runs by `run_status` (with every experiment's products), and the
+    hours of training left (`_estimate_seconds`: core-hours, GPU-hours at a GPU scale; runs of a size with no
+    finished run here from the runs committed in docs/results, else from the FLOP model: `bases` counts the
+    runs estimated from each)."""
     from .sweep import run_status
 
     sc = get_scale(scale, **scale_overrides)
@@ -115,57 +118,49 @@ def plan(scale: str = "cpu", results_dir: str | Path | None = None, ids=None, **
     for i in ids:
         _check_id(i)
     root = Path(results_dir or f"results/{scale}")
-    undecided, decided, status = {}, list(sc.sizes), {}
+    undecided, status, provisional = {}, {}, []
+
+    def choice(template) -> None:
+        """`sc` with the sweep of `template` decided, or provisionally (its runs to train counted)."""
+        nonlocal sc
+        state = lr.sweep(sc, template, root, dry=True)
+        if state.best is None:
+            undecided[lr.sweep_key(template)] = len(state.pending)
+            provisional.append(lr.sweep_key(template))
+            status.update({spec: "train" for spec in state.pending})
+            state = replace(state, best=sorted(state.grid)[len(state.grid) // 2])
+        sc = lr.with_choice(sc, template, state)
+
     if sc.lr_sweep:
-        decided = []
         for size in [sc.base] + [z for z in sc.sizes if z != sc.base]:
-            state = lr.sweep(sc, lr.llama(size), root, dry=True)
-            if state.best is None:
-                undecided[f"{size}-llama"] = len(state.pending)
-                status.update({spec: "train" for spec in state.pending})
-                if size == sc.base:  # every other size's grid is centred on the base size's rate
-                    break
-                continue
-            sc = lr.with_choice(sc, lr.llama(size), state)
-            decided.append(size)
-        if "fig3a" in ids and sc.base in decided and not sc.own_rates:
+            choice(lr.llama(size))  # every other size's grid is centred on the base size's rate
+        if "fig3a" in ids and lr.sweep_key(lr.llama(sc.base)) not in provisional and not sc.own_rates:
             for arch in ("cem-t2", "llama"):
                 state = lr.sweep(sc, RunSpec.make(sc.base, arch), root, dry=True, rebracket=True)
                 if state.best is None:
                     undecided[f"{sc.base}-{arch}"] = len(state.pending)
                 else:  # a grid grown to bracket the current best: its new runs are fig3a's, counted below
                     sc = lr.with_choice(sc, RunSpec.make(sc.base, arch), state)
-    rules, own_undecided = ["paper"], []
-    if sc.own_rates and sc.base in decided:
-        pending_own = False
-        for template in _own_templates(ids, replace(sc, sizes=tuple(z for z in sc.sizes if z in decided))):
-            state = lr.sweep(sc, template, root, dry=True)
-            if state.best is None:
-                undecided[lr.sweep_key(template)] = len(state.pending)
-                own_undecided.append(lr.sweep_key(template))
-                status.update({spec: "train" for spec in state.pending})
-                pending_own = True
-            else:
-                sc = lr.with_choice(sc, template, state)
-        if not pending_own:
-            rules.append("own")
-    known = replace(sc, sizes=tuple(z for z in sc.sizes if z in decided))
-    experiments, products = {}, _products(ids, known) if sc.base in decided else {}
-    for i in ids if sc.base in decided else ():
-        specs = list(dict.fromkeys(_specs(i, known, tuple(rules))))
+    rules = ("paper", "own") if sc.own_rates else ("paper",)
+    for template in _own_templates(ids, sc) if sc.own_rates else ():
+        choice(template)
+    experiments, products = {}, _products(ids, sc)
+    for i in ids:
+        specs = list(dict.fromkeys(_specs(i, sc, rules)))
         for spec in specs:
             status.setdefault(spec, run_status(spec, sc, root, products.get(spec, ())))
         experiments[i] = {k: sum(status[x] == k for x in specs) for k in ("finished", "train", "evaluate", "again")}
     total = {k: sum(v == k for v in status.values()) for k in ("finished", "train", "evaluate", "again")}
-    hours, unestimated = 0.0, 0
+    hours, bases = 0.0, {}
     dirs = sorted(sc.runs(root).glob("*")) if sc.runs(root).is_dir() else []
     finished = [(r, recorded_times(d)) for r, d in ((RunDir(d).results(), d) for d in dirs) if r is not None]
+    committed = _committed(sc)
+    rate, basis = _flop_rate(sc, [r for r, _ in finished], committed)
+    sources = {"here": [r for r, _ in finished], f"the committed runs in {committed.relative_to(COMMITTED.parents[1])}": _results_in(committed)}
     for spec in (x for x, v in status.items() if v in ("train", "again")):
-        seconds = _estimate_seconds(spec, sc.runs(root), [r for r, _ in finished])
-        if seconds is None:
-            unestimated += 1
-        else:
-            hours += seconds / 3600
+        seconds, by = _estimate_seconds(spec, sc, sc.runs(root), sources, rate)
+        hours += seconds / 3600
+        bases[by or f"the FLOP model at {basis}"] = bases.get(by or f"the FLOP model at {basis}", 0) + 1
     eval_hours, eval_unestimated = 0.0, 0
     for spec in (x for x, v in status.items() if v != "finished"):
         for product in missing(products.get(spec, ()), sc.runs(root) / spec.slug):
@@ -175,8 +170,8 @@ def plan(scale: str = "cpu", results_dir: str | Path | None = None, ids=None, **
             else:
                 eval_hours += seconds / 3600
     return {"scale": sc.name, "results": str(root), "chosen_lrs": dict(sc.chosen_lrs), "own_lrs": dict(sc.own_lrs),
-            "undecided": undecided, "own_undecided": own_undecided,
-            "experiments": experiments, "total": total, "core_hours": hours, "unestimated": unestimated,
+            "undecided": undecided, "provisional": provisional, "experiments": experiments, "total": total,
+            "unit": "GPU-hours" if sc.name in GPU_SCALES else "core-hours", "core_hours": hours, "bases": bases,
             "eval_core_hours": eval_hours, "eval_unestimated": eval_unestimated}
 
 
@@ -204,17 +199,19 @@ def format_plan(p: dict) -> str:
     if p.get("own_lrs"):
         lines.append("own rates chosen: " + ", ".join(f"{k} {lr:g}" for k, lr in p["own_lrs"].items()))
     for key, n in p["undecided"].items():
-        later = key.endswith("-llama") or key in p.get("own_undecided", ())
-        lines.append(f"sweep {key} undecided: {n} of its runs to train first" + ("; the runs at its rate are not counted yet" if later else ""))
+        later = key in p["provisional"]
+        lines.append(f"sweep {key} undecided: {n} of its runs to train first" + ("; the runs at its rate are counted at a provisional rate "
+                                                                                "(the middle of its grid; a grid extended later adds runs)" if later else ""))
     cols = ("finished", "train", "evaluate", "again")
     lines.append(f"{'experiment':<12}" + "".join(f"{c:>10}" for c in ("finished", "to train", "evaluate", "again")))
     for exp_id, counts in p["experiments"].items():
         lines.append(f"{exp_id:<12}" + "".join(f"{counts[c]:>10}" for c in cols))
     if p["total"]:
         lines.append(f"{'all (once)':<12}" + "".join(f"{p['total'][c]:>10}" for c in cols))
-    lines.append(f"training left: about {p['core_hours']:.1f} core-hours (one thread per run: divide by --jobs), from the wall "
-                 "times of finished runs of the same size, scaled by training FLOPs where the architecture differs"
-                 + (f"; {p['unestimated']} runs of sizes with no finished run are not counted" if p["unestimated"] else "")
+    lines.append(f"training left: about {p['core_hours']:.1f} {p['unit']} (one {'GPU' if p['unit'] == 'GPU-hours' else 'thread'} per run: "
+                 "divide by --jobs), from the wall times of finished runs of the same size, scaled by training FLOPs where the architecture differs"
+                 + "".join(f"; {n} runs of sizes with no finished run here from {by}" for by, n in p["bases"].items() if by != "here")
+                 + (" (an estimate)" if set(p["bases"]) - {"here"} else "")
                  + f". Evaluations left (run products): about {p['eval_core_hours']:.1f} core-hours, from their recorded times"
                  + (f"; {p['eval_unestimated']} with no recorded time of that product at that size are not counted" if p["eval_unestimated"] else "")
                  + ". 'again': finished runs whose checkpoint is gone and whose weights an analysis needs; "
@@ -222,36 +219,90 @@ def format_plan(p: dict) -> str:
     return "\n".join(lines)
 
 
-def _estimate_seconds(spec, runs: Path, finished: list[dict]) -> float | None:
-    """Training seconds left for a run: the median wall time of the `finished` runs (their results) of its
-    size, architecture and model settings (any seed or rate), else of those of its size scaled by training
-    FLOPs per token (the budget is the size's); times the share of its steps not yet checkpointed. None: no
-    finished run of its size."""
+GPU_SCALES = ("gpu", "paper")  # scales whose runs train on GPUs: their plan counts GPU-hours
+H100_BF16_FLOPS = 760e12  # the bf16 matmul peak measured on an H100 (docs/benchmarks/gpu_h100.md: 758-768 TFLOP/s)
+ASSUMED_MFU = 0.15  # the share of it a run is assumed to reach where no run was measured: CEM's eager 15-17% there (Llama 26%)
+ASSUMED_CORE_FLOPS = 10e9  # FLOP/s of one CPU core where no run was measured: below every committed cpu run (14-64 GFLOP/s)
+COMMITTED = Path(__file__).resolve().parents[3] / "docs" / "results"  # the results committed beside the code (a checkout)
+
+
+def _run_flops(res: dict, gpu: bool) -> float | None:
+    """Training FLOP/s of a finished run (the FLOP model's count) per thread, or per GPU at a GPU scale."""
+    from ..model import ModelConfig
+    from ..model.flops import train_flops_per_token
+
+    try:
+        per_token = train_flops_per_token(ModelConfig.from_dict(res["model"]))
+        units = res.get("world_size", 1) if gpu else (res.get("sessions") or [{}])[0].get("threads", 1)
+        return res["tokens_seen"] * per_token / (res["wall_time_s"] * units)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return None
+
+
+def _committed(sc: Scale) -> Path:
+    """The runs folder committed in docs/results for a scale's runs."""
+    return COMMITTED / (sc.runs_from or sc.name) / "runs"
+
+
+def _flop_rate(sc: Scale, finished: list[dict], committed: Path) -> tuple[float, str]:
+    """The training FLOP/s of one core (one GPU at a GPU scale) and what it rests on: the median over the finished
+    runs here, else over the runs committed in docs/results for this scale, else an assumption."""
+    import statistics
+
+    gpu = sc.name in GPU_SCALES
+    rates, where = [r for r in (_run_flops(res, gpu) for res in finished) if r], "the finished runs here"
+    if not rates:
+        rates, where = [r for r in (_run_flops(res, gpu) for res in _results_in(committed)) if r], f"the committed runs in docs/results/{committed.parent.name}/runs"
+    if rates:
+        return statistics.median(rates), f"{statistics.median(rates) / 1e9:,.0f} GFLOP/s per {'GPU' if gpu else 'core'}, measured on {where} ({len(rates)})"
+    if gpu:
+        return H100_BF16_FLOPS * ASSUMED_MFU, f"an assumed {ASSUMED_MFU:.0%} MFU of an H100's measured {H100_BF16_FLOPS / 1e12:.0f} TFLOP/s (bf16)"
+    return ASSUMED_CORE_FLOPS, f"an assumed {ASSUMED_CORE_FLOPS / 1e9:.0f} GFLOP/s per core (conservative: the committed cpu runs measured 14-64)"
+
+
+def _results_in(runs: Path) -> list[dict]:
+    return [r for r in (RunDir(d).results() for d in sorted(runs.glob("*"))) if r is not None] if runs.is_dir() else []
+
+
+def _estimate_seconds(spec, sc: Scale, runs: Path, sources: dict, rate: float) -> tuple[float, str | None]:
+    """Training seconds left for a run, and the name of the `sources` (finished runs' results, by name; the first
+    with a run of its size) they rest on: the median wall time of that source's runs of its size, architecture
+    and model settings (any seed or rate), else of those of its size scaled by training FLOPs per token (the
+    budget is the size's), else (None: no finished run of its size) its budget's training FLOPs at `rate`;
+    times the share of its steps not yet checkpointed."""
     import statistics
 
     from ..model import model_config
     from ..model.flops import train_flops_per_token
+    from ..training.budget import Budget
     from ..training.checkpoint import read_manifest
+    from .sweep import run_config
 
     def flops(arch: str, model: dict) -> int:
         return train_flops_per_token(model_config(spec.size, arch, **model))
 
-    same, scaled = [], []
-    for res in finished:
-        if "wall_time_s" not in res or res.get("config", {}).get("train", {}).get("preset") != spec.size:
-            continue
-        arch, model = res["config"]["train"]["arch"], res["config"].get("model_overrides") or {}
-        if arch == spec.arch and model == dict(spec.model):
-            same.append(res["wall_time_s"])
-        scaled.append(res["wall_time_s"] * flops(spec.arch, dict(spec.model)) / flops(arch, model))
-    if not scaled:
-        return None
-    seconds = statistics.median(same or scaled)
+    for by, finished in sources.items():
+        same, scaled = [], []
+        for res in finished:
+            if "wall_time_s" not in res or res.get("config", {}).get("train", {}).get("preset") != spec.size:
+                continue
+            arch, model = res["config"]["train"]["arch"], res["config"].get("model_overrides") or {}
+            if arch == spec.arch and model == dict(spec.model):
+                same.append(res["wall_time_s"])
+            scaled.append(res["wall_time_s"] * flops(spec.arch, dict(spec.model)) / flops(arch, model))
+        if scaled:
+            break
+    if scaled:
+        seconds = statistics.median(same or scaled)
+    else:
+        run = run_config(spec, sc, None)
+        cfg = run.model()
+        seconds = Budget.of(run.train, cfg, run.train.seq_len or cfg.context).tokens * train_flops_per_token(cfg) / rate
     run = RunDir(runs / spec.slug)
     ckpt, recorded = run.checkpoint(), run.read_run()
     if ckpt is not None and recorded and recorded.get("total_steps"):
         seconds *= max(0.0, 1 - read_manifest(ckpt)["step"] / recorded["total_steps"])
-    return seconds
+    return seconds, by if scaled else None
 
 
 def _analyse(exp_id: str, sc: Scale, root: Path, results: dict, data_dir: str | None, device: str) -> dict:
@@ -298,10 +349,12 @@ def run_suite(
     jobs: int = 1,
     ids=None,
     device: str = "auto",
+    launcher: Launcher | None = None,
     **scale_overrides,
 ) -> list[dict]:
     """Several experiments at a scale (default: the scale's suite): every run they need is trained first in
-    one pool (shared runs once, the recursion experiments first; `train_runs`), then each is analysed."""
+    one pool (shared runs once, the recursion experiments first; `train_runs`), then each is analysed. The runs
+    train on `launcher` (`cem.experiments.launchers`; default: `jobs` at once on this machine)."""
     check_positive_int("jobs", jobs)
     sc = get_scale(scale, **scale_overrides)
     ids = tuple(ids or sc.suite or SUITE_ORDER)
@@ -309,7 +362,7 @@ def run_suite(
         _check_id(i)
     root = Path(results_dir or f"results/{scale}")
     print(f"== training the runs of {', '.join(ids)} ({sc.name} scale)", file=sys.stderr, flush=True)
-    sc, results = train_runs(ids, sc, root, data_dir, jobs)
+    sc, results = train_runs(ids, sc, root, data_dir, launcher or ProcessLauncher(jobs))
     summaries = []
     for exp_id in ids:
         print(f"== {exp_id}", file=sys.stderr, flush=True)

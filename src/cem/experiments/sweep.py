@@ -5,16 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import sys
 import time
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor
-from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
-from multiprocessing import get_context
 from pathlib import Path
 
-from ..processes import die_with_parent
+from . import launchers
 from ..provenance import recorded_processors
 from ..training.rundir import RunDir, RunLockedError, run_identity, run_name
 from .scales import Scale
@@ -64,50 +60,52 @@ class Variant:
     own_rate: bool = False  # a CEM variant of a headline comparison: also trained at its own best rate where the scale asks (`RATE_RULES`)
 
 
-def run_config(spec: RunSpec, scale: Scale, data_dir: str | None):
-    """The `RunConfig` of a spec at a scale."""
+def run_config(spec: RunSpec, scale: Scale, data_dir: str | None, nproc: int = 1):
+    """The `RunConfig` of a spec at a scale, for each of `nproc` processes (the same global batch: `split_batch`)."""
     from ..training import load_run_config
 
     train = {**scale.train_settings(), "preset": spec.size, "arch": spec.arch, "seed": spec.seed, **dict(spec.train)}
     if data_dir is not None:
         train["data_dir"] = data_dir
+    if nproc > 1:
+        train.update(split_batch(train["batch_size"], train["grad_accum"], nproc))
     return load_run_config(None, {**{f"train.{k}": v for k, v in train.items()}, **{f"model.{k}": v for k, v in spec.model}})
 
 
+def split_batch(batch_size: int, grad_accum: int, nproc: int) -> dict:
+    """The per-process settings of a run on `nproc` processes with the global batch of one: its micro-batches
+    shared out where they divide, else each micro-batch."""
+    if grad_accum % nproc == 0:
+        return {"grad_accum": grad_accum // nproc}
+    if batch_size % nproc == 0:
+        return {"batch_size": batch_size // nproc}
+    raise ValueError(f"a run of {grad_accum} micro-batches of {batch_size} sequences cannot be shared by {nproc} processes")
+
+
+def recorded_nproc(run: RunDir, spec: RunSpec, scale: Scale, data_dir: str | None) -> int:
+    """The processes a recorded run trained on (its results' world size), or, unfinished, trains on: the scale's
+    global batch over the recorded per-process one (1 where nothing is recorded, or it does not divide)."""
+    res = run.results()
+    if res is not None:
+        return res.get("world_size", 1)
+    t = run_config(spec, scale, data_dir).train
+    rec = (run.read_run() or {}).get("train", {})
+    whole, each = t.batch_size * t.grad_accum, rec.get("batch_size", t.batch_size) * rec.get("grad_accum", t.grad_accum)
+    k = whole // each if each and whole % each == 0 else 1
+    return k if t.grad_accum % k == 0 or t.batch_size % k == 0 else 1
+
+
 LOCK_POLL_S = 30.0  # how often a sweep looks again at a run that another sweep over the same results holds
-_STOP = None  # in a worker of a parallel sweep: the sweep's stop event (`_init_worker`)
-_PARENT = None  # and the sweep's pid
-
-
-def _init_worker(stop, parent: int) -> None:
-    """A worker of a parallel sweep: keep the stop event, and on Linux ask for SIGTERM when the sweep's process
-    dies (even by SIGKILL), so that a run does not train on, orphaned, holding its run directory's lock: the
-    trainer saves a checkpoint at the end of its step and stops."""
-    global _STOP, _PARENT
-    _STOP, _PARENT = stop, parent
-    die_with_parent(parent, signal.SIGTERM)
-
-
-def _stop_workers(pool: ProcessPoolExecutor) -> None:
-    """SIGTERM to the pool's workers: each running run saves its checkpoint at the end of its step and
-    returns (the trainer's handler only sets a flag, so a second signal, e.g. a Ctrl-C that reached the
-    whole process group too, is harmless)."""
-    for proc in list(getattr(pool, "_processes", {}).values()):
-        with contextlib.suppress(ProcessLookupError, OSError):
-            if proc.is_alive():
-                os.kill(proc.pid, signal.SIGTERM)
-
-
 HELD = "held"  # what `_run_one` returns, without waiting, for a run another sweep holds
 
 
 def _run_one(args) -> dict | str | None:
-    spec, scale, data_dir, root, threads, products, wait = args
-    if _STOP is not None and _STOP.is_set():
+    spec, scale, data_dir, root, threads, nproc, products, wait = args
+    if launchers.stopping():
         return None  # the sweep is stopping: a run already handed to this worker's queue does not start
     import torch
 
-    from ..training import Interrupted, train
+    from ..training import Interrupted
     from .products import missing
 
     if threads:
@@ -119,10 +117,10 @@ def _run_one(args) -> dict | str | None:
             res = RunDir(out).results()
             if res is None and scale.processor:
                 _start_over_if_elsewhere(RunDir(out), scale.processor)
-            if res is None:  # resume what a previous sweep started; a fresh run starts without --resume's notice
-                res = train(run_config(spec, scale, data_dir), out, resume=RunDir(out).read_run() is not None, progress=False)
+            if res is None:
+                res = _train(spec, scale, data_dir, out, nproc, threads)
                 if isinstance(res, Interrupted):
-                    if _PARENT is not None and os.getppid() != _PARENT:  # the sweep is gone: nobody waits for this worker
+                    if launchers.orphaned():  # the sweep is gone: nobody waits for this worker
                         os._exit(143)
                     raise SystemExit(f"interrupted while training {spec.slug}; run the same command again to resume")
             if missing(products, out):  # while the weights are here (`cem.experiments.products`), held like training
@@ -136,9 +134,35 @@ def _run_one(args) -> dict | str | None:
             if not wait:
                 return HELD
             waiting = True
-            if _STOP is not None and _STOP.is_set():
+            if launchers.stopping():
                 return None
             time.sleep(LOCK_POLL_S)
+
+
+def _train(spec: RunSpec, scale: Scale, data_dir: str | None, out: Path, nproc: int, threads: int):
+    """Train a run (resume what a previous sweep started; a fresh run starts without --resume's notice), on
+    `nproc` processes under torchrun's launcher where more than one; its results or `Interrupted`."""
+    from ..training import Interrupted, train
+
+    run, resume = run_config(spec, scale, data_dir, nproc), RunDir(out).read_run() is not None
+    if nproc == 1:
+        return train(run, out, resume=resume, progress=False)
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    try:
+        return launchers.torchrun(nproc, _train_rank, run, str(out), resume, max(1, (threads or os.cpu_count() or 1) // nproc))
+    except SignalException as e:  # its processes got the signal too, saved their checkpoint and stopped
+        return Interrupted(0, int(e.sigval), RunDir(out).ckpt_dir)
+
+
+def _train_rank(run, out: str, resume: bool, threads: int):
+    """One process of a run under torchrun (`_train`)."""
+    import torch
+
+    from ..training import train
+
+    torch.set_num_threads(threads)
+    return train(run, out, resume=resume, progress=False)
 
 
 def _start_over_if_elsewhere(run: RunDir, processor: str) -> None:
@@ -181,18 +205,20 @@ def other_processor(res: dict, processor: str) -> str | None:
     return others[0] if others else None
 
 
-def run_sweep(specs: list[RunSpec], scale: Scale, root: Path, data_dir: str | None = None, jobs: int = 1,
+def run_sweep(specs: list[RunSpec], scale: Scale, root: Path, data_dir: str | None = None, jobs: int | launchers.Launcher = 1,
               products: dict | None = None) -> dict[RunSpec, dict]:
     """Train every spec not finished yet under `root/runs/`, and compute each spec's `products` (what its
     experiments' analyses read from its weights, `cem.experiments.products`) as soon as it has finished;
     returns the results of all of them. A finished run that lacks a product is evaluated from its
-    checkpoint, or trained again where the checkpoint is gone (a run trained on another machine)."""
+    checkpoint, or trained again where the checkpoint is gone (a run trained on another machine). `jobs`:
+    runs at once on this machine, or where and how the runs train (`cem.experiments.launchers`)."""
     from .products import missing
 
+    launcher = jobs if isinstance(jobs, launchers.Launcher) else launchers.ProcessLauncher(jobs)
     products = products or {}
     unique = list(dict.fromkeys(specs))
     for s in unique:
-        _check_finished(s, scale, root, data_dir)
+        _check_finished(s, scale, root, data_dir, launcher.nproc_per_run)
     runs = {s: RunDir(scale.runs(root) / s.slug) for s in unique}
     status = {s: run_status(s, scale, root, products.get(s, ())) for s in unique}
     fresh = [s for s in unique if status[s] == "train"]
@@ -217,9 +243,8 @@ def run_sweep(specs: list[RunSpec], scale: Scale, root: Path, data_dir: str | No
     print(f"{len(unique)} runs, {len(unique) - len(todo)} already finished, {len(fresh) + len(again)} to train"
           + (f" ({len(again)} again)" if again else "") + (f", {len(evaluate) - len(again)} to evaluate" if len(evaluate) > len(again) else ""),
           file=sys.stderr, flush=True)
-    threads = max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 else 0
     # a run another sweep over the same results holds is put off until the others are done, then waited for
-    args = [(s, scale, data_dir, str(root), threads, products.get(s, ()), False) for s in todo]
+    args = [(s, scale, data_dir, str(root), launcher.threads(), launcher.nproc_per_run, products.get(s, ()), False) for s in todo]
     progress = _Progress(len(todo))
 
     def done(a, res) -> tuple | None:
@@ -229,31 +254,7 @@ def run_sweep(specs: list[RunSpec], scale: Scale, root: Path, data_dir: str | No
         progress.done(a[0], res, trained=a[0] not in evaluate or a[0] in again)
         return None
 
-    if jobs > 1 and len(todo) > 1:
-        context = get_context("spawn")
-        stop = context.Event()
-        pool = ProcessPoolExecutor(jobs, mp_context=context, initializer=_init_worker, initargs=(stop, os.getpid()))
-        try:
-            pending = {pool.submit(_run_one, a): a for a in args}
-            while pending:
-                for fut in wait_futures(pending, return_when=FIRST_COMPLETED)[0]:
-                    again_later = done(pending.pop(fut), fut.result())
-                    if again_later:
-                        pending[pool.submit(_run_one, again_later)] = again_later
-        except BaseException as exc:  # a run failed or was interrupted (its checkpoint is saved), or this process
-            stop.set()  # was stopped (Ctrl-C, SIGTERM): no new run starts, not even those already queued to a worker
-            if not isinstance(exc, Exception):  # stopped: the running runs checkpoint and stop too, not finish
-                _stop_workers(pool)
-            raise
-        finally:
-            pool.shutdown(wait=True, cancel_futures=True)
-    else:
-        queue = list(args)
-        while queue:
-            a = queue.pop(0)
-            again_later = done(a, _run_one(a))
-            if again_later:
-                queue.append(again_later)
+    launcher.run(_run_one, args, done)
     return {s: runs[s].results() for s in unique}
 
 
@@ -274,12 +275,16 @@ class _Progress:
               file=sys.stderr, flush=True)
 
 
-def _check_finished(spec: RunSpec, scale: Scale, root: Path, data_dir: str | None) -> None:
-    """A finished run is reused only if it is the same run (`run_identity`: this scale's settings)."""
+def _check_finished(spec: RunSpec, scale: Scale, root: Path, data_dir: str | None, nproc: int = 1) -> None:
+    """A finished run is reused only if it is the same run (`run_identity`: this scale's settings, on any number
+    of processes with the same global batch); an interrupted one resumes on the processes it started on."""
     run = RunDir(scale.runs(root) / spec.slug)
-    diff = run.differences(run_identity(run_config(spec, scale, data_dir))) if run.results_json.exists() else []
+    recorded = recorded_nproc(run, spec, scale, data_dir)
+    diff = run.differences(run_identity(run_config(spec, scale, data_dir, recorded))) if run.results_json.exists() else []
     if diff:
         raise ValueError(f"{run.path} was trained with other settings ({', '.join(diff)} differ); use another --results directory")
+    if recorded != nproc and run.checkpoint() is not None and not run.results_json.exists():
+        raise ValueError(f"{run.path} was started on {recorded} processes per run; resume it with --nproc-per-run {recorded}")
 
 
 def budget_tokens(res: dict) -> int:

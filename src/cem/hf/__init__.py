@@ -12,7 +12,7 @@ Needs `transformers` (the `hf` extra); see docs/huggingface.md.
 try:
     import transformers  # noqa: F401
 except ImportError as e:  # pragma: no cover - exercised only without transformers
-    raise ImportError("cem.hf needs the transformers package: pip install 'cem-transformers[hf]' (or pip install transformers)") from e
+    raise ImportError("cem.hf needs the transformers package: pip install -e '.[hf]' in the cem clone (or pip install transformers)") from e
 
 from .cache import HFCache, RowCache
 from .export import export_hf

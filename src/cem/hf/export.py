@@ -23,7 +23,7 @@ AUTO_MAP = {
     "AutoConfig": "modeling_cem.CEMConfig",
     "AutoModelForCausalLM": "modeling_cem.CEMForCausalLM",
 }
-_SHIM = '''"""Loads this checkpoint with the installed cem package (pip install "cem-transformers[hf]"; the unrelated PyPI package `cem` also installs a module named cem); written by cem.hf.export_hf."""
+_SHIM = '''"""Loads this checkpoint with the installed cem package (pip install -e ".[hf]" in the cem clone; the unrelated PyPI package `cem` also installs a module named cem); written by cem.hf.export_hf."""
 
 from cem.hf.modeling import CEMConfig, CEMForCausalLM
 

@@ -13,6 +13,7 @@ They are tiny and written for this purpose: a check that the pipeline works, not
 
 from __future__ import annotations
 
+import contextlib
 import json
 import tempfile
 from pathlib import Path
@@ -44,6 +45,22 @@ LOCAL_CHOICE = [
 LOCAL_TASKS = ("cem_local_text", "cem_local_choice")
 
 
+@contextlib.contextmanager
+def _commit_of_cem():
+    """lm-eval records "the git commit of the working directory" by running `git describe`, which prints "fatal: not
+    a git repository" outside a clone; for the duration of the call it records cem's commit (`code_version`) instead."""
+    import lm_eval.evaluator as evaluator
+
+    from ..provenance import code_version
+
+    original = evaluator.get_git_commit_hash
+    evaluator.get_git_commit_hash = lambda: code_version().get("commit")
+    try:
+        yield
+    finally:
+        evaluator.get_git_commit_hash = original
+
+
 def write_local_tasks(folder: Path) -> Path:
     """Write the local tasks (YAML configs and their JSON-lines data, absolute paths) into `folder`."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -73,12 +90,10 @@ def write_local_tasks(folder: Path) -> Path:
 def harness_evaluate(model, tokenizer, tasks: list[str], limit: int | None = None, batch_size: int = 8, device: str = "cpu",
                      num_fewshot: int | None = None) -> dict:
     """lm-eval's results for a cem `LanguageModel` and its cem tokenizer: {task: {metric: value}}."""
-    try:
-        from lm_eval import simple_evaluate
-        from lm_eval.models.huggingface import HFLM
-        from lm_eval.tasks import TaskManager
-    except ImportError as e:
-        raise ValueError(f"lm-evaluation-harness is not installed ({e.name} is missing): pip install 'cem-transformers[eval]'") from None
+    from lm_eval import simple_evaluate  # the eval extra (`cem lm-eval` says which part is missing)
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+
     from . import export_hf
 
     with tempfile.TemporaryDirectory(prefix="cem-lm-eval-") as tmp:
@@ -89,6 +104,7 @@ def harness_evaluate(model, tokenizer, tasks: list[str], limit: int | None = Non
                              "`lm_eval ls tasks` lists lm-eval's")
         folder = export_hf(model, Path(tmp) / "model", tokenizer=tokenizer)
         lm = HFLM(pretrained=str(folder), backend="causal", device=device, batch_size=batch_size)
-        out = simple_evaluate(model=lm, tasks=list(tasks), limit=limit, num_fewshot=num_fewshot, task_manager=manager)
+        with _commit_of_cem():
+            out = simple_evaluate(model=lm, tasks=list(tasks), limit=limit, num_fewshot=num_fewshot, task_manager=manager)
     return {task: {k.split(",")[0]: v for k, v in metrics.items() if k not in ("name", "alias") and "_stderr" not in k}
             for task, metrics in out["results"].items()}

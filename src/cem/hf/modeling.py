@@ -6,7 +6,7 @@ maths here. Through it a cem model gets `save_pretrained` / `AutoModelForCausalL
 
 `generate()` runs on cem's own cache (`cem.hf.cache.HFCache`, a `cem.model.Cache`): keys only for CEM
 attention (with a key-query diagonal ĥ only, the same bytes), keys and values for Llama attention. The forward pass creates it
-on the first call of a `generate` (with `use_cache=True`), returns it as `past_key_values`, and `generate` hands
+on the first call of a `generate` (with `use_cache=True`), returns it as `cache` (`past_key_values` before transformers 5.24), and `generate` hands
 it back on every later step; the class opts out of `transformers`' default `DynamicCache`
 (`_supports_default_dynamic_cache`), the route `transformers` keeps for models that bring their own cache.
 
@@ -36,6 +36,8 @@ except ImportError:  # pragma: no cover - very old transformers
     _TransformersCache = ()
 
 MODEL_TYPE = "cem"
+# the output's cache field: `cache` since transformers 5.24 (`past_key_values` then warns on every forward), before it `past_key_values`
+CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 MODEL_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(ModelConfig))
 
 
@@ -118,10 +120,10 @@ class CEMPreTrainedModel(PreTrainedModel):
 class CEMForCausalLM(CEMPreTrainedModel, GenerationMixin):
     """A cem `LanguageModel` (under `.model`) as a `transformers` causal LM.
 
-    `forward(input_ids, labels=None, past_key_values=None, use_cache=None, attention_mask=None)` returns a
+    `forward(input_ids, labels=None, cache=None, use_cache=None, attention_mask=None)` (`past_key_values`: the old name of `cache`) returns a
     `CausalLMOutputWithPast`: logits of every position, the loss when `labels` are given (the usual
     `transformers` shift: position i predicts labels[i + 1]; label -100 is ignored), and the cem cache as
-    `past_key_values` when one is used (`use_cache=True`, or a cache passed in).
+    `cache` (`CACHE_FIELD`) when one is used (`use_cache=True`, or a cache passed in).
     """
 
     _tied_weights_keys = {"model.head.weight": "model.embed.weight"}
@@ -225,7 +227,7 @@ class CEMForCausalLM(CEMPreTrainedModel, GenerationMixin):
         loss = None
         if labels is not None:
             loss = causal_lm_loss(logits, labels, kwargs.get("num_items_in_batch"))
-        out = CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=cache)
+        out = CausalLMOutputWithPast(loss=loss, logits=logits, **{CACHE_FIELD: cache})
         if return_dict is None:
             return_dict = getattr(self.config, "return_dict", True)
         return out if return_dict else out.to_tuple()

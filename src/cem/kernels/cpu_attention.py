@@ -95,14 +95,26 @@ def cpu_cem_attention(
     for a in range(0, n_q, block):
         b = min(n_q, a + block)
         last = min(n_k, q_start + b)  # keys this block can see
-        kt = k[:, :, :last].transpose(-1, -2)
-        scores = torch.matmul(qs[:, :, a:b], kt)
-        scores += base[:, :, a:b, :last]
+        kt = _part(k, 2, 0, last).transpose(-1, -2)
+        scores = torch.matmul(_part(qs, 2, a, b), kt)
+        scores += _part(_part(base, 2, a, b), 3, 0, last)
         if qds is not None:
-            hnt = hn[:, :last].transpose(-1, -2).to(qds.dtype)
-            term = qds[:, a:b] @ hnt if qds.dim() == 3 else qds[:, :, a:b] @ hnt.unsqueeze(1)
+            hnt = _part(hn, 1, 0, last).transpose(-1, -2).to(qds.dtype)
+            term = torch.bmm(_part(qds, 1, a, b), hnt) if qds.dim() == 3 else _part(qds, 2, a, b) @ hnt.unsqueeze(1)
             scores += term.unsqueeze(1) if qds.dim() == 3 else term
         if self_bias is not None:
             scores.diagonal(offset=q_start + a, dim1=-2, dim2=-1).add_(self_bias.to(scores.dtype)[:, None])
-        outs.append(torch.softmax(scores, dim=-1) @ values[:, :, :last])
+        outs.append(_batched(torch.softmax(scores, dim=-1), _part(values, 2, 0, last)))
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-2)
+
+
+def _batched(a: Tensor, b: Tensor) -> Tensor:
+    """a @ b for 4-D a, b of the same batch dims: the one bmm `@` runs, on the same operands (so the same bits),
+    with fewer view operators around it."""
+    (B, K, n, m), p = a.shape, b.shape[-1]
+    return torch.bmm(a.reshape(B * K, n, m), b.reshape(B * K, m, p)).view(B, K, n, p)
+
+
+def _part(t: Tensor, dim: int, start: int, stop: int) -> Tensor:
+    """t[start:stop] along `dim`; t itself when that is all of it (a full slice still costs an operator a call)."""
+    return t if start == 0 and stop == t.shape[dim] else t.narrow(dim, start, stop - start)

@@ -14,6 +14,7 @@ without triton installed works: `HAS_TRITON` is False and `triton_cem_attention`
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import math
 import sys
@@ -129,10 +130,16 @@ def default_config(
     without spills for the shapes in docs/kernels.md. Interpreter: small
     tiles, so that the tests cross several ragged blocks.
     """
+    return _config(n_heads, head_dim, model_dim, dtype, uses_interpreter(device), backward, diag, scores)
+
+
+@functools.lru_cache(maxsize=256)
+def _config(n_heads, head_dim, model_dim, dtype, interpret, backward, diag, scores) -> KernelConfig:
+    """`default_config`, decided once per shape and kind (it ran on every launch: a Python walk over tiles)."""
     block_dh = max(16, _next_pow2(head_dim))
     block_dd = min(64, max(16, _next_pow2(max(model_dim, 1))))
     kp = _next_pow2(n_heads)
-    if uses_interpreter(device):
+    if interpret:
         return KernelConfig(block_m=16, block_n=16, block_dd=min(32, block_dd), heads_per_program=kp)
     elem = 2.5 if dtype == torch.float32 else 0.5
     if dtype != torch.float32 and (scores or diag == "none") and block_dh <= 64:
@@ -254,11 +261,7 @@ def _config_of(key: list[int] | None) -> KernelConfig | None:
     return KernelConfig(m, n, dd, g, warps, stages, bool(tf32), None if scores < 0 else bool(scores))
 
 
-# The forward and backward are custom operators (torch.library): torch.compile keeps each as one opaque node
-# instead of tracing the kernel launches (which broke the graph at the kernel-module lookup and, under the
-# interpreter, failed), and autograd reaches the backward through `register_autograd`.
-@torch.library.custom_op("cem::triton_attention_fwd", mutates_args=())
-def _attention_fwd(
+def _fwd_impl(
     q: Tensor, k: Tensor, qd: Tensor | None, hn: Tensor | None, slopes: Tensor, self_bias: Tensor | None, q_start: int,
     config: list[int] | None,
 ) -> tuple[Tensor, Tensor]:
@@ -284,13 +287,7 @@ def _attention_fwd(
     return o, lse  # the scores are recomputed in the backward (one matrix product): O(L) memory between passes
 
 
-@_attention_fwd.register_fake
-def _(q, k, qd, hn, slopes, self_bias, q_start, config):
-    return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)  # contiguous, as the real outputs
-
-
-@torch.library.custom_op("cem::triton_attention_bwd", mutates_args=())
-def _attention_bwd(
+def _bwd_impl(
     do: Tensor, q: Tensor, k: Tensor, qd: Tensor | None, hn: Tensor | None, slopes: Tensor, self_bias: Tensor | None,
     o: Tensor, lse: Tensor, q_start: int, config: list[int] | None, need_qd: bool, need_hn: bool, need_sb: bool,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
@@ -341,6 +338,19 @@ def _attention_bwd(
     return dq, dk, dqd_out, dhn_out, dsb_out
 
 
+# The forward and backward are also custom operators (torch.library), the form torch.compile sees: it keeps each
+# as one opaque node instead of tracing the kernel launches (which broke the graph at the kernel-module lookup
+# and, under the interpreter, failed), and autograd reaches the backward through `register_autograd`. Eager calls
+# skip the operator wrappers (`_TritonAttention`): each costs tens of microseconds of Python a call (pytorch#139500).
+_attention_fwd = torch.library.custom_op("cem::triton_attention_fwd", _fwd_impl, mutates_args=())
+_attention_bwd = torch.library.custom_op("cem::triton_attention_bwd", _bwd_impl, mutates_args=())
+
+
+@_attention_fwd.register_fake
+def _(q, k, qd, hn, slopes, self_bias, q_start, config):
+    return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)  # contiguous, as the real outputs
+
+
 @_attention_bwd.register_fake
 def _(do, q, k, qd, hn, slopes, self_bias, o, lse, q_start, config, need_qd, need_hn, need_sb):
     return (torch.empty_like(q), torch.empty_like(k), qd.new_empty(qd.shape) if need_qd else q.new_empty(0),
@@ -354,15 +364,30 @@ def _setup_context(ctx, inputs, output) -> None:
     ctx.q_start, ctx.config = q_start, config
 
 
-def _backward(ctx, do, _dlse):
+def _grads(ctx, do, backward=_attention_bwd):
+    """The inputs' gradients from what `_setup_context` saved, through `backward` (the operator or its implementation)."""
     q, k, qd, hn, slopes, self_bias, o, lse = ctx.saved_tensors
     need = ctx.needs_input_grad
     need_qd, need_hn, need_sb = qd is not None and need[2], qd is not None and need[3], self_bias is not None and need[5]
-    dq, dk, dqd, dhn, dsb = _attention_bwd(do, q, k, qd, hn, slopes, self_bias, o, lse, ctx.q_start, ctx.config, need_qd, need_hn, need_sb)
+    dq, dk, dqd, dhn, dsb = backward(do, q, k, qd, hn, slopes, self_bias, o, lse, ctx.q_start, ctx.config, need_qd, need_hn, need_sb)
     return dq, dk, dqd if need_qd else None, dhn if need_hn else None, None, dsb if need_sb else None, None, None
 
 
-_attention_fwd.register_autograd(_backward, setup_context=_setup_context)
+_attention_fwd.register_autograd(lambda ctx, do, _dlse: _grads(ctx, do), setup_context=_setup_context)
+
+
+class _TritonAttention(torch.autograd.Function):
+    """The operators' implementations under plain autograd, for eager calls (no custom-operator wrappers)."""
+
+    @staticmethod
+    def forward(ctx, q, k, qd, hn, slopes, self_bias, q_start, config):
+        o, lse = _fwd_impl(q, k, qd, hn, slopes, self_bias, q_start, config)
+        _setup_context(ctx, (q, k, qd, hn, slopes, self_bias, q_start, config), (o, lse))
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        return _grads(ctx, do, _bwd_impl)
 
 
 def triton_cem_attention(
@@ -414,4 +439,5 @@ def triton_cem_attention(
         raise ValueError(f"self_bias must be ({K},), got {tuple(self_bias.shape)}")
     if self_bias is not None and self_bias.stride(0) != 1:
         self_bias = self_bias.contiguous()
-    return _attention_fwd(q, k, qd, hn, slopes, self_bias, int(q_start), _config_key(config))[0]
+    args = (q, k, qd, hn, slopes, self_bias, int(q_start), _config_key(config))
+    return _attention_fwd(*args)[0] if torch.compiler.is_compiling() else _TritonAttention.apply(*args)

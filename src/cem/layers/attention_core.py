@@ -42,7 +42,7 @@ from torch import Tensor
 
 from ..kernels import HAS_TRITON, QUERY_BLOCK, cpu_cem_attention, triton_cem_attention
 from ..checks import check_choice
-from .position import Positions
+from .position import Positions, follows_cache
 from .sdpa import sdpa
 
 __all__ = [
@@ -63,6 +63,7 @@ __all__ = [
     "check_backend",
     "diag_scores",
     "fold_diagonal",
+    "kernel_slopes",
     "resolve_backend",
     "softmax_values",
     "triton_self_check",
@@ -143,7 +144,7 @@ def cem_attention_sdpa(
     values = k if v is None else v
     q, k = fold_diagonal(q, k, diag)
     bias = positions.bias(q_start, q.shape[-2], k.shape[-2], q.dtype, q.device).unsqueeze(0)  # 4-D: fused kernels
-    return sdpa(q, k, values, bias, scale=1.0 / tau, decoding=q_start > 0)
+    return sdpa(q, k, values, bias, scale=1.0 / tau, decoding=follows_cache(q_start))
 
 
 def cem_attention_fast(
@@ -220,7 +221,23 @@ def cem_attention_triton(
     if v is not None:
         raise ValueError("the triton CEM kernel ties values to keys; use another backend for separate values")
     qd, hn = (None, None) if diag is None else diag
-    return triton_cem_attention(q, k, qd, hn, positions.slopes(q.device), positions.self_bias, q_start)
+    return triton_cem_attention(q, k, qd, hn, kernel_slopes(positions, q.device), positions.self_bias, q_start)
+
+
+_KERNEL_SLOPES: dict[tuple, Tensor] = {}  # (kind, heads, device) -> m_k in float32
+
+
+def kernel_slopes(positions: Positions, device: torch.device) -> Tensor:
+    """m_k (K,) in float32 on `device`, as the kernel reads them: built once per (kind, heads, device), not in
+    every call (on a GPU that was four small kernels a call); built in place under torch.compile."""
+    if torch.compiler.is_compiling():
+        return positions.slopes(device).to(torch.float32)
+    key = (positions.kind, positions.n_heads, str(device))
+    slopes = _KERNEL_SLOPES.get(key)
+    if slopes is None:
+        with torch.inference_mode(False):  # kept across calls: never an inference tensor
+            slopes = _KERNEL_SLOPES[key] = positions.slopes(device).to(torch.float32)
+    return slopes
 
 
 # ----------------------------------------------------------------------------------------------- the choice

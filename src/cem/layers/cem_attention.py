@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from ..checks import check_choice, check_heads, check_residual, check_same_shape
 from ..kernels import DIAG_SCORES_MAX_BYTES
 from .attention_core import IMPLEMENTATIONS, Diagonal, cem_attention, cem_attention_energy, cem_logits, check_backend, resolve_backend, softmax_values
-from .position import ALIBI_SLOPES, Positions
+from .position import ALIBI_SLOPES, Positions, follows_cache
 from .norm import RMSNorm
 from .precond import PRECONDITIONERS, make_preconditioner
 from .sdpa import sdpa
@@ -153,8 +153,9 @@ class CEMAttention(DescentLayer):
         qd = u * self.kq_diag if self.kq_diag.dim() == 1 else u.unsqueeze(1) * self.kq_diag[None, :, None, :]
         return Diagonal(qd, hn)
 
-    def _attend(self, q: Tensor, k: Tensor, diag: Diagonal | None, q_start: int, v: Tensor | None) -> Tensor:
-        return cem_attention(q, k, diag, self.positions, q_start, v, backend=self.backend)
+    def _attend(self, q: Tensor, k: Tensor, diag: Diagonal | None, q_start: int | Tensor, v: Tensor | None) -> Tensor:
+        backend = "sdpa" if isinstance(q_start, Tensor) else self.backend  # a static cache's position: the bias-masked SDPA form
+        return cem_attention(q, k, diag, self.positions, q_start, v, backend=backend)
 
     def resolved_backend(self, device: torch.device | str) -> str:
         """The backend this layer's attention core runs on `device` ("auto" decided; see `attention_core`)."""
@@ -222,29 +223,52 @@ class CEMAttention(DescentLayer):
         Returns (o (B, K, J, d), Σ_j p_kj ĥ_j (B, K, J, D), ε (B, J) if `with_energy` else None)."""
         b, n_heads, j, _ = q.shape
         w = self.w_k.weight.view(n_heads, self.head_dim, self.dim)
-        query = torch.einsum("bkjd,kdD->bkjD", q, w)
+        # bf16 on the CPU: two GEMMs and a float32 softmax (logits and bias in float32) take 3.5 ms a layer at 8k
+        # keys on one AMD EPYC thread, SDPA's flash kernel at this head width (D) 5.5 ms; in float32 SDPA is faster
+        explicit = q.device.type == "cpu" and q.dtype == torch.bfloat16 and not with_energy
+        query = self._per_head(q, self.w_k.weight)
         diag = self._diagonal(u, hn)
         if diag is not None:
             query = query + (diag.qd.unsqueeze(1) if diag.qd.dim() == 3 else diag.qd)
-        bias = self.positions.bias(q_start, j, hn.shape[-2], q.dtype, q.device)  # (K, J, Jk)
+        bias = self.positions.bias(q_start, j, hn.shape[-2], torch.float32 if explicit else q.dtype, q.device)  # (K, J, Jk)
         query, bias, ctx = query.reshape(b, 1, n_heads * j, self.dim), bias.reshape(1, 1, n_heads * j, -1), hn.unsqueeze(1)
         energy = None
         if with_energy:
             out, lse = softmax_values(query @ ctx.transpose(-1, -2) / math.sqrt(self.head_dim) + bias, ctx)
             energy = -math.sqrt(self.head_dim) * lse.view(b, n_heads, j).sum(dim=1)
+        elif explicit:  # logits as (B, Jk, K·J): ĥ the untransposed operand (a transposed one copies the whole cache)
+            scaled = query.flatten(1, 2) * (1.0 / math.sqrt(self.head_dim))  # 1/τ on the K·J queries, not on the logits
+            logits = torch.add(bias[0], torch.bmm(hn, scaled.transpose(1, 2)).transpose(1, 2))  # one pass: float32 (B, K·J, Jk)
+            out = torch.bmm(torch.softmax(logits, dim=-1).to(hn.dtype), hn).unsqueeze(1)
         else:
-            out = sdpa(query, ctx, ctx, bias, scale=1.0 / math.sqrt(self.head_dim), decoding=q_start > 0)
+            out = sdpa(query, ctx, ctx, bias, scale=1.0 / math.sqrt(self.head_dim), decoding=follows_cache(q_start))
         out = out.view(b, n_heads, j, self.dim)
+        if self._blocked(out):  # the diagonal blocks of (Σ_j p_kj ĥ_j) W_Kᵀ: o^k = W_K^k Σ_j p_kj ĥ_j
+            o = (out @ self.w_k.weight.T).view(b, n_heads, j, n_heads, self.head_dim).diagonal(dim1=1, dim2=3).permute(0, 3, 1, 2)
+            return o, out, energy
         return torch.einsum("bkjD,kdD->bkjd", out, w), out, energy
+
+    def _blocked(self, rows: Tensor) -> bool:
+        """Whether per-head products of these (B, K, J, ...) rows run as one GEMM with K times the multiply-adds:
+        for fewer rows than the head width in bf16 on the CPU, where a bmm of one row per head is slow (1-2 ms a call)."""
+        return rows.device.type == "cpu" and rows.dtype == torch.bfloat16 and rows.shape[0] * rows.shape[2] < self.head_dim
+
+    def _per_head(self, x: Tensor, weight: Tensor) -> Tensor:
+        """Σ_r x^k_r weight[k·d + r] for every head k: x (B, K, J, d), weight (K·d, D) -> (B, K, J, D); `_blocked`:
+        the block-diagonal [δ_kk' x^k] (B, K, J, K·d) times the weight."""
+        if self._blocked(x):
+            eye = torch.eye(self.n_heads, dtype=x.dtype, device=x.device)[:, None, :, None]  # (K, 1, K, 1)
+            return (eye * x.unsqueeze(3)).flatten(3) @ weight
+        return torch.einsum("bkjd,kdD->bkjD", x, weight.view(self.n_heads, self.head_dim, self.dim))
 
     def _project(self, o: Tensor, o_hn: Tensor | None, w_out: Tensor | None) -> Tensor:
         """Σ_k P_k (W_Q^kᵀ o^k [+ d_k ∘ o_ĥ^k]) from the attention outputs o (B, K, J, d) and, for the exact
         gradient's value-side term, o_ĥ = Σ_j p_kj ĥ_j (B, K, J, D): one matmul with the folded `w_out` (or
         W_Q without a preconditioner), else per head with P_k applied to each position."""
         if o_hn is None and (w_out is not None or self.precond is None):
-            return o.transpose(1, 2).flatten(2) @ (self.w_q.weight if w_out is None else w_out)  # one matmul
-        w = self.w_q.weight.view(self.n_heads, self.head_dim, self.dim)
-        y = torch.einsum("bkjd,kdD->bjkD", o, w)  # per-head W_Q^kᵀ o^k, (B, J, K, D)
+            b, _, j, _ = o.shape  # one matmul, as `@` would fold it (with one view operator fewer)
+            return torch.mm(o.transpose(1, 2).reshape(b * j, self.dim), self.w_q.weight if w_out is None else w_out).view(b, j, self.dim)
+        y = self._per_head(o, self.w_q.weight).transpose(1, 2)  # per-head W_Q^kᵀ o^k, (B, J, K, D)
         if o_hn is not None:
             diag = self.kq_diag if self.kq_diag.dim() == 2 else self.kq_diag.expand(self.n_heads, -1)
             y = y + diag * o_hn.transpose(1, 2)
@@ -268,7 +292,7 @@ class CEMAttention(DescentLayer):
         hn = self.norm(h)
         if cache is None:
             return hn, self._heads(self.w_k(hn)), (hn if self.kq_diag is not None else None), 0
-        q_start = cache.length
+        q_start = cache.start  # an int, or a static cache's position tensor
         if self.kq_diag is None:
             return hn, cache.update(k=self._heads(self.w_k(hn)))["k"], None, q_start  # keys by head: contiguous
         ctx = cache.update(hn=hn)["hn"]

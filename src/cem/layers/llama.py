@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..checks import check_choice, check_heads, check_positive_int, check_residual
-from .position import ALIBI_SLOPES, Positions, apply_rope, causal_mask, rope_cos_sin
+from .position import ALIBI_SLOPES, Positions, apply_rope, causal_mask, follows_cache, rope_cos_sin
 from .kinds import ATTENTION_KINDS, MLP_KINDS, AttentionConfig, MLPConfig, SublayerKind
 from .norm import RMSNorm
 from .sdpa import sdpa
@@ -46,7 +46,7 @@ class LlamaAttention(nn.Module):
         check_residual(h, self.dim, "LlamaAttention", self.norm.weight.dtype)
         hn = self.norm(h)
         q, k, v = self._heads(self.w_q(hn)), self._heads(self.w_k(hn)), self._heads(self.w_v(hn))
-        start = 0 if cache is None else cache.length
+        start = 0 if cache is None else cache.start  # an int, or a static cache's position tensor
         if self.position == "rope":
             cos, sin = rope_cos_sin(self.head_dim, start, h.shape[1], self.rope_theta, h.device, q.dtype)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
@@ -56,11 +56,13 @@ class LlamaAttention(nn.Module):
         n_q, n_k = q.shape[-2], k.shape[-2]
         if self.position == "alibi":
             mask = Positions(self.alibi, self.n_heads).alibi(start, n_q, n_k, q.dtype, h.device)
-        elif start == 0:
+        elif not follows_cache(start):
             mask = None  # full causal forward: the fused is_causal path
-        else:
-            mask = causal_mask(start, n_q, n_k, h.device)
-        o = sdpa(q, k, v, mask, is_causal=mask is None, decoding=start > 0)
+        elif isinstance(start, int) and n_q == 1:
+            mask = None  # one query after its cached keys sees them all: no mask, so CUDA runs the flash kernel
+        else:  # a chunk after cached keys, or a static cache (all max_len keys, those past the position masked):
+            mask = causal_mask(start, n_q, n_k, h.device)  # a boolean mask: on CUDA the memory-efficient kernel, never math
+        o = sdpa(q, k, v, mask, is_causal=mask is None and not follows_cache(start), decoding=follows_cache(start))
         return h + self.w_o(o.transpose(1, 2).flatten(2))
 
 

@@ -57,10 +57,10 @@ class Positions:
         """m_k (K,) in float64, built on the fly (see `alibi_slopes`)."""
         return alibi_slopes(self.n_heads, device, self.kind)
 
-    def bias(self, q_start: int, n_q: int, n_k: int, dtype: torch.dtype, device: torch.device | str) -> Tensor:
+    def bias(self, q_start: int | Tensor, n_q: int, n_k: int, dtype: torch.dtype, device: torch.device | str) -> Tensor:
         """b_kij, and -inf where j > q_start + i (causal). Shape (K, n_q, n_k); s_k keeps its autograd graph."""
         work = torch.float64 if dtype == torch.float64 else torch.float32  # built in fp32 at least, then cast
-        i = torch.arange(q_start, q_start + n_q, device=device)
+        i = torch.arange(n_q, device=device) + q_start  # q_start: an int, or a static cache's position tensor
         j = torch.arange(n_k, device=device)
         rel = (i[:, None] - j[None, :]).to(work)  # i - j
         bias = -self.slopes(device).to(work)[:, None, None] * rel
@@ -68,7 +68,7 @@ class Positions:
             bias = bias + self.self_bias.to(work)[:, None, None] * (rel == 0).to(work)
         return bias.masked_fill(rel < 0, float("-inf")).to(dtype)
 
-    def alibi(self, q_start: int, n_q: int, n_k: int, dtype: torch.dtype, device: torch.device | str) -> Tensor:
+    def alibi(self, q_start: int | Tensor, n_q: int, n_k: int, dtype: torch.dtype, device: torch.device | str) -> Tensor:
         """`bias` without the self bias, a constant (no autograd graph) of shape (1, K, n_q, n_k): 4-D, so that
         CPU SDPA takes its fused kernel (a 3-D mask sends it to the math path).
 
@@ -76,7 +76,7 @@ class Positions:
         building it in every layer; under torch.compile it is built in the graph (the compiler fuses it).
         """
         slopes_only = Positions(self.kind, self.n_heads)
-        if torch.compiler.is_compiling() or q_start != 0:  # compiled, or cached decoding (a new offset every step)
+        if torch.compiler.is_compiling() or follows_cache(q_start):  # compiled, or cached decoding (a new offset every step)
             return slopes_only.bias(q_start, n_q, n_k, dtype, device).unsqueeze(0)
         key = (self.n_heads, self.kind, n_q, n_k, dtype, str(torch.device(device)))
         bias = _ALIBI_CACHE.get(key)
@@ -86,9 +86,14 @@ class Positions:
         return bias
 
 
-def causal_mask(q_start: int, n_q: int, n_k: int, device: torch.device) -> Tensor:
+def follows_cache(q_start: int | Tensor) -> bool:
+    """Whether queries starting at `q_start` come after cached keys (always, for a static cache's position tensor)."""
+    return isinstance(q_start, Tensor) or q_start > 0
+
+
+def causal_mask(q_start: int | Tensor, n_q: int, n_k: int, device: torch.device) -> Tensor:
     """Boolean mask, True where key j may be seen by query i (j <= q_start + i). Shape (n_q, n_k)."""
-    i = torch.arange(q_start, q_start + n_q, device=device)
+    i = torch.arange(n_q, device=device) + q_start
     j = torch.arange(n_k, device=device)
     return j[None, :] <= i[:, None]
 
@@ -100,13 +105,14 @@ def rope_tables(head_dim: int, positions: Tensor, theta: float = 10000.0) -> tup
     return angles.cos(), angles.sin()
 
 
-def rope_cos_sin(head_dim: int, start: int, n: int, theta: float, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+def rope_cos_sin(head_dim: int, start: int | Tensor, n: int, theta: float, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     """`rope_tables` for positions start..start+n-1, cast to the working dtype of `apply_rope` for `dtype`,
-    computed once per (width, theta, device, dtype) and length (grown by doubling) and sliced after."""
+    computed once per (width, theta, device, dtype) and length (grown by doubling) and sliced after; built
+    in place when compiled or at a static cache's position tensor (the same float64 values)."""
     work = torch.float64 if dtype == torch.float64 else torch.float32
     device = torch.device(device)
-    if torch.compiler.is_compiling():
-        cos, sin = rope_tables(head_dim, torch.arange(start, start + n, device=device), theta)
+    if torch.compiler.is_compiling() or isinstance(start, Tensor):
+        cos, sin = rope_tables(head_dim, torch.arange(n, device=device) + start, theta)
         return cos.to(work), sin.to(work)
     key = (head_dim, float(theta), str(device), work)
     tables = _ROPE_CACHE.get(key)

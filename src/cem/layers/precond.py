@@ -49,11 +49,16 @@ class Preconditioner(nn.Module):
         return F.softplus(math.sqrt(self.dim) * self.p)
 
     def forward(self, y: Tensor) -> Tensor:
-        """P_k y_k for y of shape (..., n, D)."""
+        """P_k y_k for y of shape (..., n, D); with n = 1 also y of shape (..., D)."""
         out = self.diagonal() * y
         if self.u is not None:
-            out = out + torch.einsum("...nr,ndr->...nd", torch.einsum("...nd,ndr->...nr", y, self.v), self.u)
-            out = out + torch.einsum("...nr,ndr->...nd", torch.einsum("...nd,ndr->...nr", y, self.u), self.v)
+            # U (Vᵀ y) + V (Uᵀ y) as the batched products einsum would run (the same bmm calls, so the same bits),
+            # without its reshuffling of views on every call: y is laid out as (n, rows, D) once for both terms
+            n = self.p.shape[0]
+            yn = y.reshape(1, -1, self.dim) if n == 1 else y.movedim(-2, 0).reshape(n, -1, self.dim)
+            for a, b in ((self.v, self.u), (self.u, self.v)):
+                term = torch.bmm(torch.bmm(yn, a), b.transpose(1, 2))  # (n, rows, D)
+                out = out + (term.view(y.shape) if n == 1 else term.view(n, *y.shape[:-2], self.dim).movedim(0, -2))
         return out
 
     def dense(self) -> Tensor:

@@ -363,7 +363,7 @@ class DescentLayer(nn.Module):
 
     def _step(self, x: Tensor, u: Tensor | None, t: int, steps: int, direction, x0: Tensor) -> Tensor:
         """x^(t+1) = x^(t) + η_t direction(u^(t)), with u^(t) = norm(x^(t)) unless given (and the anchor's pull)."""
-        return x + self.eta(t, steps) * self._pull(direction(self.norm(x) if u is None else u), x, x0)
+        return x + _times(self.eta(t, steps), self._pull(direction(self.norm(x) if u is None else u), x, x0))
 
     def _descend_checked(self, x: Tensor, u: Tensor | None, steps: int, direction) -> Tensor:
         """The recursion with `adaptive_tol` and / or `guard` (module docstring): per-position steps."""
@@ -424,6 +424,11 @@ class DescentLayer(nn.Module):
         self.last_steps_used = used  # (B, J): the steps each position took in this (checked) forward
         self._count(used.sum(), used.numel())
         return x
+
+
+def _times(eta: float | Tensor, d: Tensor) -> Tensor:
+    """η d, or d itself for the plain η = 1.0 (d · 1.0 is d exactly: one operator less a step, and its backward)."""
+    return d if isinstance(eta, float) and eta == 1.0 else eta * d
 
 
 def _uniform_depths(n: int, high: int, mean: float) -> Tensor:

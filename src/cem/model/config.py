@@ -97,7 +97,10 @@ class ModelConfig:
         check_choice("alibi", self.alibi, ALIBI_SLOPES)
         check_choice("train_depth", self.train_depth, TRAIN_DEPTHS)
         check_choice("train_depth_dist", self.train_depth_dist, tuple(DEPTH_DISTRIBUTIONS))
-        check_finite("train_depth_mean", self.train_depth_mean, 1, self.train_depth_max)
+        check_finite("train_depth_mean", self.train_depth_mean, 1)
+        if self.train_depth_mean > self.train_depth_max:  # e.g. train_depth_max=1 with the default mean: say what to set
+            raise ValueError(f"train_depth_mean={self.train_depth_mean:g} is above train_depth_max={self.train_depth_max} (train_depth_mean "
+                             f"defaults to {ModelConfig.train_depth_mean:g}): set train_depth_mean={self.train_depth_max} (or less) as well")
         check_nonnegative_int("backprop_steps", self.backprop_steps, MAXIMA["attn_steps"])
         check_finite("fixed_point_weight", self.fixed_point_weight, 0)
         for name in ("adaptive_tol", "adaptive_rule", "guard"):

@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from ..layers.steps import Inference
+from .cache import StaticCache
 
 MAX_NEW_TOKENS = 1 << 24  # one call's output is held in memory: a bound on what a caller may ask for
 
@@ -43,6 +44,28 @@ def sample_next(
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
+def static_step(model, ids: Tensor, cache: StaticCache) -> Tensor:
+    """Logits (B, vocab) after the last of `ids` (B, J) fed on top of a `StaticCache`: the model's forward
+    without its host-side checks and counters, so that a compiled step reads no host value that changes (no
+    recompilation from step to step); the caller advances the cache."""
+    h = model.embed(ids)
+    for i, block in enumerate(model.blocks):
+        h = block(h, cache=cache.slot(f"blocks.{i}.attn"))
+    return model.head(model.norm(h[:, -1:]))[:, -1]
+
+
+_COMPILED: dict[str, object] = {}
+
+
+def compiled_step(device: torch.device):
+    """`static_step` compiled once per device type: mode "reduce-overhead" (CUDA graphs) on a GPU, the
+    default inductor mode on the CPU; one static-shape graph (fullgraph, dynamic=False)."""
+    mode = "reduce-overhead" if device.type == "cuda" else "default"
+    if mode not in _COMPILED:
+        _COMPILED[mode] = torch.compile(static_step, mode=mode, fullgraph=True, dynamic=False)
+    return _COMPILED[mode]
+
+
 @torch.no_grad()
 def generate(
     model,
@@ -54,6 +77,8 @@ def generate(
     *,
     generator: torch.Generator | None = None,
     inference: Inference | None = None,
+    static: bool = False,
+    compile: bool = False,
     **knobs,
 ) -> Tensor:
     """Prompt (B, J) or (J,) followed by `max_new_tokens` sampled ids, with `inference`'s test-time settings
@@ -64,7 +89,12 @@ def generate(
     the cache is full it is rebuilt from the last `context - context // 4` tokens (one prefill every
     `context // 4` new tokens). Every architecture runs like this: RoPE models never see positions past
     the trained ones, and ALiBi / CEM models, whose biases depend only on distances, see a window of the
-    most recent tokens. Within the context the output is unchanged (one cache, filled token by token)."""
+    most recent tokens. Within the context the output is unchanged (one cache, filled token by token).
+
+    `static=True` decodes with a `StaticCache` (fixed shapes, keys past the position masked; the same tokens
+    up to float rounding, exactly at temperature 0 in float64 tests); `compile=True` (implies static) runs
+    each decoding step through `compiled_step` (CUDA graphs on a GPU), for fixed steps only (no adaptive_tol
+    or guard)."""
     if not isinstance(prompt_ids, Tensor) or prompt_ids.dim() not in (1, 2):
         raise ValueError(f"the prompt must be a tensor of token ids, shape (J,) or (B, J); got {type(prompt_ids).__name__}"
                          + (f" of shape {tuple(prompt_ids.shape)}" if isinstance(prompt_ids, Tensor) else ""))
@@ -82,20 +112,32 @@ def generate(
         try:
             window = ids[:, -context:]
             total = window.shape[1] + max_new_tokens - 1  # the last sampled token is never fed back
-            cache = model.new_cache(min(max(total, window.shape[1]), context))
-            logits = model(window, cache=cache, last_only=True)[:, -1]
+            static = static or compile
+            if compile and any(m.adaptive_tol is not None or m.guard for m in model.descent_layers()):
+                raise ValueError("compile=True decodes with fixed steps: turn adaptive_tol and guard off")
+            step = compiled_step(ids.device) if compile else static_step
+
+            def prefill(tokens: Tensor, max_len: int):
+                cache = StaticCache(max_len, tokens.device) if static else model.new_cache(max_len)
+                logits = model(tokens, cache=cache, last_only=True)[:, -1]
+                if static:
+                    cache.advance(tokens.shape[1])
+                return cache, logits
+
+            cache, logits = prefill(window, min(max(total, window.shape[1]), context))
             out = [ids]
             for i in range(max_new_tokens):
                 nxt = sample_next(logits, temperature, top_k, top_p, generator).unsqueeze(-1)
                 out.append(nxt)
                 if i == max_new_tokens - 1:
                     break
-                if cache.length < cache.max_len:
+                if cache.length >= cache.max_len:  # full: rebuild the cache from the most recent tokens
+                    cache, logits = prefill(torch.cat(out, dim=1)[:, -keep:], context)
+                elif static:
+                    logits = step(model, nxt, cache).clone()  # a CUDA graph's output is overwritten by its next replay
+                    cache.advance(1)
+                else:
                     logits = model(nxt, cache=cache)[:, -1]
-                else:  # full: rebuild the cache from the most recent tokens
-                    recent = torch.cat(out, dim=1)[:, -keep:]
-                    cache = model.new_cache(context)
-                    logits = model(recent, cache=cache, last_only=True)[:, -1]
         finally:
             model.train(was_training)
     result = torch.cat(out, dim=1)

@@ -123,10 +123,13 @@ class LanguageModel(nn.Module):
         if torch.compiler.is_compiling():
             return  # the value check would sync and break the graph; shapes were checked above
         values = ids.long() if ids.dtype in (torch.uint16, torch.uint32) else ids  # min/max are not built for these
-        lo, hi = int(values.min()), int(values.max())
-        if lo < 0 or hi >= self.config.vocab_size:
-            bad = lo if lo < 0 else hi
-            raise ValueError(f"token id {bad} is outside the vocabulary [0, {self.config.vocab_size})")
+        lo, hi = torch.aminmax(values)
+        try:  # no host read (on a GPU it stalled every forward until the device caught up): an asynchronous
+            # device assertion there, an immediate error on the CPU, which then names the id
+            torch._assert_async((lo >= 0) & (hi < self.config.vocab_size), "token id outside the vocabulary")
+        except RuntimeError:
+            bad = int(lo) if lo < 0 else int(hi)
+            raise ValueError(f"token id {bad} is outside the vocabulary [0, {self.config.vocab_size})") from None
 
     def forward(
         self,

@@ -10,10 +10,13 @@ short lengths, under bf16 autocast when asked; that is linear in the number of t
 O(L) per layer), so the block's and the rest of the model's counts are extrapolated to `batch` × `seq` and the
 block's is multiplied by the number of layers. The CEM attention runs in the Triton kernel there (Triton's
 interpreter), which saves what it saves on a GPU; without triton the CPU path is counted, a few percent more:
-the attention kind says which kernel that is and what scratch it allocates (`SublayerKind.kernel`).
+the attention kind says which kernel that is and what scratch it allocates (`SublayerKind.kernel`). A plan
+records the path it counted (`MemoryPlan.attention`) and `path_note` says which, with the other path's peak.
+All sizes are in GiB (2^30 bytes), the device's too: a GPU sold as "40 GB" holds 40 GiB.
 
 Validated against one H100 (docs/benchmarks/gpu_h100.md: `cem-t2`, 134M, 2048 tokens, bf16, T = 1..4, each
-checkpointing mode): activations within 10%, peak within 9% (tests/model/test_memory.py). Multi-GPU terms
+checkpointing mode): activations and peak within 15% (what tests/model/test_memory.py checks; the worst
+measured: 10% and 8%). Multi-GPU terms
 (DDP's gradient buckets, FSDP2's shards and all-gathered blocks) follow PyTorch's defaults and have not been
 measured.
 """
@@ -53,6 +56,7 @@ class MemoryPlan:
     optimizer: int  # AdamW's two moments
     activations: int  # what the forward pass keeps for the backward pass (autocast's bf16 weight copies included)
     transient: int  # the largest short-lived allocation at the peak: the loss's gradient, a recomputed block, the kernel's score matrices
+    attention: str | None = None  # the attention backend the activations were counted with (None: no fused kernel to choose)
 
     @property
     def total(self) -> int:
@@ -114,6 +118,28 @@ def _probe_backend(cfg: ModelConfig) -> str:
     return kernel.backend if kernel is not None and kernel.available() else cfg.attn_backend
 
 
+def other_backend(cfg: ModelConfig) -> str | None:
+    """The attention backend a plan could count instead of `_probe_backend`'s: the config's own where the GPU
+    kernel is counted (what a machine without triton counts), else None."""
+    return cfg.attn_backend if _probe_backend(cfg) != cfg.attn_backend else None
+
+
+def path_note(cfg: ModelConfig, plan: "MemoryPlan", other: "MemoryPlan | None" = None) -> str | None:
+    """Which attention path `plan` counted, and `other`'s peak where it differs (None without a fused kernel)."""
+    kernel = ATTENTION_KINDS[cfg.attn].kernel
+    if kernel is None:
+        return None
+    if plan.attention == kernel.backend:
+        text = f"attention path counted: the fused {kernel.backend} kernel a CUDA run uses (in its interpreter here)"
+    else:
+        why = "not installed here" if not kernel.available() else f"attn_backend={cfg.attn_backend}"
+        text = (f"attention path counted: attn_backend={plan.attention}, not the fused {kernel.backend} kernel a CUDA run uses "
+                f"({why}; that kernel keeps a few percent less)")
+    if other is not None and other.total != plan.total:
+        text += f"; counted with attn_backend={other.attention} instead: peak {other.total / GiB:.2f} GiB"
+    return text
+
+
 def deepest(cfg: ModelConfig) -> ModelConfig:
     """`cfg` at the largest training depth it can draw: with random depth (`train_depth` "model" or "layer"),
     every CEM layer at T = `train_depth_max` (a drawn T replaces each layer's own), else `cfg` itself. What
@@ -131,17 +157,18 @@ def depth_note(cfg: ModelConfig) -> str | None:
             f"planned for the deepest draw, T = {cfg.train_depth_max} in every CEM layer")
 
 
-def activation_bytes(cfg: ModelConfig, batch: int, seq: int, precision: str = "bf16", checkpointing: str = "none") -> tuple[int, int]:
+def activation_bytes(cfg: ModelConfig, batch: int, seq: int, precision: str = "bf16", checkpointing: str = "none",
+                     backend: str | None = None) -> tuple[int, int]:
     """(activations of the whole model, activations of one block) for a training forward of `batch` × `seq`
-    tokens, measured on a one-block model at two short lengths and extrapolated (see the module docstring);
-    with random training depth, at the deepest draw (`deepest`)."""
+    tokens, measured on a one-block model at two short lengths and extrapolated (see the module docstring),
+    with the attention on `backend` (default `_probe_backend`); with random training depth, at the deepest draw (`deepest`)."""
     from .lm import LanguageModel
 
     check_choice("precision", precision, PLANNED_PRECISIONS)
     bf16 = precision == "bf16"
     cfg = deepest(cfg)
     probes = _probe_tokens(cfg)
-    small = cfg.replace(n_layers=1, context=max(cfg.context, max(probes)), attn_backend=_probe_backend(cfg))
+    small = cfg.replace(n_layers=1, context=max(cfg.context, max(probes)), attn_backend=backend or _probe_backend(cfg))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         model = LanguageModel(small).train()
@@ -170,9 +197,10 @@ def plan_memory(
     gpus: int = 1,
     parallel: str = "none",
     checkpointing: str = "none",
+    backend: str | None = None,
 ) -> MemoryPlan:
-    """Peak training memory per device for micro-batches of `batch` × `seq` tokens per device; with random
-    training depth, for the deepest draw (`deepest`)."""
+    """Peak training memory per device for micro-batches of `batch` × `seq` tokens per device, the attention
+    counted on `backend` (default `_probe_backend`); with random training depth, for the deepest draw (`deepest`)."""
     from .lm import CHECKPOINTING, LanguageModel
 
     check_positive_int("batch", batch)
@@ -194,22 +222,23 @@ def plan_memory(
         params = 4 * n_params // gpus + 4 * root_params + 2 * 4 * block_params  # shard, the root, two gathered blocks
         grads = 4 * n_params // gpus + 2 * 4 * block_params  # shard, two unreduced blocks
         optimizer = 8 * n_params // gpus
-    activations, per_block = activation_bytes(cfg, batch, seq, precision, checkpointing)
+    backend = backend or _probe_backend(cfg)
+    activations, per_block = activation_bytes(cfg, batch, seq, precision, checkpointing, backend)
     elem = 2 if precision == "bf16" else 4
     transient = batch * seq * cfg.vocab_size * elem  # the logits' gradient at the start of the backward pass
     if checkpointing == "layer":  # one block recomputed in full
-        transient = max(transient, activation_bytes(cfg, batch, seq, precision, "none")[1])
+        transient = max(transient, activation_bytes(cfg, batch, seq, precision, "none", backend)[1])
     kernel = ATTENTION_KINDS[cfg.attn].kernel
     if kernel is not None:  # what the attention kernel allocates at the peak (CEM: the diagonal's score matrix and Σ dS)
         transient = max(transient, kernel.scratch(deepest(cfg).attention_config(), batch, seq, elem))
-    return MemoryPlan(params, grads, optimizer, activations, transient)
+    return MemoryPlan(params, grads, optimizer, activations, transient, backend if kernel is not None else None)
 
 
-def format_plan(plan: MemoryPlan, device_gb: float | None = None) -> str:
-    """The plan as lines of text, and whether it fits a device of `device_gb` GB (10^9 bytes)."""
+def format_plan(plan: MemoryPlan, device_gib: float | None = None) -> str:
+    """The plan as lines of text, and whether it fits a device of `device_gib` GiB (2^30 bytes)."""
     lines = [f"  {name:12s} {value / GiB:8.2f} GiB" for name, value in plan.rows()]
-    if device_gb is not None:
-        ok = plan.fits(int(device_gb * 1e9))
-        lines.append(f"  {'fits' if ok else 'does NOT fit'} a {device_gb:g} GB device "
+    if device_gib is not None:
+        ok = plan.fits(int(device_gib * GiB))
+        lines.append(f"  {'fits' if ok else 'does NOT fit'} a {device_gib:g} GiB device "
                      f"(peak + {CUDA_CONTEXT_BYTES / GiB:g} GiB for the CUDA context: {(plan.total + CUDA_CONTEXT_BYTES) / GiB:.2f} GiB)")
     return "\n".join(lines)

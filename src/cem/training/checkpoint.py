@@ -22,6 +22,7 @@ import errno
 import json
 import os
 import random
+import resource
 import shutil
 from pathlib import Path
 
@@ -109,8 +110,11 @@ def save_checkpoint(directory: Path, cfg: ModelConfig, model_state: dict, traine
         _op("write_manifest", atomic_write_json, tmp / MANIFEST, manifest)
         _op("fsync", _fsync, tmp)
     except BaseException as e:
+        limited = _over_size_limit(tmp) if isinstance(e, Exception) else None
         with contextlib.suppress(OSError):
             _op("rmtree", shutil.rmtree, tmp)
+        if limited is not None:
+            raise OSError(errno.EFBIG, "file size limit (ulimit -f) reached while writing a checkpoint (the previous checkpoint is kept)", str(directory / limited)) from e
         if isinstance(e, Exception) and _disk_full(parent, e):
             raise OSError(errno.ENOSPC, f"no space left on device while writing a checkpoint in {parent} (the previous checkpoint is kept)") from e
         raise
@@ -122,6 +126,15 @@ def save_checkpoint(directory: Path, cfg: ModelConfig, model_state: dict, traine
     _op("rename", os.replace, tmp, directory)
     _op("fsync", _fsync, parent)
     clean_stale(parent, directory.name)
+
+
+def _over_size_limit(folder: Path) -> str | None:
+    """The name of a file in `folder` that reached the file size limit (RLIMIT_FSIZE, `ulimit -f`; Python
+    ignores SIGXFSZ, so the write fails and torch says only "file write failed"), None if none did."""
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if limit == resource.RLIM_INFINITY or not folder.is_dir():
+        return None
+    return next((p.name for p in sorted(folder.iterdir()) if p.is_file() and p.stat().st_size >= limit), None)
 
 
 def _disk_full(parent: Path, e: Exception) -> bool:
@@ -251,7 +264,8 @@ def load_trainer_state(directory: Path) -> dict:
     except FileNotFoundError:
         raise ValueError(f"checkpoint {directory} is incomplete: trainer_state.pt is missing") from None
     except Exception as e:  # noqa: BLE001 - the unpickler raises UnpicklingError, RuntimeError, ...
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        lines = [line.strip() for line in str(e).splitlines() if line.strip()] or [type(e).__name__]
+        first = next((line.split(" was not")[0] for line in lines if line.startswith("WeightsUnpickler error")), lines[0])  # e.g. "Unsupported global: GLOBAL io.open"
         raise ValueError(f"refusing to load {path}: not a plain trainer state (only tensors, numbers and containers are read): {first}") from None
     if not isinstance(state, dict) or "step" not in state:
         raise ValueError(f"refusing to load {path}: not a cem trainer state")
@@ -264,8 +278,18 @@ def load_trainer_state(directory: Path) -> dict:
     return state
 
 
+RESUME_KEYS = ("tokens_seen", "elapsed", "optimizer", "scheduler", "sampler", "rng")  # what a resume reads besides the step
+PER_PROCESS_KEYS = ("sampler", "rng")  # lists of one state per training process
+
+
 def load_checkpoint(directory: Path, map_location: str | torch.device = "cpu") -> tuple[LanguageModel, dict]:
-    """The verified model and trainer state of a checkpoint."""
+    """The verified model and trainer state of a checkpoint; a ValueError naming what a trainer state lacks
+    (`RESUME_KEYS`, a process's entry of `PER_PROCESS_KEYS`)."""
     verify_checkpoint(directory)
     model = load_pretrained(directory, map_location=map_location)
-    return model, load_trainer_state(directory)
+    state = load_trainer_state(directory)
+    lacking = [k for k in RESUME_KEYS if k not in state or (k in PER_PROCESS_KEYS and not (isinstance(state[k], list) and state[k]))]
+    if lacking:
+        raise ValueError(f"checkpoint {directory} is corrupted: its trainer_state.pt holds no {', '.join(lacking)} state, "
+                         "which resuming needs (remove the checkpoint to train from step 0)")
+    return model, state

@@ -16,7 +16,7 @@ import yaml
 
 from ..device import PARALLEL, PRECISIONS
 from ..checks import check_choice, check_finite, check_positive_int
-from ..data.tokenizers import ByteTokenizer
+from ..data.tokenizers import ByteTokenizer, check_spec
 from ..model import ARCHS, SIZES, ModelConfig, model_config
 from ..model.lm import CHECKPOINTING
 
@@ -27,8 +27,8 @@ LLAMA_VOCAB = 32_000  # the paper's Llama tokenizer: the guess for a pretrained 
 class TrainConfig:
     """The paper's recipe (Table 2) as defaults: AdamW, cosine with 5% warm-up to 0.1x, clipping 1.0."""
 
-    data: str = "python-stdlib"
-    """corpus: a named one (`cem data prepare --help` lists them), a local file or folder, or hf:NAME[:CONFIG]"""
+    data: str = "shakespeare"
+    """corpus: shakespeare (embedded), another named one (README 'Data directory'), a local file or folder, or hf:NAME[:CONFIG]"""
     data_dir: str | None = None
     """where named corpora live (default: $CEM_DATA_DIR, else ./data when it holds the corpus, else ~/.cache/cem/data, where `cem data prepare` puts them)"""
     data_encoding: str = "utf-8"
@@ -86,7 +86,7 @@ class TrainConfig:
     parallel: str = "ddp"
     """with torchrun: ddp or fsdp (FSDP2, fully_shard)"""
     activation_checkpointing: str = "none"
-    """recompute activations in the backward pass: layer (each block) or step (each recursion step of a CEM sublayer, memory independent of T)"""
+    """recompute activations in the backward pass: layer (each block: the least memory at any T) or step (each recursion step of a CEM sublayer: memory still grows with T, by one residual per step instead of a step's activations; cem info --memory predicts both)"""
     wandb: bool = False
     """log to Weights & Biases"""
     wandb_project: str = "cem"
@@ -138,6 +138,7 @@ class TrainConfig:
             value = getattr(self, name)
             if not isinstance(value, str) or not value.strip():
                 raise ValueError(f"{name} must name something, got {value!r}")
+        check_spec(self.tokenizer)
         for name, choices in self.CHOICES.items():
             check_choice(name, getattr(self, name), choices)
         try:
@@ -197,8 +198,21 @@ class RunConfig:
         return {"train": dataclasses.asdict(self.train), "model_overrides": dict(self.model_overrides)}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "RunConfig":
-        return cls(TrainConfig(**d["train"]), dict(d.get("model_overrides", {})))
+    def from_dict(cls, d: dict, source: str = "the recorded config") -> "RunConfig":
+        """The config `to_dict` wrote, its values as recorded and checked as TrainConfig and ModelConfig check
+        them; a ValueError naming `source` (e.g. a run's run.json) for a record that is not one."""
+        try:
+            train, model = (d.get("train"), d.get("model_overrides", {})) if isinstance(d, dict) else (None, None)
+            if not isinstance(train, dict) or not isinstance(model, dict):
+                raise ValueError("expected a 'train' mapping of settings (and a 'model_overrides' mapping)")
+            unknown = [f"train.{k}" for k in train if k not in _TRAIN_FIELDS] + [f"model.{k}" for k in model if k not in _MODEL_FIELDS]
+            if unknown:
+                raise ValueError(f"unknown setting {unknown[0]!r} (not a training or model setting of this cem)")
+            run = cls(TrainConfig(**train), dict(model))
+            run.model()
+        except ValueError as e:
+            raise ValueError(f"{source}: recorded settings not usable: {e}") from None
+        return run
 
 
 _TRAIN_FIELDS = {f.name: f for f in fields(TrainConfig)}

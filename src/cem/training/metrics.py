@@ -102,7 +102,7 @@ class MetricsLogger:
             except ImportError:
                 if notices:
                     print("TensorBoard is not installed: metrics go to metrics.jsonl only "
-                          "(pip install 'cem-transformers[tensorboard]', or tensorboard=false to silence this)", file=sys.stderr)
+                          "(pip install -e '.[tensorboard]' in the cem clone, or tensorboard=false to silence this)", file=sys.stderr)
         self.wandb = None
         if wandb_project:
             try:

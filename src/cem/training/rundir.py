@@ -20,19 +20,16 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
-import fcntl
 import hashlib
-import os
 import shutil
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
-from ..io import atomic_write_json, open_no_follow, read_json, refuse_link
+from ..io import LOCK_FILE, LockedError, atomic_write_json, lock_folder, read_json, refuse_link
 from ..model import LanguageModel, ModelConfig, load_pretrained
-from .checkpoint import find_checkpoint, load_checkpoint, load_trainer_state, verify_checkpoint
+from .checkpoint import MANIFEST as CKPT_MANIFEST, find_checkpoint, load_checkpoint, load_trainer_state, verify_checkpoint
 from .config import RunConfig, TrainConfig
 
 # training settings that may change between a run and its resumption without making it a different run
@@ -112,8 +109,7 @@ def _remove_folder(directory: Path) -> None:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-class RunLockedError(ValueError):
-    """Another live process holds the run directory."""
+RunLockedError = LockedError  # another live process holds the run directory
 
 
 class RunDir:
@@ -141,7 +137,7 @@ class RunDir:
 
     @property
     def lock_file(self) -> Path:
-        return self.path / ".lock"
+        return self.path / LOCK_FILE
 
     @property
     def results_json(self) -> Path:
@@ -150,6 +146,11 @@ class RunDir:
     @property
     def metrics_jsonl(self) -> Path:
         return self.path / "metrics.jsonl"
+
+    @property
+    def log_file(self) -> Path:
+        """train.log: every message of the run and a line per logged step, appended by each session."""
+        return self.path / "train.log"
 
     @property
     def metrics_csv(self) -> Path:
@@ -195,37 +196,10 @@ class RunDir:
                 diff.append(f"training setting {key}")
         return diff
 
-    @contextlib.contextmanager
-    def lock(self) -> Iterator[None]:
-        """Hold the run directory for this process (an exclusive flock on `.lock`, which records the pid):
-        a second writer gets a ValueError naming the holder. The kernel drops the lock when the process
-        ends, however it ends, so a crashed run never leaves the directory locked."""
-        created = not self.path.exists()
-        self.path.mkdir(parents=True, exist_ok=True)
-        fd = open_no_follow(self.lock_file, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as e:
-                if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                    raise
-                holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
-                raise RunLockedError(
-                    f"run directory {self.path} is in use by another process (pid {holder}, lock {self.lock_file}); "
-                    "wait for it to finish or stop it, or choose another --out"
-                ) from None
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-            try:
-                yield
-            finally:
-                if created:  # a run that failed before writing anything leaves no folder holding only `.lock`
-                    with contextlib.suppress(OSError):
-                        if [p.name for p in self.path.iterdir()] == [self.lock_file.name]:
-                            self.lock_file.unlink()
-                            self.path.rmdir()
-        finally:
-            os.close(fd)  # releases the flock
+    def lock(self) -> contextlib.AbstractContextManager[None]:
+        """Hold the run directory for this process (`cem.io.lock_folder`: an exclusive flock on `.lock`, which
+        records the pid): a second writer gets a RunLockedError naming the holder."""
+        return lock_folder(self.path, f"run directory {self.path}")
 
     def parts(self) -> tuple[Path, ...]:
         """The folders a run writes here (removed by `clear`)."""
@@ -293,10 +267,10 @@ class RunDir:
         return "resume"
 
     def clear(self) -> None:
-        """Remove what a run writes here (tokenizer, checkpoints, metrics, results, and run.json last); other
+        """Remove what a run writes here (tokenizer, checkpoints, metrics, log, results, and run.json last); other
         files stay. A directory that holds no cem run is left alone (`refuse_foreign`)."""
         self.refuse_foreign()
-        for path in (self.results_json, self.metrics_jsonl, self.metrics_csv):
+        for path in (self.results_json, self.metrics_jsonl, self.metrics_csv, self.log_file):
             path.unlink(missing_ok=True)
         for directory in self.parts():
             _remove_folder(directory)
@@ -328,15 +302,21 @@ class RunDir:
             precision=saved.get("precision", _TRAIN_DEFAULTS["precision"]),
         )
 
+    def recorded_config(self) -> RunConfig | None:
+        """The config the run recorded in run.json (checked as a command line's, errors naming run.json), None
+        if it records none."""
+        recorded = self.read_run()
+        return RunConfig.from_dict(recorded["config"], str(self.run_json)) if recorded is not None and "config" in recorded else None
+
     def train_settings(self) -> dict:
         """The run's training settings (`TrainConfig` as a dict), from run.json or else the checkpoint."""
-        recorded = self.read_run()
-        if recorded is not None and "config" in recorded:
-            return recorded["config"]["train"]
-        ckpt = self.checkpoint()
-        if ckpt is None:
-            raise FileNotFoundError(f"no run.json or checkpoint in {self.path}")
-        return load_trainer_state(ckpt)["run"]["train"]
+        run = self.recorded_config()
+        if run is None:
+            ckpt = self.checkpoint()
+            if ckpt is None:
+                raise FileNotFoundError(f"no run.json or checkpoint in {self.path}")
+            run = RunConfig.from_dict(load_trainer_state(ckpt).get("run"), str(ckpt / "trainer_state.pt"))
+        return dataclasses.asdict(run.train)
 
     # ------------------------------------------------------------------ contents
 
@@ -365,11 +345,18 @@ class RunDir:
         return load_checkpoint(ckpt, map_location)
 
     def load_model(self, map_location: str | torch.device = "cpu") -> LanguageModel:
-        """The model of the run's (verified) checkpoint, or of the directory itself when it is a model
-        saved with `save_pretrained`."""
+        """The model of the run's (verified) checkpoint, or of the directory itself when it is a checkpoint
+        (verified too) or a model saved with `save_pretrained`."""
         if not self.path.exists():
             raise FileNotFoundError(f"no run or model directory at {self.path}")
+        if not self.path.is_dir():
+            raise ValueError(f"{self.path} is a file, not a run or model directory")
         ckpt = self.checkpoint()
+        if ckpt is None and (self.path / CKPT_MANIFEST).is_file():  # a checkpoint folder itself (`--ckpt RUN/ckpt`)
+            ckpt = self.path
+        if ckpt is None and self.run_json.exists():
+            raise FileNotFoundError(f"{self.path} holds a run (run.json) but no checkpoint: {self.ckpt_dir} is missing, so there are no weights "
+                                    "to load (train the run again)")
         if ckpt is not None:
             verify_checkpoint(ckpt)
         return load_pretrained(ckpt if ckpt is not None else self.path, map_location=map_location)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
+import shlex
 import signal
 import sys
 import time
@@ -21,6 +23,7 @@ from tqdm import tqdm
 
 from ..data import SequenceSampler, TokenSplit, build_split, get_tokenizer, load_corpus
 from ..data.tokenshards import find_shards, fingerprint, load_shards
+from ..io import refuse_link
 from ..device import autocast_for, device_name, peak_flops, pick_device
 from ..provenance import provenance
 from ..layers import CEMAttention
@@ -38,6 +41,13 @@ from .schedule import cosine_schedule
 from .throughput import Throughput
 
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+LOG = logging.getLogger("cem.train")  # its handler is the run's log file while `train` runs (main process): `_open_log`
+LOG.propagate = False  # the screen gets the messages from `_say` already
+
+
+def resume_command(rundir: RunDir) -> str:
+    """The command that continues the run in `rundir` (`cem train --resume` reads every setting from its run.json)."""
+    return f"cem train --out {shlex.quote(str(rundir.path))} --resume"
 
 
 class TrainingError(RuntimeError):
@@ -90,8 +100,27 @@ def train(run: RunConfig, out: str | Path, resume: bool = False, progress: bool 
                 rundir.clear()
             barrier(info)
             return _train(run, rundir, resume, progress and info.is_main, stop_at, device, info)
+    except Exception as e:
+        LOG.info(f"stopped: {type(e).__name__}: {e}")  # a diverged run, a full disk ...: in the log too (once it is open)
+        raise
     finally:
+        _close_log()
         shutdown(info)
+
+
+def _open_log(rundir: RunDir) -> None:
+    """From now until `_close_log`, `LOG` (every `_say` message, a line per logged step) appends to the run's
+    `log_file` (train.log), plain text with the time: the run folder keeps what the run printed, however it was started."""
+    handler = logging.FileHandler(refuse_link(rundir.log_file), mode="a", encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%Y-%m-%d %H:%M:%S"))
+    LOG.addHandler(handler)
+    LOG.setLevel(logging.INFO)
+
+
+def _close_log() -> None:
+    for handler in list(LOG.handlers):
+        LOG.removeHandler(handler)
+        handler.close()
 
 
 @dataclass
@@ -147,10 +176,11 @@ def _train(run: RunConfig, rundir: RunDir, resume: bool, progress: bool, stop_at
     budget = Budget.of(t, cfg, seq_len, info.world_size)
     identity = run_identity(run, cfg, tokenizer.name, data_fingerprint)
     status = _claim_run_dir(rundir, identity, run, budget.steps, tokenizer, resume, info)
+    if info.is_main:
+        _open_log(rundir)
     if status == "finished":
-        if progress:
-            print(f"{rundir.path} holds this run, finished ({rundir.results()['steps']} steps); nothing to do "
-                  f"(ask for more steps to extend it, or --overwrite to train it again)", file=sys.stderr)
+        _say(f"{rundir.path} holds this run, finished ({rundir.results()['steps']} steps); nothing to do "
+             f"(ask for more steps to extend it, or --overwrite to train it again)", progress)
         return rundir.results()
     resume = resume or status == "extend"
 
@@ -170,13 +200,18 @@ def _train(run: RunConfig, rundir: RunDir, resume: bool, progress: bool, stop_at
     if saved is not None:
         guard.load_state_dict(saved.get("guard", {}))
     if guard.start_weight_norm is None:
-        guard.start_weight_norm = _weight_norm(model)
+        guard.start_weight_norm = _weight_norm(model).item()
     s = _Session(run, rundir, cfg, device, info, splits, seq_len, budget, progress,
                  model, wrapped, sampler, optimizer, scheduler, state, guard)  # fmt: skip
     stopped = _loop(s, stop_at)
     if stopped is not None:
         return stopped
-    return _finish(s, started, tokenizer.name)
+    try:
+        return _finish(s, started, tokenizer.name)
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM as the command line raises it: the trained weights are saved
+        e.args = (f"during the final evaluation; the trained weights are saved in {rundir.ckpt_dir}: {resume_command(rundir)} evaluates them again",)
+        _say(f"interrupted {e.args[0]}", False)
+        raise
 
 
 def _load_data(run: RunConfig, info: DistInfo):
@@ -223,8 +258,8 @@ def _announce_backend(model: LanguageModel, device: torch.device, progress: bool
     CUDA, resolving "auto" runs the Triton kernel's one-time self-check, eagerly, before torch.compile
     traces the model (inside a graph it cannot run)."""
     chosen = sorted({m.resolved_backend(device) for m in model.modules() if isinstance(m, CEMAttention)})
-    if chosen and progress:
-        print(f"CEM attention backend on {device}: {', '.join(chosen)}", file=sys.stderr)
+    if chosen:
+        _say(f"CEM attention backend on {device}: {', '.join(chosen)}", progress)
 
 
 def _restore(rundir: RunDir, resume: bool, model: LanguageModel, sampler: SequenceSampler, info: DistInfo, steps_total: int, progress: bool):
@@ -234,16 +269,21 @@ def _restore(rundir: RunDir, resume: bool, model: LanguageModel, sampler: Sequen
     if resume and found is None and rundir.results() is not None:
         return rundir.results()  # finished, and its checkpoint removed since
     if found is None:
-        if resume and info.is_main:
-            print(f"--resume: no checkpoint in {rundir.path}; starting from step 0", file=sys.stderr)
+        if resume:
+            _say(f"--resume: no checkpoint in {rundir.path}; starting from step 0", info.is_main)
         return TrainState(), None
     saved_model, saved = load_checkpoint(found)
-    model.load_state_dict(saved_model.state_dict())
+    try:
+        model.load_state_dict(saved_model.state_dict())
+    except RuntimeError:  # torch lists every tensor that differs (kilobytes); say which settings do
+        mine = model.config.to_dict()
+        diff = [f"{k} {v!r} there, {mine.get(k)!r} in run.json" for k, v in saved_model.config.to_dict().items() if mine.get(k) != v]
+        raise ValueError(f"checkpoint {found} holds another model than the run records: the architectures differ "
+                         f"({'; '.join(diff[:3]) + ('; ...' if len(diff) > 3 else '') or 'tensor shapes'})") from None
     sampler.load_state_dict(saved["sampler"][info.rank])
     set_rng_state(saved["rng"][info.rank])
     state = TrainState(saved["step"], saved["tokens_seen"], saved["elapsed"], sessions=list(saved.get("sessions", [])))
-    if progress:
-        print(f"resumed from {found} at step {state.step}/{steps_total}", file=sys.stderr)
+    _say(f"resumed from {found} at step {state.step}/{steps_total}", progress)
     if state.step >= steps_total and rundir.results() is not None:
         return rundir.results()
     return state, saved
@@ -294,6 +334,7 @@ def _loop(s: _Session, stop_at: int | None) -> Interrupted | None:
     s.state.resumed_at = time.perf_counter()
     s.state.sessions.append({**provenance(s.device), "from_step": s.state.step})
     _STDERR.broken = False
+    _say(f"training {s.rundir.path} from step {s.state.step} to {s.budget.steps} on {s.device}", False)
     bar = tqdm(total=s.budget.steps, initial=s.state.step, disable=not s.progress, unit="step", dynamic_ncols=True, file=_STDERR)
     try:
         while s.state.step < s.budget.steps:
@@ -307,10 +348,9 @@ def _loop(s: _Session, stop_at: int | None) -> Interrupted | None:
                 _validate(s, bar, autocast)
             if stop_signal or (stop_at is not None and step >= stop_at and step < s.budget.steps):
                 _checkpoint(s)
-                if stop_signal:
-                    _say(bar, f"stopped by signal {stop_signal[0]} at step {step}; checkpoint saved in {s.rundir.ckpt_dir}; continue with --resume", s.info.is_main)
-                else:
-                    _say(bar, f"stopped at step {step} as asked (--stop-at); checkpoint saved in {s.rundir.ckpt_dir}; continue with --resume", s.progress)
+                why = f"by signal {stop_signal[0]}" if stop_signal else "as asked (--stop-at)"
+                _say(f"stopped at step {step} {why}; checkpoint saved in {s.rundir.ckpt_dir}; continue with: {resume_command(s.rundir)}",
+                     s.info.is_main if stop_signal else s.progress)
                 return Interrupted(step, stop_signal[0] if stop_signal else 0, s.rundir.ckpt_dir)
             if t.save_every and step % t.save_every == 0 and step < s.budget.steps:
                 _checkpoint(s)
@@ -325,10 +365,12 @@ def _loop(s: _Session, stop_at: int | None) -> Interrupted | None:
 
 def _optimizer_step(s: _Session, autocast) -> tuple[float, float, float]:
     """One optimiser step over `grad_accum` micro-batches; returns (loss, gradient norm, learning rate),
-    the loss averaged over micro-batches and processes. A non-finite loss or gradient stops training
-    before the optimiser touches the weights, so the last checkpoint stays the last good state."""
+    the loss averaged over micro-batches and processes. A diverged step (a non-finite loss or gradient, or
+    weights blown up) stops training without saving, so the last checkpoint stays the last good state. The
+    loss, gradient norm and weight norm are read on the host once, after the update: every host read stalls a
+    GPU's queue (there were 2 + grad_accum a step)."""
     t = s.run.train
-    loss_sum = 0.0
+    loss_sum = torch.zeros((), dtype=torch.float64, device=s.device)  # the float64 sum of the float32 losses
     for micro in range(t.grad_accum):
         x, y = s.sampler.next_batch(t.batch_size)
         x, y = x.to(s.device, non_blocking=True), y.to(s.device, non_blocking=True)
@@ -339,18 +381,19 @@ def _optimizer_step(s: _Session, autocast) -> tuple[float, float, float]:
             with autocast:
                 loss = s.wrapped(x, y) / t.grad_accum
             loss.backward()
-        loss_sum += loss.item()
-    grad_norm = torch.nn.utils.clip_grad_norm_(s.model.parameters(), t.grad_clip).item()
+        loss_sum += loss.detach().double()
+    grad_norm = _full(torch.nn.utils.clip_grad_norm_(s.model.parameters(), t.grad_clip))
+    lr = s.scheduler.get_last_lr()[0]  # the rate this step uses
+    s.optimizer.step()
+    s.scheduler.step()
+    s.optimizer.zero_grad(set_to_none=True)
+    loss_sum, grad_norm, weight_norm = torch.stack([loss_sum, grad_norm.double(), _weight_norm(s.model).double()]).tolist()
     loss_value = all_reduce_mean(loss_sum, s.info, s.device)
     problem = s.guard.problem(loss_value, grad_norm)
     if problem is not None:
         raise _diverged(s, f"at step {s.state.step + 1} {problem}")
     s.guard.add(loss_value, grad_norm)
-    lr = s.scheduler.get_last_lr()[0]  # the rate this step uses
-    s.optimizer.step()
-    s.scheduler.step()
-    s.optimizer.zero_grad(set_to_none=True)
-    problem = s.guard.weight_problem(_weight_norm(s.model))
+    problem = s.guard.weight_problem(weight_norm)
     if problem is not None:
         raise _diverged(s, f"at step {s.state.step + 1}: the update made {problem}")
     s.state.step += 1
@@ -358,12 +401,14 @@ def _optimizer_step(s: _Session, autocast) -> tuple[float, float, float]:
     return loss_value, grad_norm, lr
 
 
-def _weight_norm(model: torch.nn.Module) -> float:
-    """The L2 norm of all parameters (of the full model when FSDP shards them)."""
-    total = torch.nn.utils.get_total_norm([p.detach() for p in model.parameters()])
-    if hasattr(total, "full_tensor"):
-        total = total.full_tensor()
-    return total.item()
+def _weight_norm(model: torch.nn.Module) -> torch.Tensor:
+    """The L2 norm of all parameters (of the full model when FSDP shards them), a scalar on their device."""
+    return _full(torch.nn.utils.get_total_norm([p.detach() for p in model.parameters()]))
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    """A plain tensor: the full value of an FSDP-sharded (DTensor) one."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
 def _diverged(s: _Session, what: str) -> TrainingError:
@@ -388,6 +433,8 @@ def _log_step(s: _Session, bar: tqdm, meter: Throughput, loss: float, lr: float,
     if s.logger:
         s.logger.log(s.state.step, **record)
     mfu = {"mfu": f"{record['mfu']:.1%}"} if "mfu" in record else {}
+    _say(f"step {s.state.step}/{s.budget.steps}: loss {loss:.4f}, lr {lr:.3e}, grad norm {grad_norm:.3f}, "
+         f"{record['tokens_per_s']:,.0f} tokens/s" + "".join(f", mfu {v}" for v in mfu.values()), False)  # the bar shows it
     bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{record['tokens_per_s']:,.0f}", **mfu)
 
 
@@ -397,7 +444,7 @@ def _validate(s: _Session, bar: tqdm, autocast) -> None:
     val = evaluate(s.wrapped, s.splits["valid"], s.seq_len, t.batch_size, s.device, t.eval_batches, autocast)
     if s.logger:
         s.logger.log(s.state.step, val_loss=val["loss"], val_perplexity=val["perplexity"], val_bits_per_byte=val["bits_per_byte"])
-    _say(bar, f"step {s.state.step}: val loss {val['loss']:.4f}, ppl {val['perplexity']:.2f}, bpb {val['bits_per_byte']:.4f}", s.progress)
+    _say(f"step {s.state.step}: val loss {val['loss']:.4f}, ppl {val['perplexity']:.2f}, bpb {val['bits_per_byte']:.4f}", s.progress)
 
 
 def _checkpoint(s: _Session) -> None:
@@ -450,6 +497,8 @@ def _finish(s: _Session, started: float, tokenizer_name: str) -> dict:
         metrics = evaluate(s.wrapped, _leading(s.splits[split], n_tokens), s.seq_len, t.batch_size, s.device, None,
                            autocast, progress=s.progress, desc=f"final evaluation, {split}")
         results.update({f"{split}_{k}": v for k, v in metrics.items()})
+        _say(f"final evaluation, {split}: loss {metrics['loss']:.4f}, perplexity {metrics['perplexity']:.2f}, "
+             f"bits per byte {metrics['bits_per_byte']:.4f}", False)  # the progress bar showed it
         results[f"{split}_whole_split"] = n_tokens is None
     results.update(
         {
@@ -469,12 +518,8 @@ def _finish(s: _Session, started: float, tokenizer_name: str) -> dict:
     )
     if s.info.is_main:
         s.rundir.write_results(results)
-        if s.progress:
-            print(
-                f"test loss {results['test_loss']:.4f}, perplexity {results['test_perplexity']:.2f}, "
-                f"bits per byte {results['test_bits_per_byte']:.4f} ({wall:.0f} s training); results in {s.rundir.results_json}",
-                file=sys.stderr,
-            )
+        _say(f"test loss {results['test_loss']:.4f}, perplexity {results['test_perplexity']:.2f}, bits per byte "
+             f"{results['test_bits_per_byte']:.4f} ({wall:.0f} s training); results in {s.rundir.results_json}", s.progress)
     return results
 
 
@@ -538,10 +583,12 @@ class _QuietOnBrokenPipe:
 _STDERR = _QuietOnBrokenPipe(None)  # whatever sys.stderr is at the time of the write (tests capture it)
 
 
-def _say(bar: tqdm, message: str, show: bool) -> None:
-    """A message on stderr that does not break the progress bar (nor the run, if stderr is a dead pipe)."""
+def _say(message: str, show: bool) -> None:
+    """A message for the run's log (`LOG`) and, if `show`, on stderr without breaking the progress bar (nor the
+    run, if stderr is a dead pipe)."""
+    LOG.info(message)
     if show:
-        bar.write(message, file=_STDERR)
+        tqdm.write(message, file=_STDERR)
 
 
 def _gather(obj, info) -> list:

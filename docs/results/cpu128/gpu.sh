@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The cpu128 campaign on a lent GPU machine (issue 35, item 8), in one call of at most ten minutes:
+#
+#   bash docs/results/cpu128/gpu.sh OUTDIR            # on the device machine, from the repository root
+#
+# Local lanes finish about two cpu128 runs an hour (one thread each). A GPU machine is lent for about 15 minutes,
+# so a run counts only if it finishes there: this script trains whole experiments (EXPERIMENTS, default the Llama
+# rate sweep, fig2a and fig2c) in JOBS processes sharing the one GPU, for at most BUDGET seconds, then brings back
+# every finished run folder (results.json, run.json, metrics.jsonl; no checkpoints) as OUTDIR/runs.tgz with a
+# summary of what finished and how fast (OUTDIR/summary.txt). A cpu run on that machine's 16 cores would take
+# 0.7-1.3 h, so none is started there.
+#
+# Runs trained here form their own campaign: they record the GPU as their processor, are never paired with the
+# local lanes' CPU runs, and are unpacked into their own results folder (docs/results/cpu128-<gpu>/). Every run
+# of a comparison must come from one device kind (an H100 and an H200 are two devices).
+#
+# The corpus travels with the call: copy /work/shared/data/wikitext-2 into .gpu-data/ (ignored by git) and
+# name .gpu-data in the call's carry. DRY=1 runs the same steps on the CPU at the smoke scale, in seconds.
+set -uo pipefail
+out=${1:?usage: gpu.sh OUTDIR}
+mkdir -p "$out"
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 OMP_NUM_THREADS=1
+py=${PYTHON:-python3}
+if [ -n "${DRY:-}" ]; then
+  scale=smoke device=cpu exps=${EXPERIMENTS:-fig2a} jobs=${JOBS:-2} budget=${BUDGET:-300} data=${DATA:-}
+else
+  scale=cpu128 device=cuda exps=${EXPERIMENTS:-lr,fig2a,fig2c} jobs=${JOBS:-12} budget=${BUDGET:-480} data=${DATA:-.gpu-data}
+fi
+root=$(mktemp -d /tmp/gpu128.XXXXXX)
+{ date -u +%FT%TZ; git rev-parse HEAD 2>/dev/null || echo "no git"
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null || echo "no nvidia-smi"
+  $py -c "import torch, platform; print('python', platform.python_version(), 'torch', torch.__version__, 'cuda', torch.version.cuda)"
+  echo "scale=$scale device=$device experiments=$exps jobs=$jobs budget=${budget}s"
+} > "$out/env.txt" 2>&1
+cat "$out/env.txt"
+start=$(date +%s)
+# the experiments, stopped at the budget: runs that finished by then are kept, the others are lost with the machine
+timeout --signal=INT --kill-after=30 "$budget" $py -m cem.cli experiment "$exps" --scale "$scale" --device "$device" \
+  --jobs "$jobs" --results "$root/$scale" ${data:+--data-dir "$data"} > "$out/experiment.log" 2>&1
+echo "experiment exit $? after $(( $(date +%s) - start )) s"
+# what finished, and how fast (tokens/s per run, runs an hour over the whole window)
+$py - "$root" "$(( $(date +%s) - start ))" "$jobs" > "$out/summary.txt" 2>&1 <<'PY'
+import json, sys
+from pathlib import Path
+root, wall, jobs = Path(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
+done = sorted(p for p in root.glob("*/runs/*/results.json"))
+print(f"{len(done)} runs finished in {wall:.0f} s with {jobs} processes: {3600 * len(done) / wall:.1f} runs an hour "
+      f"(the two local lanes: about 2)")
+for p in done:
+    r = json.loads(p.read_text())
+    s = (r.get("sessions") or [{}])[-1]
+    print(f"  {p.parent.name}: test ppl {r.get('test_perplexity', float('nan')):.3f}, {r.get('tokens_per_s', float('nan')):,.0f} tokens/s, "
+          f"{r.get('wall_time_s', float('nan')):.0f} s, {s.get('processor')}, torch {s.get('torch')}")
+PY
+cat "$out/summary.txt"
+tar czf "$out/runs.tgz" -C "$root" --exclude=ckpt --exclude=tokenizer --exclude='*.lock' --exclude=.lock . 2>/dev/null
+cp "$out/experiment.log" "$out/experiment.log.txt" 2>/dev/null; rm -f "$out/experiment.log"
+tail -n 5 "$out/experiment.log.txt"
+ls -la "$out"

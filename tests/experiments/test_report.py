@@ -1,0 +1,42 @@
+"""`cem report` of a scale that never speaks (smoke): written without --allow-short, labelled a pipeline check,
+its differences printed without verdicts, p-values or power lines."""
+
+import json
+
+from cem.cli import main
+from cem.experiments import write_report
+from cem.experiments.report import pipeline_scale
+
+ROW = {"label": "Llama micro", "parameters": 1e5, "attention_parameters": 2e4, "mlp_parameters": 5e4, "test_perplexity": 30.0,
+       "test_perplexity_std": 1.0, "test_bits_per_byte": 4.9, "test_bits_per_byte_std": 0.1, "tokens": 384, "tokens_per_llama_parameter": 0.0}
+
+
+def _suite(root, findings: bool):
+    scale = {"name": "smoke" if not findings else "cpu", "data": "tinyshakespeare", "tokenizer": "byte", "sizes": ["micro"], "base": "micro",
+             "seq_len": 32, "batch_size": 4, "grad_accum": 1, "max_steps": 3, "seeds": [0, 1], "recursion_seeds": [0, 1], "findings": findings}
+    finding = {"claim": "CEM attention T=2 beats T=1", "verdict": "inconclusive", "family": "paper", "p": 0.4, "sign": 1,
+               "difference": {"mean": 0.012, "lo": -0.05, "hi": 0.07, "n": 2},
+               "evidence": "p = 0.4; at the observed mean and spread, about 5181 paired seeds would detect it (80% power)"}
+    summary = {"experiment": "fig2c", "question": "attention", "scale": scale, "rows": [ROW], "findings": [finding],
+               "short_runs": ["Llama micro"]}
+    (root / "fig2c").mkdir(parents=True)
+    (root / "fig2c" / "summary.json").write_text(json.dumps(summary))
+    return root
+
+
+def test_a_smoke_suite_reports_pipeline_checks_without_verdicts(tmp_path, capsys):
+    root = _suite(tmp_path / "res", findings=False)
+    assert main(["report", str(root)]) == 0  # no --allow-short: `cem experiment --scale smoke` wrote it
+    report = (root / "report.md").read_text()
+    assert report.startswith("> **Not the paper's protocol: a pipeline check.**") and "## Pipeline checks" in report
+    assert "CEM attention T=2 beats T=1: difference +0.012 [95% CI -0.05, +0.07]" in report
+    for verdict_word in ("held", "inconclusive", "p = ", "p_adj", "paired seeds would detect", "80% power", "## Verdicts"):
+        assert verdict_word not in report, verdict_word
+    assert pipeline_scale([json.loads((root / "fig2c" / "summary.json").read_text())]) == "smoke"
+
+
+def test_a_short_suite_of_a_scale_that_speaks_still_needs_allow_short(tmp_path, capsys):
+    root = _suite(tmp_path / "res", findings=True)
+    assert main(["report", str(root)]) == 2 and "--allow-short" in capsys.readouterr().err
+    report = write_report(root, allow_short=True).read_text()
+    assert "## Verdicts" in report and "inconclusive" in report

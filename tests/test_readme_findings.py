@@ -1,0 +1,29 @@
+"""The README's paragraph of findings quotes the committed report: every figure it gives is in docs/results/cpu/report.md."""
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def findings_section() -> str:
+    text = (ROOT / "README.md").read_text()
+    start = text.index("## What our study has found so far")
+    return text[start : text.index("\n## ", start + 1)]
+
+
+def test_every_figure_of_the_findings_is_in_the_report():
+    section = findings_section()
+    report = (ROOT / "docs/results/cpu/report.md").read_text()
+    figures = re.findall(r"[+-]\d\.\d{4}\b|[+-]\d+\.\d+%|\b\d+ runs\b", section)
+    assert len(figures) >= 8, figures  # the regime check, both fig2a differences and their intervals, the run count
+    missing = [f for f in figures if f not in report]
+    assert not missing, f"README findings quote figures the report does not hold: {missing}"
+
+
+def test_the_findings_link_the_report_and_name_the_paper():
+    text = (ROOT / "README.md").read_text()
+    assert "docs/results/cpu/report.md" in findings_section()
+    first_screen = text[: text.index("## Get it and set it up")]
+    assert "arxiv.org/abs/2605.07588" in first_screen and "Causal Energy Minimization" in first_screen
+    assert "pip install cem-transformers" not in text  # not on the package index
