@@ -1,9 +1,17 @@
+"""`python -m cem` and the `cem` command."""
+
 import sys
 
-try:
-    from .cli import main
-except KeyboardInterrupt:  # Ctrl-C while the command line loads: one line, as during a command
-    sys.stderr.write("cem: error: interrupted (Ctrl-C)\n")
-    sys.exit(130)
 
-sys.exit(main())
+def run() -> int:
+    """The `cem` command (`cem.cli.main`), with a Ctrl-C while its modules load one line, as during a command."""
+    try:
+        from .cli import main
+    except KeyboardInterrupt:
+        sys.stderr.write("cem: error: interrupted (Ctrl-C)\n")
+        return 130
+    return main()
+
+
+if __name__ == "__main__":
+    sys.exit(run())

@@ -459,8 +459,6 @@ def _experiments():
 def cmd_experiment(args) -> int:
     ex = _experiments()
     run_suite, write_report = ex.run_suite, ex.write_report
-    from .experiments.report import pipeline_check
-
     from .checks import check_positive_int
 
     _check_named("--results", args.results, "give a folder, or leave --results out for the default results/SCALE")
@@ -486,18 +484,34 @@ def cmd_experiment(args) -> int:
     if args.plan:
         print(ex.format_plan(ex.plan(args.scale, results, ids, **overrides)))
         return 0
+    if args.analyse_only:
+        summaries, waiting = ex.analyse_finished(args.scale, results, args.data_dir, ids, args.device, **overrides)
+        for i, what in waiting.items():
+            print(f"{i}: not analysed, waiting for {what}")
+        _print_findings(ex, args.scale, summaries)
+        if not summaries:
+            print(f"no experiment has all its runs finished in {results}: no report written")
+            return 0
+        print(f"report: {write_report(results, allow_short=args.allow_short or args.rehearse)}")
+        return 0
     options = {k: v for k, v in (("slurm_partition", args.partition), ("timeout_min", args.time_min), ("gpus_per_node", args.gpus_per_run),
                                  ("cpus_per_task", args.cpus_per_run)) if v is not None}
     launcher = ex.make_launcher(args.launcher, args.jobs, args.devices, args.nproc_per_run, Path(results) / ".submitit",
                                 **options, **ex.slurm_options(args.slurm_option))
-    for summary in run_suite(args.scale, results, args.data_dir, launcher.jobs, ids, args.device, launcher, **overrides):
-        for f in summary["findings"]:  # a scale that never speaks (smoke): differences as pipeline checks, no verdicts
-            print(f"{summary['experiment']}: [{f['verdict']}] {f['claim']} -- {f['evidence']}" if ex.get_scale(args.scale).findings
-                  else f"{summary['experiment']}: pipeline check: {pipeline_check(f)}")
+    _print_findings(ex, args.scale, run_suite(args.scale, results, args.data_dir, launcher.jobs, ids, args.device, launcher, **overrides))
     # the smoke scale's and a rehearsal's runs are short by design (a few steps): the report says so in its first line
     short = args.allow_short or args.rehearse or not ex.get_scale(args.scale).findings
     print(f"report: {write_report(results, allow_short=short)}")
     return 0
+
+
+def _print_findings(ex, scale: str, summaries: list[dict]) -> None:
+    from .experiments.report import pipeline_check
+
+    for summary in summaries:
+        for f in summary["findings"]:  # a scale that never speaks (smoke): differences as pipeline checks, no verdicts
+            print(f"{summary['experiment']}: [{f['verdict']}] {f['claim']} -- {f['evidence']}" if ex.get_scale(scale).findings
+                  else f"{summary['experiment']}: pipeline check: {pipeline_check(f)}")
 
 
 def cmd_report(args) -> int:
@@ -649,6 +663,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-short", action="store_true", dest="allow_short",
                    help="write the report even if runs are short of the Chinchilla budget (its first line says so)")
     p.add_argument("--plan", action="store_true", help="only say what would be trained and evaluated, per experiment, and an estimate of the time")
+    p.add_argument("--analyse-only", action="store_true", dest="analyse_only",
+                   help="train and evaluate nothing: analyse the experiments whose runs have all finished (under the paper's rate rule "
+                        "at least; a rule still waiting is named in the report) and write the report; say what the others wait for")
     p.add_argument("--processor", help="train only on this processor (its model name, e.g. 'AMD EPYC'): refuse elsewhere, and train again "
                                        "any finished run recorded on another, so that no pair of runs crosses processors")
     p.add_argument("--rehearse", action="store_true",

@@ -10,7 +10,8 @@ import pytest
 from cem.experiments import RunSpec, get_scale, run_experiment
 from cem.experiments.lr import pick, sweep_key
 from cem.experiments.registry import EXPERIMENTS, RATE_RULES, own_template, own_templates, variants_under
-from cem.experiments.runner import plan
+from cem.experiments.runner import analyse_finished, plan
+from cem.experiments.report import write_report
 from cem.experiments.scales import LearningRateNotChosen
 from cem.experiments.sweep import run_status, run_sweep
 
@@ -60,6 +61,10 @@ def test_both_rate_rules_end_to_end(corpus, tmp_path, monkeypatch):
     assert rows["CEM attention T=1 learned step"]["lr"] == record["micro-llama"]["lr"]
     assert own["findings"] and all(f["family"] == "paper" for f in own["findings"])
     assert {f["claim"] for f in own["findings"]} <= {f["claim"] for f in summary["findings"]}
+    # --analyse-only on the finished campaign judges it as the run did, training nothing
+    again, waiting = analyse_finished("smoke", root, ids=("fig2c",), **kw)
+    assert waiting == {} and again[0]["pending"] == {}
+    assert again[0]["findings"] == summary["findings"] and again[0]["rules"] == summary["rules"]
 
 
 def test_a_suite_trains_on_its_processor_only(corpus, tmp_path, monkeypatch):
@@ -90,3 +95,39 @@ def test_the_cpu128_scale_reuses_the_committed_cpu_runs():
     assert s.runs(root) == REPO / "docs" / "results" / "cpu" / "runs"
     # at 2e-3, Llama's rate there (the training default, so with the sweep left out the runs are the same runs)
     assert plan("cpu128", root, ("fig2a",), lr_sweep=False)["experiments"]["fig2a"]["finished"] == 9
+
+
+@pytest.mark.slow
+def test_analyse_only_judges_what_has_finished(tmp_path):
+    """`--analyse-only` on the committed cpu128 campaign: fig2c, whose runs at Llama's rate have all finished, is
+    judged under the paper's rule while its own-rate sweep waits (the summary and the report say for what); fig2d,
+    whose runs have not, is not analysed. Nothing is trained or written outside the results folder."""
+    import shutil
+
+    root = tmp_path / "cpu128"
+    (root / "lr").mkdir(parents=True)
+    shutil.copy(REPO / "docs/results/cpu128/lr/choices.json", root / "lr")
+    (tmp_path / "cpu").mkdir()
+    (tmp_path / "cpu" / "runs").symlink_to(REPO / "docs/results/cpu/runs")  # the campaign's runs, read only
+    runs = {p.name: p.stat().st_mtime_ns for p in (REPO / "docs/results/cpu/runs").iterdir()}
+    summaries, waiting = analyse_finished("cpu128", root, ids=("fig2c", "fig2d"), processor="AMD EPYC")
+    assert [s["experiment"] for s in summaries] == ["fig2c"] and set(waiting) == {"fig2d"}
+    assert "runs to train" in waiting["fig2d"]
+    (fig2c,) = summaries
+    assert fig2c["rules"] == {} and "own-rate sweep of cpu128-cem-attn-attn_precond=diag_lowrank" in fig2c["pending"]["own"]
+    assert {f["claim"] for f in fig2c["findings"]} >= {"CEM attention: T=2 improves on T=1 (diag+low-rank preconditioner)"}
+    assert all(r["seeds"] == [0, 1, 2] for r in fig2c["rows"])
+    report = write_report(root).read_text()
+    assert "judged under the paper's rate rule alone" in report and "fig2c: the own-rate sweep of" in report
+    assert {p.name: p.stat().st_mtime_ns for p in (REPO / "docs/results/cpu/runs").iterdir()} == runs
+
+
+@pytest.mark.slow
+def test_a_plan_names_only_decided_own_rates_as_chosen():
+    """`--plan` counts an undecided sweep's runs at a provisional rate but never prints that rate as chosen."""
+    from cem.experiments.runner import format_plan
+
+    p = plan("cpu128", REPO / "docs" / "results" / "cpu128", ("fig2c", "fig2d"), processor="AMD EPYC")
+    chosen = next((line for line in format_plan(p).splitlines() if line.startswith("own rates chosen")), "")
+    assert all(f"{key} " not in chosen for key in p["provisional"])
+    assert all(f"{key} " in chosen for key in p["own_lrs"] if key not in p["provisional"])

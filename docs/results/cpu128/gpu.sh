@@ -15,28 +15,31 @@
 # of a comparison must come from one device kind (an H100 and an H200 are two devices).
 #
 # The corpus travels with the call: copy /work/shared/data/wikitext-2 into .gpu-data/ (ignored by git) and
-# name .gpu-data in the call's carry. DRY=1 runs the same steps on the CPU at the smoke scale, in seconds.
+# name .gpu-data in the call's carry. DRY=1 rehearses the same call on the CPU (the same scale, corpus, experiments
+# and learning-rate sweeps, each run 3 steps: `cem experiment --rehearse`), in a few minutes: run it before a GPU call.
 set -uo pipefail
 out=${1:?usage: gpu.sh OUTDIR}
 mkdir -p "$out"
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 OMP_NUM_THREADS=1
 py=${PYTHON:-python3}
+scale=cpu128 exps=${EXPERIMENTS:-lr,fig2a,fig2c} data=${DATA:-.gpu-data}
 if [ -n "${DRY:-}" ]; then
-  scale=smoke device=cpu exps=${EXPERIMENTS:-fig2a} jobs=${JOBS:-2} budget=${BUDGET:-300} data=${DATA:-}
+  device=cpu jobs=${JOBS:-2} budget=${BUDGET:-600} rehearse=--rehearse
 else
-  scale=cpu128 device=cuda exps=${EXPERIMENTS:-lr,fig2a,fig2c} jobs=${JOBS:-12} budget=${BUDGET:-480} data=${DATA:-.gpu-data}
+  device=cuda jobs=${JOBS:-12} budget=${BUDGET:-480} rehearse=
 fi
+[ -f "$data/wikitext-2/train.txt" ] || { echo "no corpus at $data/wikitext-2: copy /work/shared/data/wikitext-2 into $data (and carry it)" >&2; exit 2; }
 root=$(mktemp -d /tmp/gpu128.XXXXXX)
 { date -u +%FT%TZ; git rev-parse HEAD 2>/dev/null || echo "no git"
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null || echo "no nvidia-smi"
   $py -c "import torch, platform; print('python', platform.python_version(), 'torch', torch.__version__, 'cuda', torch.version.cuda)"
-  echo "scale=$scale device=$device experiments=$exps jobs=$jobs budget=${budget}s"
+  echo "scale=$scale${rehearse:+ (rehearsal)} device=$device experiments=$exps jobs=$jobs budget=${budget}s"
 } > "$out/env.txt" 2>&1
 cat "$out/env.txt"
 start=$(date +%s)
 # the experiments, stopped at the budget: runs that finished by then are kept, the others are lost with the machine
 timeout --signal=INT --kill-after=30 "$budget" $py -m cem.cli experiment "$exps" --scale "$scale" --device "$device" \
-  --jobs "$jobs" --results "$root/$scale" ${data:+--data-dir "$data"} > "$out/experiment.log" 2>&1
+  --jobs "$jobs" --results "$root/$scale" --data-dir "$data" $rehearse > "$out/experiment.log" 2>&1
 echo "experiment exit $? after $(( $(date +%s) - start )) s"
 # what finished, and how fast (tokens/s per run, runs an hour over the whole window)
 $py - "$root" "$(( $(date +%s) - start ))" "$jobs" > "$out/summary.txt" 2>&1 <<'PY'

@@ -3,7 +3,7 @@
 from .launchers import LAUNCHERS, make_launcher, slurm_options
 from .registry import ALL_IDS, EXPERIMENTS, SUITE_ORDER, akima_optimum
 from .report import write_report
-from .runner import format_plan, plan, run_experiment, run_suite
+from .runner import analyse_finished, format_plan, plan, run_experiment, run_suite
 from .scales import SCALES, Scale, get_scale, rehearsal
 from .sweep import RunSpec, Variant, run_sweep
 
@@ -17,6 +17,7 @@ __all__ = [
     "Scale",
     "Variant",
     "akima_optimum",
+    "analyse_finished",
     "format_plan",
     "get_scale",
     "make_launcher",

@@ -392,6 +392,10 @@ def write_report(results_dir: str | Path, allow_short: bool = False) -> Path:
     if missing:
         lines += [f"> **Interim report: {len(missing)} of the {len(suite)} experiments of the scale's suite are not analysed yet "
                   f"({', '.join(missing)}).{'' if pipeline else ' The Holm adjustments are over the findings present, so they will change.'}**", ""]
+    waiting = [(s["experiment"], what) for s in summaries for what in (s.get("pending") or {}).values() if what]
+    if waiting:
+        lines += [f"> **Interim report: {len(waiting)} experiment(s) judged under the paper's rate rule alone**, the second rule (each "
+                  "CEM variant at its own best rate) waiting for its runs: " + "; ".join(f"{i}: {what}" for i, what in waiting) + ".", ""]
     lines += ["# CEM experiments: the paper's findings, checked", ""]
     runs = _runs_of(root, sc, summaries)
     train_h = sum(r.get("train_wall_time_s", r["wall_time_s"]) for r in runs) / 3600

@@ -196,8 +196,8 @@ def format_plan(p: dict) -> str:
     lines = [f"plan at the {p['scale']} scale in {p['results']} (nothing is trained or evaluated by --plan)"]
     if p["chosen_lrs"]:
         lines.append("learning rates chosen: " + ", ".join(f"{z} {lr:g}" for z, lr in p["chosen_lrs"].items()))
-    if p.get("own_lrs"):
-        lines.append("own rates chosen: " + ", ".join(f"{k} {lr:g}" for k, lr in p["own_lrs"].items()))
+    if own := {k: lr for k, lr in (p.get("own_lrs") or {}).items() if k not in p["provisional"]}:  # a provisional rate is not a choice
+        lines.append("own rates chosen: " + ", ".join(f"{k} {lr:g}" for k, lr in own.items()))
     for key, n in p["undecided"].items():
         later = key in p["provisional"]
         lines.append(f"sweep {key} undecided: {n} of its runs to train first" + ("; the runs at its rate are counted at a provisional rate "
@@ -305,7 +305,7 @@ def _estimate_seconds(spec, sc: Scale, runs: Path, sources: dict, rate: float) -
     return seconds, by if scaled else None
 
 
-def _analyse(exp_id: str, sc: Scale, root: Path, results: dict, data_dir: str | None, device: str) -> dict:
+def _analyse(exp_id: str, sc: Scale, root: Path, results: dict, data_dir: str | None, device: str, pending: dict | None = None) -> dict:
     exp = EXPERIMENTS[exp_id]
     out = root / exp_id
     out.mkdir(parents=True, exist_ok=True)
@@ -314,7 +314,7 @@ def _analyse(exp_id: str, sc: Scale, root: Path, results: dict, data_dir: str | 
     rows = summarize(variants, results, sc.seeds_for(exp.seeds)) if variants else []
     findings, extra = exp.analyze(Context(sc, rows, variants, root, out, data_dir, device))
     rules = {}
-    if sc.own_rates and any(v.own_rate for v in variants):  # the headline findings again, each CEM variant at its own rate
+    if sc.own_rates and not (pending or {}).get("own") and any(v.own_rate for v in variants):  # the headline findings again, each CEM variant at its own rate
         own = variants_under(exp, sc, "own")
         own_rows = summarize(own, results, sc.seeds_for(exp.seeds))
         own_findings, _ = exp.analyze(Context(sc, own_rows, own, root, out, data_dir, device))
@@ -330,6 +330,7 @@ def _analyse(exp_id: str, sc: Scale, root: Path, results: dict, data_dir: str | 
         "findings": [f.to_dict() for f in findings],
         "rate_rule": RATE_RULES["paper"],
         "rules": rules,
+        "pending": pending or {},  # a rate rule whose runs have not all finished (`analyse_finished`): what it waits for
         **extra,
         "short_runs": [r["label"] for r in rows if r["tokens"] < r["budget_tokens"]],
         "machine": machine(),
@@ -369,3 +370,53 @@ def run_suite(
         needed = {s: results[s] for s in _specs(exp_id, sc, sc.rate_rules)}
         summaries.append(_analyse(exp_id, sc, root, needed, data_dir, device))
     return summaries
+
+
+def analyse_finished(scale: str = "cpu", results_dir: str | Path | None = None, data_dir: str | None = None, ids=None,
+                     device: str = "auto", **scale_overrides) -> tuple[list[dict], dict[str, str]]:
+    """`cem experiment ... --analyse-only`: the findings a campaign already allows, training and evaluating
+    nothing. Each experiment whose runs under the paper's rule have all finished is analysed as `run_suite`
+    would; where its own-rate rule still waits for a sweep or runs, it is judged under the paper's rule alone
+    and its summary names what the other rule waits for (`pending`). Returns the summaries and, for each
+    experiment not analysed, what it waits for."""
+    from .sweep import run_status
+
+    sc = get_scale(scale, **scale_overrides)
+    ids = tuple(ids or sc.suite or SUITE_ORDER)
+    for i in ids:
+        _check_id(i)
+    root = Path(results_dir or f"results/{scale}")
+    if sc.lr_sweep:  # every size's Llama rate must be decided: it is every variant's rate under the paper's rule
+        for size in [sc.base] + [z for z in sc.sizes if z != sc.base]:
+            state = lr.sweep(sc, lr.llama(size), root, dry=True)
+            if state.best is None:
+                return [], dict.fromkeys(ids, f"the Llama rate sweep at {size} ({_n_runs(len(state.pending))} to train)")
+            sc = lr.with_choice(sc, lr.llama(size), state)
+    products = _products(ids, sc)
+
+    def unfinished(specs: list, at: Scale) -> list:
+        return [s for s in specs if run_status(s, at, root, products.get(s, ())) != "finished"]
+
+    summaries, waiting = [], {}
+    for i in ids:
+        paper = _specs(i, sc)
+        if todo := unfinished(paper, sc):
+            waiting[i] = f"{len(todo)} of its {_n_runs(len(paper))} to train or evaluate"
+            continue
+        at, pending = sc, None
+        for template in own_templates(EXPERIMENTS[i], sc):
+            state = lr.sweep(at, template, root, dry=True)
+            if state.best is None:
+                pending = f"the own-rate sweep of {lr.sweep_key(template)} ({_n_runs(len(state.pending))} to train)"
+                break
+            at = lr.with_choice(at, template, state)
+        if sc.own_rates and pending is None and (todo := unfinished(_specs(i, at, ("own",)), at)):
+            pending = f"{_n_runs(len(todo))} at the CEM variants' own rates to train"
+        results = {s: RunDir(at.runs(root) / s.slug).results() for s in _specs(i, at, ("paper",) if pending else at.rate_rules)}
+        print(f"== {i}" + (f" (own-rate rule waiting for {pending})" if pending else ""), file=sys.stderr, flush=True)
+        summaries.append(_analyse(i, at, root, results, data_dir, device, {"own": pending} if pending else None))
+    return summaries, waiting
+
+
+def _n_runs(n: int) -> str:
+    return f"{n} run{'' if n == 1 else 's'}"
