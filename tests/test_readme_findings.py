@@ -1,4 +1,5 @@
-"""The README's paragraph of findings quotes the committed report: every figure it gives is in docs/results/cpu/report.md."""
+"""The README's paragraph of findings quotes the committed reports: every figure it gives is in docs/results/cpu/report.md
+or docs/results/cpu128/report.md."""
 
 import re
 from pathlib import Path
@@ -14,7 +15,7 @@ def findings_section() -> str:
 
 def test_every_figure_of_the_findings_is_in_the_report():
     section = findings_section()
-    report = (ROOT / "docs/results/cpu/report.md").read_text()
+    report = "\n".join((ROOT / f"docs/results/{scale}/report.md").read_text() for scale in ("cpu", "cpu128"))
     figures = re.findall(r"[+-]\d\.\d{4}\b|[+-]\d+\.\d+%|\b\d+ runs\b", section)
     assert len(figures) >= 8, figures  # the regime check, both fig2a differences and their intervals, the run count
     missing = [f for f in figures if f not in report]
@@ -23,7 +24,7 @@ def test_every_figure_of_the_findings_is_in_the_report():
 
 def test_the_findings_link_the_report_and_name_the_paper():
     text = (ROOT / "README.md").read_text()
-    assert "docs/results/cpu/report.md" in findings_section()
+    assert "docs/results/cpu/report.md" in findings_section() and "docs/results/cpu128/report.md" in findings_section()
     first_screen = text[: text.index("## Get it and set it up")]
     assert "arxiv.org/abs/2605.07588" in first_screen and "Causal Energy Minimization" in first_screen
     assert "pip install cem-transformers" not in text  # not on the package index
