@@ -230,7 +230,8 @@ def main(argv: list[str] | None = None) -> Report:
             "unless --threads) over the steps after a prefill of `context` tokens, all models stepped round-robin; "
             "tokens/s = batch / ms. tok/s ×Llama: per round, Llama's step time / the model's, median [min-max].",
             "cache pass ms / rest ms (--split): the step's median split by the CPU-time shares of one profiled step: ops with an "
-            "operand of context length (attention products over the cache, softmax, bias) against the others (weights, MLP, head).",
+            "operand of context length (attention products over the cache, softmax, bias; CEM's fused CPU decode kernel in bf16) against "
+            "the others (weights, MLP, head).",
             "Llama caches keys and values; CEM caches keys only, or with a key-query diagonal ĥ only (the same bytes): "
             "a decode step reads it once, head k's logit being ĥ_j·(W_K^kᵀ q^k + d_k∘u) (CEMAttention.query_side).",
         ],

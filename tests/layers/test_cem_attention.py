@@ -137,6 +137,7 @@ def test_preconditioner_apply_matches_dense(rand):
     dense = torch.stack([precond_dense(layer.precond, k) for k in range(K)])
     with torch.no_grad():
         torch.testing.assert_close(layer.precond(y), torch.einsum("kde,bke->bkd", dense, y))
+        torch.testing.assert_close(layer.precond.leading(y.transpose(0, 1)), layer.precond(y).transpose(0, 1))  # (K, rows, D)
         torch.testing.assert_close(layer.precond.dense(), dense)
 
 

@@ -78,18 +78,20 @@ def test_optimizer_step_reads_the_host_once():
 
 @pytest.mark.slow
 def test_cem_t2_operators_per_layer():
-    """cem-t2 (T = 2, preconditioners) runs 2.63x Llama's aten operators per layer at the 134M shape (context 64,
-    batch 1: 563 against 214; it was 851, 3.98x; the MLP keeps the unsqueeze around its preconditioner, whose
-    removal saved 8 more but moved the compiled campaign's bits, docs/LOG.md): the preconditioner's einsums (a dozen view operators around
-    each product) are its batched products, the CPU path's matrix products are the bmm calls `@` ran, without the
-    views around them, and its full-range slices and the step's multiplication by η = 1.0 are gone. T = 2 alone
-    is 1.85x (it was 2.05x). Two and three layers: the difference is one layer's operators."""
+    """cem-t2 (T = 2, preconditioners) runs 2.50x Llama's aten operators per layer at the 134M shape (context 64,
+    batch 1: 534 against 214; it was 851, 3.98x, then 563, 2.63x; the MLP keeps the unsqueeze around its
+    preconditioner, whose removal saved 8 more but moved the compiled campaign's bits, docs/LOG.md): the
+    preconditioner's einsums (a dozen view operators around each product) are its batched products, on the
+    attention's folded weight in its own (K, d, D) layout; the CPU path's matrix products are the bmm calls `@`
+    ran, without the views around them, its self bias has a backward of its own (not autograd's copies around an
+    in-place add on a view), and its full-range slices and the step's multiplication by η = 1.0 are gone. T = 2
+    alone is 1.78x (it was 2.05x, then 1.85x). Two and three layers: the difference is one layer's operators."""
     per_layer = {}
     for name in ("Llama", "CEM T=2", "cem-t2"):
         two, three = (count_model(name, "fast", "134M", 64, 1, n).n_ops for n in (2, 3))
         per_layer[name] = three - two
-    assert per_layer["CEM T=2"] <= 1.9 * per_layer["Llama"], per_layer
-    assert per_layer["cem-t2"] <= 2.65 * per_layer["Llama"], per_layer
+    assert per_layer["CEM T=2"] <= 1.8 * per_layer["Llama"], per_layer
+    assert per_layer["cem-t2"] <= 2.5 * per_layer["Llama"], per_layer
 
 
 def test_op_count_report(tmp_path):

@@ -18,7 +18,7 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["FUSED_DTYPES", "QUERY_BLOCK", "FusedKeyAttention", "cpu_cem_attention"]
+__all__ = ["FUSED_DTYPES", "QUERY_BLOCK", "AddSelfBias", "FusedKeyAttention", "cpu_cem_attention"]
 
 QUERY_BLOCK = 64  # rows per causal query block
 FUSED_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)  # the CPU flash kernel's dtypes
@@ -53,6 +53,24 @@ class FusedKeyAttention(torch.autograd.Function):
         p_self = torch.exp(logit - lse)  # (B, K, Jq)
         d_self = (p_self * (grad * (own - out)).sum(-1)).sum(dim=(0, 2))
         return dq, dk + dv, d_self, None, None, None
+
+
+class AddSelfBias(torch.autograd.Function):
+    """scores[:, k, i, offset + i] += s_k in place; the gradient of s is the sum of the diagonal's, without the
+    copies autograd makes around an in-place operator on a view (the whole gradient cloned, the diagonal copied
+    out and back)."""
+
+    @staticmethod
+    def forward(ctx, scores: Tensor, self_bias: Tensor, offset: int):
+        scores.diagonal(offset=offset, dim1=-2, dim2=-1).add_(self_bias.to(scores.dtype)[:, None])
+        ctx.mark_dirty(scores)
+        ctx.offset = offset
+        return scores
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        own = grad.diagonal(offset=ctx.offset, dim1=-2, dim2=-1).contiguous()  # contiguous as autograd's copy: the same bits
+        return grad, own.sum(dim=(0, 2)), None
 
 
 def _fused_ok(q: Tensor, qd: Tensor | None, v: Tensor | None) -> bool:
@@ -96,14 +114,15 @@ def cpu_cem_attention(
         b = min(n_q, a + block)
         last = min(n_k, q_start + b)  # keys this block can see
         kt = _part(k, 2, 0, last).transpose(-1, -2)
-        scores = torch.matmul(_part(qs, 2, a, b), kt)
-        scores += _part(_part(base, 2, a, b), 3, 0, last)
+        scores = _batched(_part(qs, 2, a, b), kt) + _part(_part(base, 2, a, b), 3, 0, last)  # not `+=`: on a view, autograd copies
         if qds is not None:
             hnt = _part(hn, 1, 0, last).transpose(-1, -2).to(qds.dtype)
             term = torch.bmm(_part(qds, 1, a, b), hnt) if qds.dim() == 3 else _part(qds, 2, a, b) @ hnt.unsqueeze(1)
             scores += term.unsqueeze(1) if qds.dim() == 3 else term
-        if self_bias is not None:
+        if self_bias is not None and torch.compiler.is_compiling():  # a graph has no per-operator cost: traced as before (the same bits)
             scores.diagonal(offset=q_start + a, dim1=-2, dim2=-1).add_(self_bias.to(scores.dtype)[:, None])
+        elif self_bias is not None:
+            scores = AddSelfBias.apply(scores, self_bias, q_start + a)
         outs.append(_batched(torch.softmax(scores, dim=-1), _part(values, 2, 0, last)))
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-2)
 

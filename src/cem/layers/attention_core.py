@@ -41,6 +41,7 @@ import torch
 from torch import Tensor
 
 from ..kernels import HAS_TRITON, QUERY_BLOCK, cpu_cem_attention, triton_cem_attention
+from ..kernels.cpu_decode import DecodeKernels, decode_kernels as _decode_kernels
 from ..checks import check_choice
 from .position import Positions, follows_cache
 from .sdpa import sdpa
@@ -64,6 +65,7 @@ __all__ = [
     "diag_scores",
     "fold_diagonal",
     "kernel_slopes",
+    "decode_kernels",
     "resolve_backend",
     "softmax_values",
     "triton_self_check",
@@ -356,6 +358,19 @@ def resolve_backend(backend: str, device: torch.device | str, values: bool = Fal
         if not torch.compiler.is_compiling():  # decided without the self-check: do not keep it
             _RESOLVED[key] = chosen
     return chosen
+
+
+def decode_kernels(*tensors: Tensor, q_start: int | Tensor = 0) -> DecodeKernels | None:
+    """The CPU decode kernels (`cem.kernels.cpu_decode`) for an inference step over `tensors`, or None for the
+    PyTorch forms: bf16 tensors on a CPU where the kernels build and pass their self-check (decided once per
+    process there), widths (last dims) multiples of 32, eager only (not under torch.compile, not a static cache's
+    position tensor), no gradient."""
+    if (
+        any(t.device.type != "cpu" or t.dtype != torch.bfloat16 or t.shape[-1] % 32 for t in tensors) or isinstance(q_start, Tensor)
+        or torch.compiler.is_compiling() or (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
+    ):  # fmt: skip
+        return None
+    return _decode_kernels()
 
 
 def cem_attention(

@@ -17,7 +17,9 @@ from torch import Tensor, nn
 
 from ..checks import check_choice, check_heads, check_residual, check_same_shape
 from ..kernels import DIAG_SCORES_MAX_BYTES
-from .attention_core import IMPLEMENTATIONS, Diagonal, cem_attention, cem_attention_energy, cem_logits, check_backend, resolve_backend, softmax_values
+from .attention_core import (
+    IMPLEMENTATIONS, Diagonal, cem_attention, cem_attention_energy, cem_logits, check_backend, decode_kernels, resolve_backend, softmax_values,
+)  # fmt: skip
 from .position import ALIBI_SLOPES, Positions, follows_cache
 from .norm import RMSNorm
 from .precond import PRECONDITIONERS, make_preconditioner
@@ -179,8 +181,8 @@ class CEMAttention(DescentLayer):
         diagonal term needs the per-head form."""
         if self.precond is None or self._value_diag:
             return None
-        w = self.w_q.weight.view(self.n_heads, self.head_dim, self.dim).transpose(0, 1)  # (d, K, D)
-        return self.precond(w).transpose(0, 1).reshape(self.dim, self.dim)
+        w = self.w_q.weight.view(self.n_heads, self.head_dim, self.dim)  # head k's rows W_Q^k, (K, d, D)
+        return self.precond.leading(w).view(self.dim, self.dim)
 
     def direction(
         self,
@@ -223,16 +225,23 @@ class CEMAttention(DescentLayer):
         Returns (o (B, K, J, d), Σ_j p_kj ĥ_j (B, K, J, D), ε (B, J) if `with_energy` else None)."""
         b, n_heads, j, _ = q.shape
         w = self.w_k.weight.view(n_heads, self.head_dim, self.dim)
-        # bf16 on the CPU: two GEMMs and a float32 softmax (logits and bias in float32) take 3.5 ms a layer at 8k
+        # bf16 on the CPU: the fused kernel of `cem.kernels.cpu_decode` where it runs (ĥ read once, the bias built
+        # in place), else two GEMMs and a float32 softmax (logits and bias in float32) take 3.5 ms a layer at 8k
         # keys on one AMD EPYC thread, SDPA's flash kernel at this head width (D) 5.5 ms; in float32 SDPA is faster
+        kernels = None if with_energy else decode_kernels(q, hn, self.w_k.weight, q_start=q_start)
         explicit = q.device.type == "cpu" and q.dtype == torch.bfloat16 and not with_energy
         query = self._per_head(q, self.w_k.weight)
         diag = self._diagonal(u, hn)
         if diag is not None:
             query = query + (diag.qd.unsqueeze(1) if diag.qd.dim() == 3 else diag.qd)
+        energy = None
+        if kernels is not None:  # 1/τ on the K·J queries, as the two-GEMM form
+            scaled = query.reshape(b, n_heads * j, self.dim) * (1.0 / math.sqrt(self.head_dim))
+            positions = self.positions
+            out = kernels.attention(hn, scaled, positions.slopes(q.device).float(), positions.self_bias.float(), q_start)
+            return self._heads_out(out.view(b, n_heads, j, self.dim), w, energy)
         bias = self.positions.bias(q_start, j, hn.shape[-2], torch.float32 if explicit else q.dtype, q.device)  # (K, J, Jk)
         query, bias, ctx = query.reshape(b, 1, n_heads * j, self.dim), bias.reshape(1, 1, n_heads * j, -1), hn.unsqueeze(1)
-        energy = None
         if with_energy:
             out, lse = softmax_values(query @ ctx.transpose(-1, -2) / math.sqrt(self.head_dim) + bias, ctx)
             energy = -math.sqrt(self.head_dim) * lse.view(b, n_heads, j).sum(dim=1)
@@ -242,7 +251,15 @@ class CEMAttention(DescentLayer):
             out = torch.bmm(torch.softmax(logits, dim=-1).to(hn.dtype), hn).unsqueeze(1)
         else:
             out = sdpa(query, ctx, ctx, bias, scale=1.0 / math.sqrt(self.head_dim), decoding=follows_cache(q_start))
-        out = out.view(b, n_heads, j, self.dim)
+        return self._heads_out(out.view(b, n_heads, j, self.dim), w, energy)
+
+    def _heads_out(self, out: Tensor, w: Tensor, energy: Tensor | None):
+        """(o^k = W_K^k Σ_j p_kj ĥ_j (B, K, J, d), Σ_j p_kj ĥ_j (B, K, J, D), ε) from out = Σ_j p_kj ĥ_j."""
+        b, n_heads, j, _ = out.shape
+        kernels = decode_kernels(out, self.w_k.weight) if self._blocked(out) else None
+        if kernels is not None:  # o^k = W_K^k Σ_j p_kj ĥ_j, each head's rows of W_K read once
+            o = kernels.rows_dot(out.transpose(1, 2).reshape(b * j, n_heads, self.dim), self.w_k.weight)
+            return o.view(b, j, n_heads, self.head_dim).transpose(1, 2), out, energy
         if self._blocked(out):  # the diagonal blocks of (Σ_j p_kj ĥ_j) W_Kᵀ: o^k = W_K^k Σ_j p_kj ĥ_j
             o = (out @ self.w_k.weight.T).view(b, n_heads, j, n_heads, self.head_dim).diagonal(dim1=1, dim2=3).permute(0, 3, 1, 2)
             return o, out, energy
@@ -256,6 +273,10 @@ class CEMAttention(DescentLayer):
     def _per_head(self, x: Tensor, weight: Tensor) -> Tensor:
         """Σ_r x^k_r weight[k·d + r] for every head k: x (B, K, J, d), weight (K·d, D) -> (B, K, J, D); `_blocked`:
         the block-diagonal [δ_kk' x^k] (B, K, J, K·d) times the weight."""
+        kernels = decode_kernels(x, weight) if self._blocked(x) else None
+        if kernels is not None:  # each head's rows of the weight read once (`cem.kernels.cpu_decode`)
+            b, k, j, d = x.shape
+            return kernels.rows_axpy(x.transpose(1, 2).reshape(b * j, k, d), weight).view(b, j, k, self.dim).transpose(1, 2)
         if self._blocked(x):
             eye = torch.eye(self.n_heads, dtype=x.dtype, device=x.device)[:, None, :, None]  # (K, 1, K, 1)
             return (eye * x.unsqueeze(3)).flatten(3) @ weight
@@ -273,8 +294,22 @@ class CEMAttention(DescentLayer):
             diag = self.kq_diag if self.kq_diag.dim() == 2 else self.kq_diag.expand(self.n_heads, -1)
             y = y + diag * o_hn.transpose(1, 2)
         if self.precond is not None:
-            y = self.precond(y)
+            y = self._precondition(y)
         return y.sum(dim=2)
+
+    def _precondition(self, y: Tensor) -> Tensor:
+        """P_k y_k for every position's head outputs y (B, J, K, D): `self.precond`, or for few positions in bf16 on
+        the CPU the decode kernels: U_k (V_kᵀ y) + V_k (U_kᵀ y) as one product with each head's 2R rows [V_kᵀ; U_kᵀ]
+        and one back with [U_kᵀ; V_kᵀ] (a bf16 `bmm` of one row per head is slow there, see `_blocked`)."""
+        p = self.precond
+        kernels = decode_kernels(y, p.p) if p.u is not None and self._blocked(y.transpose(1, 2)) else None
+        if kernels is None:
+            return p(y)
+        b, j, k, dim = y.shape
+        rows = torch.cat([p.v, p.u], dim=-1).transpose(1, 2).reshape(-1, dim)  # (K·2R, D)
+        back = torch.cat([p.u, p.v], dim=-1).transpose(1, 2).reshape(-1, dim)
+        flat = y.reshape(b * j, k, dim)
+        return (p.diagonal() * flat + kernels.rows_axpy(kernels.rows_dot(flat, rows), back)).view(b, j, k, dim)
 
     def reads_query_side(self, n_new: int) -> bool:
         """Whether a cached step of `n_new` tokens reads ĥ through `query_side` (its extra (K-1)·n_new·D

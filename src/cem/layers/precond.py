@@ -50,15 +50,24 @@ class Preconditioner(nn.Module):
 
     def forward(self, y: Tensor) -> Tensor:
         """P_k y_k for y of shape (..., n, D); with n = 1 also y of shape (..., D)."""
-        out = self.diagonal() * y
+        if self.p.shape[0] == 1:
+            return self.leading(y)
+        return self.leading(y.movedim(-2, 0)).movedim(0, -2)
+
+    def leading(self, y: Tensor) -> Tensor:
+        """P_k y[k] for y of shape (n, ..., D), the preconditioners along the first axis; with n = 1 also y of shape
+        (..., D). A y of shape (n, rows, D) is the batched products' layout, taken as it is (no view operators)."""
+        n = self.p.shape[0]
+        diag = self.diagonal()
+        out = (diag if n == 1 else diag.view(n, *[1] * (y.dim() - 2), self.dim)) * y
         if self.u is not None:
             # U (Vᵀ y) + V (Uᵀ y) as the batched products einsum would run (the same bmm calls, so the same bits),
-            # without its reshuffling of views on every call: y is laid out as (n, rows, D) once for both terms
-            n = self.p.shape[0]
-            yn = y.reshape(1, -1, self.dim) if n == 1 else y.movedim(-2, 0).reshape(n, -1, self.dim)
+            # without its reshuffling of views on every call
+            laid_out = y.dim() == 3 and y.shape[0] == n
+            rows = y if laid_out else y.reshape(n, -1, self.dim)
             for a, b in ((self.v, self.u), (self.u, self.v)):
-                term = torch.bmm(torch.bmm(yn, a), b.transpose(1, 2))  # (n, rows, D)
-                out = out + (term.view(y.shape) if n == 1 else term.view(n, *y.shape[:-2], self.dim).movedim(0, -2))
+                term = torch.bmm(torch.bmm(rows, a), b.transpose(1, 2))  # (n, rows, D)
+                out = out + (term if laid_out else term.view(y.shape))
         return out
 
     def dense(self) -> Tensor:
