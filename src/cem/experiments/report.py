@@ -257,7 +257,7 @@ def _opening(summaries: list[dict], short: bool = False) -> list[str]:
                   + "; ".join(f"{z} {'speaks' if ok else 'does not'}" for z, ok in passing.items())
                   + " (the regime check below gives the numbers, and the 6-gram's beside them)."
                   + ("" if speak else " **No size speaks: every finding below is a pipeline check, not evidence about the paper.**"), ""]
-    where = f" at {', '.join(speak)}" if speak else ""
+    where = f" at {', '.join(speak)}" if speak and speak != [scale] else ""  # a scale of one size is named by it
     lines += [
         f"**In plain words:** at the `{scale}` scale{where}, {'with runs short of' if short else 'with every run at'} the paper's budget, "
         f"the paper's findings checked: {_counts([f for _, f in paper])}. Held: the 95% interval of the seed-paired difference "
