@@ -49,3 +49,16 @@ def test_gains_draw_a_group_with_its_one_step_point_only(tmp_path, monkeypatch):
     pairs = sum(sum(r["group"] == g for r in rows) == 2 for g in {r["group"] for r in rows})
     assert len(joined) == pairs == 3
     assert all(len(x) == len(y) == 2 for x, y in joined)
+
+
+def test_recursion_figures_draw_the_training_gap(tmp_path):
+    """fig2c and fig2d add a panel of T=2's training loss minus T=1's through training when the summary has it."""
+    rows, seeds = rows_of("fig2c")
+    gap = {"a": "CEM attention T=2", "b": "CEM attention T=1", "seeds": seeds, "edges": [0, 100, 200, 300],
+           "mean": [0.06, 0.01, 0.003], "low": [0.05, 0.008, 0.002], "high": [0.07, 0.012, 0.004]}
+    plain, with_gap = tmp_path / "plain.png", tmp_path / "gap.png"
+    EXPERIMENTS["fig2c"].plot({"rows": rows, "seeds": seeds}, "fig2c", plain)
+    EXPERIMENTS["fig2c"].plot({"rows": rows, "seeds": seeds, "training_gap": [gap]}, "fig2c", with_gap)
+    import matplotlib.image
+
+    assert matplotlib.image.imread(with_gap).shape[1] > 1.5 * matplotlib.image.imread(plain).shape[1]  # two panels

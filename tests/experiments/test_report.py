@@ -40,3 +40,32 @@ def test_a_short_suite_of_a_scale_that_speaks_still_needs_allow_short(tmp_path, 
     assert main(["report", str(root)]) == 2 and "--allow-short" in capsys.readouterr().err
     report = write_report(root, allow_short=True).read_text()
     assert "## Verdicts" in report and "inconclusive" in report
+
+
+def test_the_training_gap_pairs_each_step_of_the_same_seed(tmp_path):
+    """`training_gap`: per seed, the difference at every logged step both runs have; per stretch, its mean, then
+    the mean and range over the seeds; None when a run has no metrics.jsonl."""
+    import json
+    from dataclasses import replace
+
+    import pytest
+
+    from cem.experiments import EXPERIMENTS, get_scale
+    from cem.experiments.findings import Context, training_gap
+
+    s = replace(get_scale("smoke"), chosen_lrs=(("micro", 2e-3),))
+    variants = EXPERIMENTS["fig2c"].variants(s)
+    spec = {v.label: v.spec for v in variants}
+    rows = [{"label": v.label, "seeds": [0, 1]} for v in variants]
+    a, b = "CEM attention T=2", "CEM attention T=1"
+    ctx = Context(s, rows, variants, tmp_path, tmp_path / "fig2c")
+    assert training_gap(ctx, a, b) is None  # no runs yet
+    for seed, offset in ((0, 0.1), (1, 0.3)):
+        for label, loss in ((a, lambda t: 2.0 + offset * (t <= 20)), (b, lambda t: 2.0)):
+            run = s.runs(tmp_path) / spec[label].with_seed(seed).slug
+            run.mkdir(parents=True)
+            steps = range(5, 45, 5) if label == a else range(5, 41, 5)  # a step only one run logged is not paired
+            (run / "metrics.jsonl").write_text("".join(json.dumps({"step": t, "loss": loss(t)}) + "\n" for t in steps))
+    g = training_gap(ctx, a, b, stretches=2)
+    assert g["edges"] == [0, 20, 40] and g["seeds"] == [0, 1]
+    assert g["mean"] == pytest.approx([0.2, 0.0]) and g["low"] == pytest.approx([0.1, 0.0]) and g["high"] == pytest.approx([0.3, 0.0])

@@ -177,3 +177,35 @@ def adjust(findings: list[Finding]) -> None:
                 f.verdict_adjusted = "inconclusive"
             else:
                 f.verdict_adjusted = "held" if f.difference["mean"] * f.sign > 0 else "not held"
+
+
+def training_gap(c: Context, a: str, b: str, stretches: int = 6) -> dict | None:
+    """The training loss of `a` minus `b` through training, paired by seed (the same seed trains on the same batches
+    in the same order, so each logged step is one paired difference): per stretch of steps, the mean over the
+    stretch's logged steps and then over the seeds, with the seeds' lowest and highest. Whether a gap at the end is
+    closing, steady or opening, and how it started. None where a run's metrics.jsonl is missing."""
+    from ..training.metrics import read_metrics
+
+    spec = {v.label: v.spec for v in c.variants}
+    seeds = [s for s in row(c.rows, a)["seeds"] if s in row(c.rows, b)["seeds"]]
+    runs = c.scale.runs(c.root)
+    curves = []
+    for s in seeds:
+        pair = []
+        for label in (a, b):
+            path = runs / spec[label].with_seed(s).slug
+            if not (path / "metrics.jsonl").is_file():
+                return None
+            pair.append({r["step"]: r["loss"] for r in read_metrics(path) if "loss" in r})
+        curves.append({t: pair[0][t] - pair[1][t] for t in pair[0].keys() & pair[1].keys()})
+    if not curves or not all(curves):
+        return None
+    last = min(max(d) for d in curves)
+    edges = [round(last * i / stretches) for i in range(stretches + 1)]
+    out = {"a": a, "b": b, "seeds": seeds, "edges": edges, "mean": [], "low": [], "high": []}
+    for lo, hi in zip(edges, edges[1:]):
+        per_seed_means = [sum(v for t, v in d.items() if lo < t <= hi) / max(1, sum(1 for t in d if lo < t <= hi)) for d in curves]
+        out["mean"].append(sum(per_seed_means) / len(per_seed_means))
+        out["low"].append(min(per_seed_means))
+        out["high"].append(max(per_seed_means))
+    return out

@@ -81,7 +81,9 @@ def plot_sizes(summary, title, path):
 def plot_steps(summary, title, path):
     """Perplexity against recursion steps T, one line per CEM setting, the Llama baselines dashed (Fig. 2c, 2d)."""
     rows = summary["rows"]
-    fig, ax = plt.subplots(figsize=(5, 4.4))
+    gaps = summary.get("training_gap", [])
+    fig, axes = plt.subplots(1, 1 + bool(gaps), figsize=(5 + 4.6 * bool(gaps), 4.4), squeeze=False)
+    ax = axes[0][0]
     for r, ls in zip((r for r in rows if r["group"].startswith("Llama")), ("--", ":", "-.")):
         ax.axhline(r["test_perplexity"], ls=ls, color=COLORS["Llama"], label=f"{r['label']}")
     for group in dict.fromkeys(r["group"] for r in rows if not r["group"].startswith("Llama")):
@@ -91,7 +93,24 @@ def plot_steps(summary, title, path):
     ax.set_xlabel("recursion steps T")
     ax.set_ylabel("test perplexity")
     ax.legend(fontsize=8)
-    _finish(fig, ax, title, path, _caption(summary) + " Horizontal lines: the Llama baselines (means).")
+    caption = _caption(summary) + " Horizontal lines: the Llama baselines (means)."
+    for g in gaps:  # right: where the difference comes from, through training
+        gx = axes[0][1]
+        mid = [(lo + hi) / 2 for lo, hi in zip(g["edges"], g["edges"][1:])]
+        gx.fill_between(mid, g["low"], g["high"], alpha=0.25)
+        gx.plot(mid, g["mean"], marker="o", label=f"{g['a']} - {g['b']}")
+        gx.axhline(0, color="k", lw=0.8)
+        gx.set_xlabel("training step")
+        gx.set_ylabel("training-loss difference (nats)")
+        gx.legend(fontsize=8)
+        gx.grid(alpha=0.3)
+        caption += (" Right: training loss paired by seed on the same batches, mean over each stretch of steps and over the seeds; "
+                    "band: the lowest and highest seed.")
+    if gaps:
+        ax.grid(alpha=0.3)
+        _finish_panels(fig, title, path, caption)
+    else:
+        _finish(fig, ax, title, path, caption)
 
 
 def _lr_panel(ax, rows: list[dict], groups, key: str, optima: dict) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Callable
 
 from . import analysis, plots
-from .findings import Context, Finding, close, gains_more, lower, not_worse
+from .findings import Context, Finding, close, gains_more, lower, not_worse, training_gap
 from .products import Product
 from .scales import Scale
 from .stats import Interval
@@ -155,18 +155,25 @@ def _recursion_findings(c: Context, kind: str) -> list[Finding]:
     ]
 
 
+def _recursion_gap(c: Context, kind: str) -> dict:
+    """T=2's training loss minus T=1's through training (`training_gap`): where recursion's difference comes from."""
+    name = _sublayer(kind)[3]
+    gap = training_gap(c, f"{name} T=2", f"{name} T=1")
+    return {"training_gap": [gap]} if gap else {}
+
+
 def fig2c_findings(c: Context):
     b = c.scale.base
     return _recursion_findings(c, "attn") + [
         lower(c.rows, "CEM attention T=2", f"Llama {b}", "with T=2 and preconditioners, CEM attention beats Llama attention (RoPE)"),
         lower(c.rows, "CEM attention T=2", f"Llama ALiBi {b}", "with T=2 and preconditioners, CEM attention beats Llama attention with the same ALiBi (position-matched)", family="control"),
-    ], {}
+    ], _recursion_gap(c, "attn")
 
 
 def fig2d_findings(c: Context):
     return _recursion_findings(c, "mlp") + [
         lower(c.rows, f"Llama {c.scale.base}", "CEM MLP T=2", "CEM MLP still trails the gated MLP at T=2 (that the gap narrows with T is the T=2 vs T=1 finding)")
-    ], {}
+    ], _recursion_gap(c, "mlp")
 
 
 # --- fig3a: learning rates ---------------------------------------------------------------------------

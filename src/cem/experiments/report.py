@@ -360,6 +360,14 @@ def _diff(f: dict) -> str:
     return f"difference {d['mean']:+.3g} [95% CI {d['lo']:+.3g}, {d['hi']:+.3g}]"
 
 
+def _gap(g: dict) -> str:
+    """A `training_gap` in words: the paired training-loss difference per stretch of steps."""
+    return (f"Training loss, {g['a']} minus {g['b']}, paired by seed on the same batches (seeds {g['seeds']}; mean over each stretch "
+            "of steps, then over the seeds, [lowest, highest seed]): "
+            + "; ".join(f"steps {lo + 1}-{hi} {m:+.4f} [{l:+.4f}, {h:+.4f}]" for lo, hi, m, l, h in zip(g["edges"], g["edges"][1:], g["mean"], g["low"], g["high"]))
+            + " nats.")
+
+
 def write_report(results_dir: str | Path, allow_short: bool = False) -> Path:
     """Write RESULTS_DIR/report.md from RESULTS_DIR/*/summary.json; refuses results short of the budget
     (a `ShortOfBudget` error) unless `allow_short` or they are of a scale that never speaks (`pipeline_scale`)."""
@@ -486,6 +494,8 @@ def write_report(results_dir: str | Path, allow_short: bool = False) -> Path:
             lines += _answer(s["answer"])
         if "curves" in s:
             lines += _curves(s)
+        for g in s.get("training_gap", []):
+            lines += ["", _gap(g)]
         if "chosen" in s:
             lines += [""] + [f"- {size}: chosen rate {c['lr']:g} (mean validation loss {c['valid_loss']:.4f}, seeds {c['seeds']})"
                              + ("" if c["bracketed"] else " **at an end of the grid: not bracketed**")
