@@ -1027,3 +1027,13 @@ def test_generate_static_flag_gives_the_eager_text(monkeypatch, capsys):
         assert main(["generate", "--ckpt", "run", "--prompt", "ab", "--max-new-tokens", "6", "--temperature", "0", *extra]) == 0
         texts.append(capsys.readouterr().out)
     assert texts[0] == texts[1] and len(texts[0]) > 2
+
+
+def test_analyse_only_trains_nothing_and_says_what_each_experiment_waits_for(tmp_path, capsys):
+    """`cem experiment ... --analyse-only` on a campaign that has not started: no run, no report, and for each
+    experiment one line naming what it waits for."""
+    assert main(["experiment", "fig2c,fig2d", "--scale", "cpu128", "--results", str(tmp_path / "cpu128"), "--analyse-only"]) == 0
+    out = capsys.readouterr().out
+    assert "fig2c: not analysed, waiting for the Llama rate sweep at cpu128 (3 runs to train)" in out
+    assert "fig2d: not analysed" in out and "no report written" in out
+    assert not (tmp_path / "cpu").exists() and not (tmp_path / "cpu128" / "report.md").exists()
