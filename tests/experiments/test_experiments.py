@@ -277,13 +277,15 @@ def test_fig2c_end_to_end_with_resume_and_the_budget_check(corpus, tmp_path, mon
     monkeypatch.setenv("CEM_CACHE_DIR", str(tmp_path / "cache"))
     summary = run_experiment("fig2c", "smoke", tmp_path / "res", **smoke(corpus))
     labels = [r["label"] for r in summary["rows"]]
-    assert labels == ["Llama micro", "Llama ALiBi micro", "CEM attention T=1", "CEM attention T=2", "CEM attention T=1 learned step"]
+    assert labels == ["Llama micro", "Llama ALiBi micro", "CEM attention T=1", "CEM attention T=2", "CEM attention T=1 learned step",
+                      "CEM attention T=2 learned step"]
     assert all(r["seeds"] == [0, 1] and len(r["test_perplexity_per_seed"]) == 2 for r in summary["rows"])
-    assert len(summary["findings"]) == 4 and all(f["difference"]["n"] == 2 for f in summary["findings"])
-    assert [f["family"] for f in summary["findings"]] == ["paper", "control", "paper", "control"]
+    assert len(summary["findings"]) == 5 and all(f["difference"]["n"] == 2 for f in summary["findings"])
+    assert [f["family"] for f in summary["findings"]] == ["paper", "control", "control", "paper", "control"]
+    assert summary["training_gap"][0]["a"] == "CEM attention T=2" and len(summary["training_gap"][0]["mean"]) == 6
     assert summary["short_runs"] == labels  # 3 steps: short of the budget
     assert (tmp_path / "res" / "fig2c" / "fig2c.png").stat().st_size > 1000
-    assert len(list((tmp_path / "res" / "runs").iterdir())) == 10
+    assert len(list((tmp_path / "res" / "runs").iterdir())) == 12
     capsys.readouterr()
     again = run_experiment("fig2c", "smoke", tmp_path / "res", **smoke(corpus))  # everything finished: no training
     assert "0 to train" in capsys.readouterr().err

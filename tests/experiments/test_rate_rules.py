@@ -99,7 +99,7 @@ def test_the_cpu128_scale_reuses_the_committed_cpu_runs():
 
 @pytest.mark.slow
 def test_analyse_only_judges_what_has_finished(tmp_path):
-    """`--analyse-only` on the committed cpu128 campaign: fig2c, whose runs at Llama's rate have all finished, is
+    """`--analyse-only` on the committed cpu128 campaign: fig3a, whose runs at Llama's rate have all finished, is
     judged under the paper's rule while its own-rate sweep waits (the summary and the report say for what); fig2d,
     whose runs have not, is not analysed. Nothing is trained or written outside the results folder."""
     import shutil
@@ -108,21 +108,21 @@ def test_analyse_only_judges_what_has_finished(tmp_path):
     (root / "lr").mkdir(parents=True)
     shutil.copy(REPO / "docs/results/cpu128/lr/choices.json", root / "lr")
     (tmp_path / "cpu" / "runs").mkdir(parents=True)
-    # the committed cpu128 runs of the Llamas and of CEM attention at Llama's rate (read only), none of the own-rate
+    # the committed cpu128 runs of the Llamas and of full CEM at Llama's rate (read only), none of the own-rate
     # sweeps' or of the CEM MLP's: the state the campaign had before those, however far it has gone since
     for run in (REPO / "docs/results/cpu/runs").glob("cpu128-*"):
-        if run.name.startswith("cpu128-llama") or (run.name.startswith("cpu128-cem-attn") and "-lr=" not in run.name):
+        if run.name.startswith(("cpu128-llama", "cpu128-cem-t2")) and "-lr=" not in run.name.replace("cpu128-llama-lr=", ""):
             (tmp_path / "cpu" / "runs" / run.name).symlink_to(run)
     runs = {p.name: p.stat().st_mtime_ns for p in (REPO / "docs/results/cpu/runs").iterdir()}
-    summaries, waiting = analyse_finished("cpu128", root, ids=("fig2c", "fig2d"), processor="AMD EPYC")
-    assert [s["experiment"] for s in summaries] == ["fig2c"] and set(waiting) == {"fig2d"}
+    summaries, waiting = analyse_finished("cpu128", root, ids=("fig3a", "fig2d"), processor="AMD EPYC")
+    assert [s["experiment"] for s in summaries] == ["fig3a"] and set(waiting) == {"fig2d"}
     assert "runs to train" in waiting["fig2d"]
-    (fig2c,) = summaries
-    assert fig2c["rules"] == {} and "own-rate sweep of cpu128-cem-attn-attn_precond=diag_lowrank" in fig2c["pending"]["own"]
-    assert {f["claim"] for f in fig2c["findings"]} >= {"CEM attention: T=2 improves on T=1 (diag+low-rank preconditioner)"}
-    assert all(r["seeds"] == [0, 1, 2] for r in fig2c["rows"])
+    (fig3a,) = summaries
+    assert fig3a["rules"] == {} and fig3a["pending"]["own"].startswith("the own-rate sweep of cpu128-cem-t2 (")
+    assert {f["claim"] for f in fig3a["findings"]} >= {"full CEM (T=2, preconditioners) matches or beats Llama"}
+    assert all(r["seeds"] == [0, 1, 2] for r in fig3a["rows"])
     report = write_report(root).read_text()
-    assert "judged under the paper's rate rule alone" in report and "fig2c: the own-rate sweep of" in report
+    assert "judged under the paper's rate rule alone" in report and "fig3a: the own-rate sweep of" in report
     assert {p.name: p.stat().st_mtime_ns for p in (REPO / "docs/results/cpu/runs").iterdir()} == runs
 
 

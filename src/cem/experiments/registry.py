@@ -143,7 +143,9 @@ def _recursion_variants(s: Scale, kind: str) -> list[Variant]:
     out = [_llama(s, b), _llama_alibi(s, b)] if kind == "attn" else [_llama(s, b)]
     for steps in (1, 2):
         out.append(Variant(f"{name} T={steps}", _spec(s, b, arch, **{steps_key: steps, precond_key: PRECOND}), {"group": name, "steps": steps}, own_rate=True))
-    out.append(Variant(f"{name} T=1 learned step", _spec(s, b, arch, learn_step_size=True, **{precond_key: PRECOND}), {"group": f"{name}, learned step gain", "steps": 1}))
+    for steps in (1, 2):  # the step-length controls: one learned gain multiplies every step (at T=1 the key is left at its default)
+        out.append(Variant(f"{name} T={steps} learned step", _spec(s, b, arch, learn_step_size=True, **{precond_key: PRECOND}, **({steps_key: steps} if steps > 1 else {})),
+                           {"group": f"{name}, learned step gain", "steps": steps}))
     return out
 
 
@@ -152,6 +154,8 @@ def _recursion_findings(c: Context, kind: str) -> list[Finding]:
     return [
         lower(c.rows, f"{name} T=2", f"{name} T=1", f"{name}: T=2 improves on T=1 (diag+low-rank preconditioner)"),
         lower(c.rows, f"{name} T=2", f"{name} T=1 learned step", f"{name}: T=2 improves on T=1 with a learned step gain (more steps, not a longer step)", family="control"),
+        lower(c.rows, f"{name} T=2 learned step", f"{name} T=1 learned step",
+              f"{name}: T=2 improves on T=1 with the step length learned at both (not a step too long or short at T=2)", family="control"),
     ]
 
 
