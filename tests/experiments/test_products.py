@@ -106,6 +106,18 @@ def test_a_run_another_sweep_holds_is_put_off_then_waited_for(corpus, tmp_path, 
     assert all(results[s] is not None and CONTEXT_USE.exists(root / "runs" / s.slug) for s in (held, free))
 
 
+def test_without_wait_a_run_another_sweep_holds_is_left_to_it(corpus, tmp_path, monkeypatch, capfd):
+    """`run_sweep(..., wait=False)`: a run another lane holds comes back as None at once (the caller goes on to other
+    work and comes back to it), not waited for."""
+    scale, root = _setup(corpus, tmp_path, monkeypatch)
+    held = RunSpec.make("micro", "llama", seed=0)
+    with RunDir(root / "runs" / held.slug).lock():  # as the other lane does while it trains the run
+        results = run_sweep([held], scale, root, wait=False)
+    assert results == {held: None}
+    assert f"{held.slug}: run directory" in capfd.readouterr().err
+    assert run_sweep([held], scale, root, wait=False)[held] is not None  # free again: trained
+
+
 def test_a_product_another_sweep_is_computing_is_not_computed_twice(corpus, tmp_path, monkeypatch, capfd):
     """Two lanes that both need a finished run's product: the one that finds the run held waits, then reads
     what the other wrote, instead of evaluating the same weights again."""

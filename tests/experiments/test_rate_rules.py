@@ -135,3 +135,34 @@ def test_a_plan_names_only_decided_own_rates_as_chosen():
     chosen = next((line for line in format_plan(p).splitlines() if line.startswith("own rates chosen")), "")
     assert all(f"{key} " not in chosen for key in p["provisional"])
     assert all(f"{key} " in chosen for key in p["own_lrs"] if key not in p["provisional"])
+
+
+def test_an_experiment_whose_run_another_lane_holds_is_put_off_until_the_others_are_done(tmp_path, monkeypatch, capsys):
+    """Two lanes over the same results: a lane that finds one of an experiment's runs held by the other goes on
+    to its next experiments, and comes back to that one at the end, waiting for the run then."""
+    from cem.experiments import lr, runner
+
+    sc = get_scale("smoke", seeds=(0, 1), recursion_seeds=(0, 1), lr_sweep=True, lrs=(1e-3, 2e-3, 4e-3), lr_extend=1,
+                   lr_sweep_seeds=1, rate_rules=("paper", "own"))
+    at = replace(sc, chosen_lrs=(("micro", 2e-3),))
+    held = next(s for s in runner._specs("fig2c", at) if s not in runner._specs("fig2d", at))  # a run of fig2c only
+    calls = []
+
+    def fake_run_sweep(specs, scale, root, data_dir=None, jobs=1, products=None, wait=True):
+        calls.append(([s.slug for s in specs], wait))
+        return {s: None if (s == held and not wait) else {"run": s.slug} for s in specs}
+
+    def fake_sweep(scale, template, root, data_dir=None, jobs=1, dry=False, rebracket=False, wait=True):
+        return lr.SweepState(2e-3, (1e-3, 2e-3, 4e-3), {})
+
+    monkeypatch.setattr(runner, "run_sweep", fake_run_sweep)
+    monkeypatch.setattr(lr, "sweep", fake_sweep)
+    _, results = runner.train_runs(("fig2c", "fig2d"), sc, tmp_path)
+    waits = [(held.slug in slugs, wait) for slugs, wait in calls]
+    first_fig2d = next(n for n, (slugs, _) in enumerate(calls) if any("mlp" in x for x in slugs))
+    back = next(n for n, (has, wait) in enumerate(waits) if has and wait)
+    assert waits[0] == (True, False) and first_fig2d < back  # fig2d was trained before fig2c's held run was waited for
+    assert all(not wait for _, wait in calls[:back])  # nothing waited before then
+    assert not any(any("mlp" in x for x in slugs) for slugs, _ in calls[back:-1])  # fig2d, finished, is not asked again
+    assert "== back to fig2c: put off while another sweep held their runs" in capsys.readouterr().err
+    assert results[held] == {"run": held.slug}

@@ -15,32 +15,14 @@ WT=$(cd "$(dirname "$0")/../../.." && pwd)      # the frozen worktree this scrip
 MAIN=${1:?the checkout whose docs/results receive the runs}
 DATA=${2:?the folder holding wikitext-2/}
 PROC=${PROC:-AMD EPYC}
-CORE=${CORE:-lr,fig2c,fig2d,fig4,fig3b,positional,fig3a}
 LOGS=${LOGS:-/tmp/suite/logs}
 mkdir -p "$LOGS"
 export PYTHONPATH="$WT/src" OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
-run() { python -m cem.cli experiment "$1" --scale cpu128 --jobs 1 --results "$MAIN/docs/results/cpu128" --data-dir "$DATA" --processor "$PROC"; }
+run() { python -m cem.cli experiment "${IDS:-all}" --scale cpu128 --jobs 1 --results "$MAIN/docs/results/cpu128" --data-dir "$DATA" --processor "$PROC"; }
 
-# lane A: the Llama sweep, then the core experiments in order, then the rest of the suite
-( run "$CORE" && run all ) > "$LOGS/laneA.log" 2>&1 &
-# lane B: starts on the recursion runs at Llama's recorded rate (2e-3, chosen by the cpu suite's seed-0 sweep and
-# re-checked by lane A's sweep), so that it does not wait for lane A's sweep run; then the same commands as lane A
-(
-  sleep 20
-  python - "$MAIN" "$DATA" "$PROC" <<'PY'
-import sys
-from dataclasses import replace
-from pathlib import Path
-from cem.experiments.registry import EXPERIMENTS, variants_under
-from cem.experiments.scales import get_scale
-from cem.experiments.sweep import run_sweep
-main, data, proc = sys.argv[1:]
-sc = replace(get_scale("cpu128", processor=proc), chosen_lrs=(("cpu128", 2e-3),))
-for exp_id in ("fig2c", "fig2d", "fig4"):
-    exp = EXPERIMENTS[exp_id]
-    specs = [v.spec.with_seed(s) for v in variants_under(exp, sc, "paper") for s in (v.seeds or sc.seeds_for(exp.seeds))]
-    run_sweep(specs, sc, Path(main) / "docs/results/cpu128", data)
-PY
-  run "$CORE" && run all
-) > "$LOGS/laneB.log" 2>&1 &
+# two lanes on the same list (`all`: the core experiments first, lr,fig2c,fig2d,fig4,fig3b,positional,fig3a, then the
+# rest): a run one lane holds is left to it, and an experiment waiting on such a run is put off until the lane's other
+# experiments are done, so neither lane waits while work is left
+( run ) > "$LOGS/laneA.log" 2>&1 &
+( sleep 20; run ) > "$LOGS/laneB.log" 2>&1 &
 echo "lanes started: logs in $LOGS (laneA.log, laneB.log); pids $(jobs -p | tr '\n' ' ')"

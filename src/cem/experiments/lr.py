@@ -113,11 +113,12 @@ class SweepState:
 
 
 def sweep(scale: Scale, template: RunSpec, root: Path, data_dir: str | None = None, jobs: int = 1, dry: bool = False,
-          rebracket: bool = False) -> SweepState:
+          rebracket: bool = False, wait: bool = True) -> SweepState:
     """Train the sweep of `template` (a run without its rate and seed) until its chosen rate (`pick`) is
     bracketed. A recorded decision stands: its runs are only trained where missing (and, with `rebracket`, its
     grid grows until the rate the current results pick is bracketed again: module docstring). With `dry`,
-    nothing is trained: the decision the finished runs allow, or the runs it waits for."""
+    nothing is trained: the decision the finished runs allow, or the runs it waits for; without `wait`, runs
+    another sweep holds are left to it (`run_sweep`), and the state names them as pending."""
     key = sweep_key(template)
     size, what = template.size, key[len(template.size) + 1:]
     scale = replace(scale, lr_grids=tuple((k, g) for k, g in scale.lr_grids if k != key))  # the sweep's own first grid
@@ -131,7 +132,7 @@ def sweep(scale: Scale, template: RunSpec, root: Path, data_dir: str | None = No
             results = {s: RunDir(scale.runs(root) / s.slug).results() for s in specs}
         else:
             print(f"== learning-rate sweep: {key}, rates {', '.join(f'{lr:g}' for lr in grid)}", file=sys.stderr, flush=True)
-            results = run_sweep(specs, scale, root, data_dir, jobs)
+            results = run_sweep(specs, scale, root, data_dir, jobs, wait=wait)
         pending = tuple(s for s in specs if results[s] is None)
         if pending or (done and not rebracket):
             return SweepState(done["lr"] if done else None, tuple(sorted(grid)), done["valid_loss"] if done else {}, pending)

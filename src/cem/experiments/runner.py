@@ -77,7 +77,8 @@ def train_runs(ids, sc: Scale, root: Path, data_dir: str | None = None, jobs: in
     extended, where its optimum is not bracketed yet, after the base size's other runs; so is Llama's, where a run
     trained again since its decision has moved its best rate to an end of the grid: `lr.sweep`'s `rebracket`).
     At a scale with the own-rate rule it goes experiment by experiment: its runs at the size's Llama rate,
-    then each own-rate variant's seed-0 sweep, then that variant's runs at the rate chosen."""
+    then each own-rate variant's seed-0 sweep, then that variant's runs at the rate chosen; an experiment whose runs
+    another sweep over the same results holds (a second lane) is put off until the other experiments are done."""
     if not sc.lr_sweep:
         return sc, run_sweep([s for i in ids for s in _specs(i, sc)], sc, root, data_dir, jobs, _products(ids, sc))
     results: dict = {}
@@ -86,12 +87,17 @@ def train_runs(ids, sc: Scale, root: Path, data_dir: str | None = None, jobs: in
         sc = lr.choose(sc, lr.llama(size), root, data_dir, jobs)
         done = replace(sc, sizes=tuple(z for z in sc.sizes if z in order[: n + 1]))
         print(f"== training the runs of {', '.join(ids)} at size {size} ({sc.name} scale)", file=sys.stderr, flush=True)
-        if sc.own_rates:  # experiment by experiment: its runs at the size's Llama rate, its own-rate sweeps, its runs at those
-            for i in ids:
-                results.update(run_sweep(_specs(i, done), done, root, data_dir, jobs, _products(ids, done)))
-                for template in own_templates(EXPERIMENTS[i], done):
-                    done = lr.choose(done, template, root, data_dir, jobs)
-                results.update(run_sweep(_specs(i, done, ("own",)), done, root, data_dir, jobs, _products(ids, done)))
+        if sc.own_rates:  # experiment by experiment (`_experiment_runs`): first each without waiting for a run another
+            left = list(ids)  # sweep over the same results holds (a second lane), then those put off, waiting
+            for wait in (False, True):
+                put_off = []
+                for i in left:
+                    done, res, finished = _experiment_runs(i, ids, done, root, data_dir, jobs, wait)
+                    results.update({s: r for s, r in res.items() if r is not None})
+                    put_off += [] if finished else [i]
+                if put_off and not wait:
+                    print(f"== back to {', '.join(put_off)}: put off while another sweep held their runs", file=sys.stderr, flush=True)
+                left = put_off
             sc = replace(sc, own_lrs=done.own_lrs, lr_grids=done.lr_grids)
             continue
         specs = [s for i in ids for s in _specs(i, done)]
@@ -102,6 +108,21 @@ def train_runs(ids, sc: Scale, root: Path, data_dir: str | None = None, jobs: in
     specs = [s for i in ids for s in _specs(i, sc, sc.rate_rules)]
     results.update(run_sweep(specs, sc, root, data_dir, jobs, _products(ids, sc)))  # everything finished: only reads results
     return sc, results
+
+
+def _experiment_runs(exp_id: str, ids, sc: Scale, root: Path, data_dir: str | None, jobs, wait: bool) -> tuple[Scale, dict, bool]:
+    """One experiment's runs at an own-rate scale: its runs at the size's Llama rate, its variants' own-rate sweeps,
+    and its runs at the rates they chose; returns the scale with those rates, the results, and whether all
+    finished (without `wait`, runs another sweep holds are left to it: `run_sweep`)."""
+    results = run_sweep(_specs(exp_id, sc), sc, root, data_dir, jobs, _products(ids, sc), wait=wait)
+    decided = True
+    for template in own_templates(EXPERIMENTS[exp_id], sc):
+        state = lr.sweep(sc, template, root, data_dir, jobs, wait=wait)
+        decided = decided and state.best is not None
+        sc = lr.with_choice(sc, template, state) if state.best is not None else sc
+    if decided:
+        results.update(run_sweep(_specs(exp_id, sc, ("own",)), sc, root, data_dir, jobs, _products(ids, sc), wait=wait))
+    return sc, results, decided and all(r is not None for r in results.values())
 
 
 def plan(scale: str = "cpu", results_dir: str | Path | None = None, ids=None, **scale_overrides) -> dict:

@@ -206,12 +206,14 @@ def other_processor(res: dict, processor: str) -> str | None:
 
 
 def run_sweep(specs: list[RunSpec], scale: Scale, root: Path, data_dir: str | None = None, jobs: int | launchers.Launcher = 1,
-              products: dict | None = None) -> dict[RunSpec, dict]:
+              products: dict | None = None, wait: bool = True) -> dict[RunSpec, dict | None]:
     """Train every spec not finished yet under `root/runs/`, and compute each spec's `products` (what its
     experiments' analyses read from its weights, `cem.experiments.products`) as soon as it has finished;
     returns the results of all of them. A finished run that lacks a product is evaluated from its
     checkpoint, or trained again where the checkpoint is gone (a run trained on another machine). `jobs`:
-    runs at once on this machine, or where and how the runs train (`cem.experiments.launchers`)."""
+    runs at once on this machine, or where and how the runs train (`cem.experiments.launchers`). A run another
+    sweep over the same results holds is put off until the others are done, then waited for; without `wait`,
+    it is left to that sweep (its result None: the caller comes back to it)."""
     from .products import missing
 
     launcher = jobs if isinstance(jobs, launchers.Launcher) else launchers.ProcessLauncher(jobs)
@@ -243,14 +245,13 @@ def run_sweep(specs: list[RunSpec], scale: Scale, root: Path, data_dir: str | No
     print(f"{len(unique)} runs, {len(unique) - len(todo)} already finished, {len(fresh) + len(again)} to train"
           + (f" ({len(again)} again)" if again else "") + (f", {len(evaluate) - len(again)} to evaluate" if len(evaluate) > len(again) else ""),
           file=sys.stderr, flush=True)
-    # a run another sweep over the same results holds is put off until the others are done, then waited for
     args = [(s, scale, data_dir, str(root), launcher.threads(), launcher.nproc_per_run, products.get(s, ()), False) for s in todo]
     progress = _Progress(len(todo))
 
     def done(a, res) -> tuple | None:
         """The run again, to wait for, if another sweep held it; else its progress line."""
         if isinstance(res, str):
-            return (*a[:-1], True)
+            return (*a[:-1], True) if wait else None
         progress.done(a[0], res, trained=a[0] not in evaluate or a[0] in again)
         return None
 
