@@ -430,6 +430,13 @@ def test_size_trend_recovers_a_linear_gap_in_log_parameters(tmp_path):
     assert fit["mean"] == pytest.approx(slope, abs=2e-3) and fit["lo"] < slope < fit["hi"]
     assert finding.verdict == "held" and finding.family == "ours" and finding.sign == -1
     assert [p["size"] for p in extra["trend"]["CEM vs Llama"]["points"]] == list(sizes)
+    assert "weights 1/se²" in finding.evidence and "nan" not in finding.evidence
+    # a size with one seed has no interval: its point says so, and the fit falls back to equal weights
+    for r in rows[2:4]:
+        r["test_loss_per_seed"] = r["test_loss_per_seed"][:1]
+    (finding,), _ = size_trend(Context(ctx.scale, rows, [], tmp_path, tmp_path), [("CEM", "Llama", "CEM vs Llama")])
+    assert "b " in finding.evidence and "(1 seed, no interval)" in finding.evidence and "nan" not in finding.evidence
+    assert "(equal weights: a size has one seed)" in finding.evidence
 
 
 def test_regime_check_compares_llama_with_an_ngram_on_the_same_tokens(corpus, tmp_path, monkeypatch):

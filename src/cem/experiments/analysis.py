@@ -504,8 +504,8 @@ def size_trend(c: Context, gaps: list[tuple[str, str, str]]) -> tuple[list, dict
             findings.append(Finding(
                 f"(ours) {name}: the gap narrows in CEM's favour as the models grow (slope of the loss gap in log(parameters) < 0)",
                 slope.verdict(-1),
-                "gap per size (nats): " + "; ".join(f"{p['size']}{' (own rate)' if p.get('own_rate') else ''} {p['mean']:+.4f} [{p['lo']:+.4f}, {p['hi']:+.4f}]" for p in pts)
-                + f"; slope on the {len(pts)} size means {slope.mean:+.4f} nats per e-fold of parameters [95% CI {slope.lo:+.4f}, {slope.hi:+.4f}], "
+                "gap per size (nats): " + "; ".join(_point_text(p) for p in pts)
+                + f"; slope on the {len(pts)} size means ({entry['fit']}) {slope.mean:+.4f} nats per e-fold of parameters [95% CI {slope.lo:+.4f}, {slope.hi:+.4f}], "
                 f"p = {slope.p:.2g}, within the tested sizes only"
                 + (f"; at the paper's rule (full CEM at Llama's rate everywhere) {_slope_text(entry['paper_rule'])}" if "paper_rule" in entry else ""),
                 slope.to_dict(), family="ours", p=slope.p, sign=-1,
@@ -520,6 +520,12 @@ def _gap_point(c: Context, a_label: str, b_label: str, size: str, **extra) -> di
     return {"size": size, "parameters": b["parameters"], "log_parameters": math.log(b["parameters"]), **d.to_dict(), **extra}
 
 
+def _point_text(p: dict) -> str:
+    """A size's gap: its mean and 95% interval over seeds (one seed: no interval)."""
+    spread = f"[{p['lo']:+.4f}, {p['hi']:+.4f}]" if p["n"] > 1 else f"({p['n']} seed, no interval)"
+    return f"{p['size']}{' (own rate)' if p.get('own_rate') else ''} {p['mean']:+.4f} {spread}"
+
+
 def _means_fit(points: list[dict]) -> dict:
     """The slope of the gap means in log(parameters), weighted by 1/se² (equal weights where a mean has no
     interval), with the residual scale estimated (statsmodels WLS); {} with fewer than 3 sizes."""
@@ -530,11 +536,11 @@ def _means_fit(points: list[dict]) -> dict:
     x = np.array([p["log_parameters"] for p in points])
     y = np.array([p["mean"] for p in points])
     se = np.array([(p["hi"] - p["mean"]) / _t975(p["n"]) if p["n"] > 1 else math.nan for p in points])
-    w = 1 / se**2 if np.all(np.isfinite(se) & (se > 0)) else np.ones_like(y)
-    fit = sm.WLS(y, sm.add_constant(x), weights=w).fit()
+    weighted = bool(np.all(np.isfinite(se) & (se > 0)))
+    fit = sm.WLS(y, sm.add_constant(x), weights=1 / se**2 if weighted else np.ones_like(y)).fit()
     lo, hi = fit.conf_int(0.05)[1]
     return {"slope": Interval(float(fit.params[1]), float(lo), float(hi), len(points), float(fit.pvalues[1])).to_dict(),
-            "intercept": float(fit.params[0]), "fit": "size means, WLS 1/se²"}
+            "intercept": float(fit.params[0]), "fit": "weights 1/se²" if weighted else "equal weights: a size has one seed"}
 
 
 def _t975(n: int) -> float:

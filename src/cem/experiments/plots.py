@@ -184,9 +184,9 @@ def plot_size_trend(summary, title, path):
     ax.set_xlabel("parameters of the Llama baseline (M)")
     ax.set_ylabel("test loss gap, variant - baseline (nats per token)")
     ax.legend(fontsize=7)
-    n = len(summary.get("seeds", []))
-    _finish(fig, ax, title, path, f"Points: mean paired gap over {n} seeds; error bars: 95% CI of the mean paired gap (t). "
-            "Lines: fits in log(parameters) on the size means, weighted by 1/se² of each mean; the tested range only. Where fig3a "
+    _finish(fig, ax, title, path, "Points: mean paired gap over the size's seeds; error bars: 95% CI of the mean paired gap (t; "
+            "none where a size has one seed). Lines: fits in log(parameters) on the size means, weighted by 1/se² of each mean "
+            "(equal weights where a size has one seed); the tested range only. Where fig3a "
             "was analysed, full CEM's point at the base size is at its own best rate. Below 0: the variant is better.")
 
 
