@@ -413,6 +413,10 @@ def analyse_finished(scale: str = "cpu", results_dir: str | Path | None = None, 
             if state.best is None:
                 return [], dict.fromkeys(ids, f"the Llama rate sweep at {size} ({_n_runs(len(state.pending))} to train)")
             sc = lr.with_choice(sc, lr.llama(size), state)
+            if size == sc.base and "fig3a" in ids and not sc.own_rates:  # fig3a's curves as `train_runs` leaves them
+                for arch in ("cem-t2", "llama"):
+                    state = lr.sweep(sc, RunSpec.make(size, arch), root, dry=True, rebracket=True)
+                    sc = lr.with_choice(sc, RunSpec.make(size, arch), state) if state.best is not None else sc
     products = _products(ids, sc)
 
     def unfinished(specs: list, at: Scale) -> list:
