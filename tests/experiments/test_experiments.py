@@ -282,7 +282,9 @@ def test_fig2c_end_to_end_with_resume_and_the_budget_check(corpus, tmp_path, mon
     assert all(r["seeds"] == [0, 1] and len(r["test_perplexity_per_seed"]) == 2 for r in summary["rows"])
     assert len(summary["findings"]) == 5 and all(f["difference"]["n"] == 2 for f in summary["findings"])
     assert [f["family"] for f in summary["findings"]] == ["paper", "control", "control", "paper", "control"]
-    assert summary["training_gap"][0]["a"] == "CEM attention T=2" and len(summary["training_gap"][0]["mean"]) == 6
+    assert [(g["a"], g["b"]) for g in summary["training_gap"]] == [("CEM attention T=2", "CEM attention T=1"),
+                                                                   ("CEM attention T=2 learned step", "CEM attention T=1 learned step")]
+    assert all(len(g["mean"]) == 6 for g in summary["training_gap"])
     assert summary["short_runs"] == labels  # 3 steps: short of the budget
     assert (tmp_path / "res" / "fig2c" / "fig2c.png").stat().st_size > 1000
     assert len(list((tmp_path / "res" / "runs").iterdir())) == 12

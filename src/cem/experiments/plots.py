@@ -102,12 +102,12 @@ def plot_steps(summary, title, path):
         gx.axhline(0, color="k", lw=0.8)
         gx.set_xlabel("training step")
         gx.set_ylabel("training-loss difference (nats)")
-        gx.legend(fontsize=8)
+        gx.legend(fontsize=7, loc="upper right")
         gx.grid(alpha=0.3)
-        caption += (" Right: training loss paired by seed on the same batches, mean over each stretch of steps and over the seeds; "
-                    "band: the lowest and highest seed.")
     if gaps:
         ax.grid(alpha=0.3)
+        caption += (" Right: training loss paired by seed on the same batches, mean over each stretch of steps and over the seeds; "
+                    "band: the lowest and highest seed.")
         _finish_panels(fig, title, path, caption)
     else:
         _finish(fig, ax, title, path, caption)

@@ -160,10 +160,11 @@ def _recursion_findings(c: Context, kind: str) -> list[Finding]:
 
 
 def _recursion_gap(c: Context, kind: str) -> dict:
-    """T=2's training loss minus T=1's through training (`training_gap`): where recursion's difference comes from."""
+    """T=2's training loss minus T=1's through training (`training_gap`), at η = 1 and with the step gain learned at
+    both: where recursion's difference comes from."""
     name = _sublayer(kind)[3]
-    gap = training_gap(c, f"{name} T=2", f"{name} T=1")
-    return {"training_gap": [gap]} if gap else {}
+    gaps = [g for x in ("", " learned step") if (g := training_gap(c, f"{name} T=2{x}", f"{name} T=1{x}"))]
+    return {"training_gap": gaps} if gaps else {}
 
 
 def fig2c_findings(c: Context):
