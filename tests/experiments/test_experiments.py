@@ -134,6 +134,22 @@ def test_paired_verdicts():
     assert gains_more(g, ("c1", "c2"), ("r1", "r2"), "x").verdict == "not held"
 
 
+def test_runs_pair_by_seed_not_by_position():
+    """A variant with more seeds than its comparison (five for a recursion pair, three for a control) pairs on the
+    seeds both have, whatever their order; a seed whose two runs ran on different processors is left out."""
+    from cem.experiments.findings import by_seed, paired
+
+    a = {"label": "a", "test_perplexity": 3.0, "seeds": [0, 1, 2, 3, 4], "test_loss_per_seed": [1.0, 1.1, 1.2, 9.0, 9.0]}
+    b = {"label": "b", "test_perplexity": 3.1, "seeds": [2, 0, 1], "test_loss_per_seed": [1.25, 1.05, 1.15]}
+    assert by_seed([a, b]) == ([(1.0, 1.05), (1.1, 1.15), (1.2, 1.25)], 0)
+    d = paired([a, b], "a", "b")
+    assert d.n == 3 and d.mean == pytest.approx(-0.05)
+    a["processor_per_seed"] = ["X", "X", "Y", "X", "X"]
+    b["processor_per_seed"] = ["X", "X", "X"]  # seed 2: a on Y, b on X
+    assert by_seed([a, b]) == ([(1.0, 1.05), (1.1, 1.15)], 1)
+    assert "1 seed left out: its runs ran on different processors" in lower([a, b], "a", "b", "a<b").evidence
+
+
 def test_holm_adjustment_by_family():
     """Holm over each family: the smallest p times m, then (m-1), ..., made monotone, capped at 1."""
     fs = [Finding(f"c{i}", "held", "", {"mean": m, "lo": 0, "hi": 0, "n": 3}, fam, p)

@@ -19,7 +19,7 @@ from ..layers import SUBLAYERS
 from ..layers.steps import DescentLayer
 from ..model.flops import forward_flops_per_token
 from ..training import RunDir
-from .findings import Context, Finding, row, same_processor
+from .findings import Context, Finding, by_seed, row
 from .products import Product
 from .stats import Interval, mean_std
 
@@ -578,8 +578,7 @@ def _rate_fair(c: Context, variant: str, baseline: str, points: list[dict]) -> l
 
 def d_values(a: dict, b: dict) -> list[float]:
     """Per-seed test-loss differences a - b (paired by seed; a seed whose runs ran on two processors is left out)."""
-    keep = same_processor(a, b)
-    return [x - y for x, y, k in zip(a["test_loss_per_seed"], b["test_loss_per_seed"], keep) if k]
+    return [x - y for x, y in by_seed([a, b])[0]]
 
 
 REGIME_ORDER = 5  # the n-gram a regime must beat before it can speak to attention claims

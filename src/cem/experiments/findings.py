@@ -101,22 +101,28 @@ def _planning(d: Interval, verdict: str, sign: int = 1) -> str:
     return f"; at the observed mean and spread, about {n} paired seeds would detect it{side} (80% power)" if n else ""
 
 
-def same_processor(*rs: dict) -> list[bool]:
-    """Per seed, whether the runs of these rows ran on one processor (rows without a record: assumed so)."""
-    procs = [r.get("processor_per_seed") or [None] * len(r["test_loss_per_seed"]) for r in rs]
-    return [len({p for p in ps if p is not None}) <= 1 for ps in zip(*procs)]
+def by_seed(rs: list[dict], key: str = "test_loss") -> tuple[list[tuple[float, ...]], int]:
+    """The rows' per-seed values of `key`, one tuple per seed they all have (paired by seed, not by position: a
+    variant may have more seeds than another), leaving out a seed whose runs ran on different processors
+    (another processor sums floats in another order: never paired); and how many seeds were left out so."""
+    def by(r: dict, values: list | None) -> dict:
+        return dict(zip(r.get("seeds") or range(len(r["test_loss_per_seed"])), values or []))
+
+    values = [by(r, r[key + "_per_seed"]) for r in rs]
+    procs = [by(r, r.get("processor_per_seed")) for r in rs]
+    common = [s for s in values[0] if all(s in v for v in values[1:])]
+    keep = [s for s in common if len({p[s] for p in procs if p.get(s) is not None}) <= 1]
+    return [tuple(v[s] for v in values) for s in keep], len(common) - len(keep)
 
 
 def paired(rows, a: str, b: str) -> Interval:
-    """The interval of loss(a) - loss(b), paired by seed; a seed whose two runs ran on different processors is
-    left out (another processor sums floats in another order: never paired)."""
+    """The interval of loss(a) - loss(b), paired by seed (`by_seed`)."""
     return _paired(rows, a, b)[0]
 
 
 def _paired(rows, a: str, b: str) -> tuple[Interval, int]:
-    keep = same_processor(row(rows, a), row(rows, b))
-    d = [x - y for x, y, k in zip(per_seed(rows, a), per_seed(rows, b), keep) if k]
-    return Interval.of(d), keep.count(False)
+    pairs, dropped = by_seed([row(rows, a), row(rows, b)])
+    return Interval.of([x - y for x, y in pairs]), dropped
 
 
 def lower(rows, better: str, worse: str, claim: str, family: str = "paper") -> Finding:
@@ -153,13 +159,13 @@ def not_worse(rows, a: str, b: str, claim: str, margin: float, note: str = "", f
 
 def gains_more(rows, reuse: tuple[str, str], cem: tuple[str, str], claim: str, family: str = "paper") -> Finding:
     """Claim: going from `cem[0]` to `cem[1]` lowers the loss more than going from `reuse[0]` to `reuse[1]`."""
-    keep = same_processor(*(row(rows, label) for label in (*cem, *reuse)))
-    g_cem = [a - b for a, b, k in zip(per_seed(rows, cem[0]), per_seed(rows, cem[1]), keep) if k]
-    g_reuse = [a - b for a, b, k in zip(per_seed(rows, reuse[0]), per_seed(rows, reuse[1]), keep) if k]
+    quads, dropped = by_seed([row(rows, label) for label in (*cem, *reuse)])
+    g_cem = [c0 - c1 for c0, c1, _, _ in quads]
+    g_reuse = [r0 - r1 for _, _, r0, r1 in quads]
     d = Interval.of([c - r for c, r in zip(g_cem, g_reuse)])
     evidence = (
         f"loss gain {cem[0]} → {cem[1]}: {Interval.of(g_cem).mean:+.4f} nats; plain reuse {reuse[0]} → {reuse[1]}: "
-        f"{Interval.of(g_reuse).mean:+.4f} nats; difference of gains {_nats(d, keep.count(False))}{_planning(d, d.verdict(+1))}{_power(d)}"
+        f"{Interval.of(g_reuse).mean:+.4f} nats; difference of gains {_nats(d, dropped)}{_planning(d, d.verdict(+1))}{_power(d)}"
     )
     return Finding(claim, d.verdict(+1), evidence, d.to_dict(), family, d.p)
 
