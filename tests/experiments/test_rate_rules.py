@@ -166,3 +166,22 @@ def test_an_experiment_whose_run_another_lane_holds_is_put_off_until_the_others_
     assert not any(any("mlp" in x for x in slugs) for slugs, _ in calls[back:-1])  # fig2d, finished, is not asked again
     assert "== back to fig2c: put off while another sweep held their runs" in capsys.readouterr().err
     assert results[held] == {"run": held.slug}
+
+
+def test_a_recursion_pair_can_train_more_seeds_than_its_controls():
+    """cpu128's fig2c: three seeds did not resolve half the observed T=2 - T=1 difference, so its T=1/T=2 pair
+    trains five (under both rate rules) while its controls and the Llamas keep three; fig2d is not extended."""
+    from cem.experiments import plots, runner
+
+    s = replace(get_scale("cpu128"), chosen_lrs=(("cpu128", 2e-3),))
+    pair = ("CEM attention T=1", "CEM attention T=2")
+    for rule, at in (("paper", s), ("own", replace(s, own_lrs=tuple((sweep_key(t), 2e-3) for t in own_templates(EXPERIMENTS["fig2c"], s))))):
+        seeds: dict = {}
+        for v, seed in runner._runs("fig2c", at, rule):
+            seeds.setdefault(v.label, []).append(seed)
+        assert all(seeds[label] == [0, 1, 2, 3, 4] for label in pair)
+        assert all(got == [0, 1, 2] for label, got in seeds.items() if label not in pair) and len(seeds) == 6
+    assert {seed for _, seed in runner._runs("fig2d", s)} == {0, 1, 2}
+    rows = [{"seeds": [0, 1, 2]}, {"seeds": [0, 1, 2, 3, 4]}]
+    assert "over each variant's (3/5) seeds" in plots._caption({"seeds": [0, 1, 2], "rows": rows})
+    assert "over 3 seeds" in plots._caption({"seeds": [0, 1, 2], "rows": rows[:1]})

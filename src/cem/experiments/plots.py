@@ -25,7 +25,8 @@ def _err(r: dict, key: str = "test_perplexity") -> float:
 
 
 def _caption(summary: dict) -> str:
-    n = len(summary.get("seeds", []))
+    counts = sorted({len(r["seeds"]) for r in summary.get("rows", []) if "seeds" in r}) or [len(summary.get("seeds", []))]
+    n = f"{counts[0]}" if len(counts) == 1 else f"each variant's ({'/'.join(map(str, counts))})"
     return f"Points: mean test perplexity over {n} seeds; error bars: 95% confidence interval of the mean (t, {n} seeds)."
 
 

@@ -137,12 +137,14 @@ def _sublayer(kind: str) -> tuple[str, str, str, str]:
     return ("cem-attn", "attn_steps", "attn_precond", "CEM attention") if kind == "attn" else ("cem-mlp", "mlp_steps", "mlp_precond", "CEM MLP")
 
 
-def _recursion_variants(s: Scale, kind: str) -> list[Variant]:
+def _recursion_variants(s: Scale, kind: str, exp_id: str) -> list[Variant]:
     arch, steps_key, precond_key, name = _sublayer(kind)
     b = s.base
     out = [_llama(s, b), _llama_alibi(s, b)] if kind == "attn" else [_llama(s, b)]
+    pair = dict(s.pair_seeds).get(exp_id)  # the T=1/T=2 pair's own seeds, where it has more than the controls
     for steps in (1, 2):
-        out.append(Variant(f"{name} T={steps}", _spec(s, b, arch, **{steps_key: steps, precond_key: PRECOND}), {"group": name, "steps": steps}, own_rate=True))
+        out.append(Variant(f"{name} T={steps}", _spec(s, b, arch, **{steps_key: steps, precond_key: PRECOND}), {"group": name, "steps": steps},
+                           pair, own_rate=True))
     for steps in (1, 2):  # the step-length controls: one learned gain multiplies every step (at T=1 the key is left at its default)
         out.append(Variant(f"{name} T={steps} learned step", _spec(s, b, arch, learn_step_size=True, **{precond_key: PRECOND}, **({steps_key: steps} if steps > 1 else {})),
                            {"group": f"{name}, learned step gain", "steps": steps}))
@@ -484,8 +486,8 @@ EXPERIMENTS: dict[str, Experiment] = {
                    products=lr_products),
         Experiment("fig2a", "CEM attention (T=1) vs Llama attention, per model size", fig2a_variants, fig2a_findings, plots.plot_sizes),
         Experiment("fig2b", "CEM MLP (T=1) vs gated MLP, dimension- and parameter-matched", fig2b_variants, fig2b_findings, plots.plot_sizes),
-        Experiment("fig2c", "recursion and preconditioners in CEM attention", lambda s: _recursion_variants(s, "attn"), fig2c_findings, plots.plot_steps, "recursion"),
-        Experiment("fig2d", "recursion and preconditioners in the CEM MLP", lambda s: _recursion_variants(s, "mlp"), fig2d_findings, plots.plot_steps, "recursion"),
+        Experiment("fig2c", "recursion and preconditioners in CEM attention", lambda s: _recursion_variants(s, "attn", "fig2c"), fig2c_findings, plots.plot_steps, "recursion"),
+        Experiment("fig2d", "recursion and preconditioners in the CEM MLP", lambda s: _recursion_variants(s, "mlp", "fig2d"), fig2d_findings, plots.plot_steps, "recursion"),
         Experiment("fig3a", "full CEM (T=2, diag+low-rank) vs Llama over learning rates", fig3a_variants, fig3a_findings, plots.plot_lr),
         Experiment("fig3b", "key-query diagonal: none / shared / per head", fig3b_variants, fig3b_findings, plots.plot_points),
         Experiment("fig3c", "within-layer recursion vs plain layer reuse (MLP)", fig3c_variants, fig3c_findings, plots.plot_gains, "recursion"),
