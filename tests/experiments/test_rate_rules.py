@@ -185,3 +185,27 @@ def test_a_recursion_pair_can_train_more_seeds_than_its_controls():
     rows = [{"seeds": [0, 1, 2]}, {"seeds": [0, 1, 2, 3, 4]}]
     assert "over each variant's (3/5) seeds" in plots._caption({"seeds": [0, 1, 2], "rows": rows})
     assert "over 3 seeds" in plots._caption({"seeds": [0, 1, 2], "rows": rows[:1]})
+
+
+def test_two_lanes_deciding_two_sweeps_at_once_both_land_in_the_record(tmp_path, monkeypatch):
+    """The rate record is read and written under its folder's lock: concurrent writers of different sweeps lose
+    nothing; a lock that is never released ends in a clear error, not a hang."""
+    import threading
+
+    from cem.experiments import lr
+    from cem.io import LockedError, lock_folder
+
+    def lane(n: int) -> None:
+        for i in range(15):
+            lr._write_record(tmp_path, f"sweep-{n}-{i}", {"lr": 1e-3 * (n + 1)})
+
+    threads = [threading.Thread(target=lane, args=(n,)) for n in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    record = json.loads((tmp_path / "lr" / "choices.json").read_text())
+    assert len(record) == 90 and record["sweep-5-14"] == {"lr": pytest.approx(6e-3)}
+    monkeypatch.setattr(lr, "RECORD_LOCK_TRIES", 3)
+    with lock_folder(tmp_path / "lr", "held"), pytest.raises(LockedError, match="stayed locked for a minute"):
+        lr._write_record(tmp_path, "late", {"lr": 1e-3})

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import math
 import sys
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..io import atomic_write_json, read_json
+from ..io import LockedError, atomic_write_json, lock_folder, read_json
 from ..training.rundir import RunDir
 from .scales import Scale
 from .sweep import RunSpec, run_sweep
@@ -155,9 +156,21 @@ def sweep(scale: Scale, template: RunSpec, root: Path, data_dir: str | None = No
 
 
 def _write_record(root: Path, key: str, entry: dict) -> None:
+    """Put one sweep's entry in the record, read and written under the record folder's lock: two lanes that decide
+    two sweeps at once both land (the lock is held for milliseconds: wait for it, a minute at most)."""
     path = _record(root)
-    record = read_json(path) if path.exists() else {}
-    atomic_write_json(path, {**record, key: entry})
+    for _ in range(RECORD_LOCK_TRIES):
+        try:
+            with lock_folder(path.parent, f"the learning-rate record {path}"):
+                record = read_json(path) if path.exists() else {}
+                atomic_write_json(path, {**record, key: entry})
+                return
+        except LockedError:
+            time.sleep(0.1)
+    raise LockedError(f"the learning-rate record {path} stayed locked for a minute; is another process stuck writing it?")
+
+
+RECORD_LOCK_TRIES = 600  # tenths of a second
 
 
 def choose(scale: Scale, template: RunSpec, root: Path, data_dir: str | None = None, jobs: int = 1, rebracket: bool = False) -> Scale:
