@@ -61,10 +61,6 @@ def row(rows: list[dict], label: str) -> dict:
     raise KeyError(label)
 
 
-def per_seed(rows, label: str, key: str = "test_loss") -> list[float]:
-    return row(rows, label)[key + "_per_seed"]
-
-
 def _means(rows, *labels) -> str:
     return "; ".join(f"{lab}: ppl {row(rows, lab)['test_perplexity']:.3f}" for lab in labels)
 

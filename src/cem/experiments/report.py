@@ -413,7 +413,7 @@ def write_report(results_dir: str | Path, allow_short: bool = False) -> Path:
         f"sequences of {sc['seq_len']} tokens, batch {sc['batch_size']}×{sc['grad_accum']}, "
         + (f"{sc['max_steps']} steps per run" if sc.get("max_steps") else "every run trained on the Chinchilla budget of its Llama baseline (20 tokens per Llama parameter) with a 5% warm-up")
         + f"; seeds {sc['seeds']} ({sc['recursion_seeds']} for the recursion experiments"
-        + "".join(f"; {list(seeds)} for {exp_id}'s T=1/T=2 pair, its controls at the others" for exp_id, seeds in sc.get("pair_seeds", [])) + ").",
+        + "".join(f"; {list(seeds)} for {exp_id}'s T=1/T=2 pair, its other variants at the recursion seeds" for exp_id, seeds in sc.get("pair_seeds", [])) + ").",
         "",
         f"{len(runs)} training runs (shared between experiments, each trained once) took {train_h:.2f} h of training, summed over "
         f"runs ({wall_h:.2f} h with each run's final evaluation on the whole validation and test splits). {_provenance(runs)}",
