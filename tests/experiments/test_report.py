@@ -69,3 +69,27 @@ def test_the_training_gap_pairs_each_step_of_the_same_seed(tmp_path):
     g = training_gap(ctx, a, b, stretches=2)
     assert g["edges"] == [0, 20, 40] and g["seeds"] == [0, 1]
     assert g["mean"] == pytest.approx([0.2, 0.0]) and g["low"] == pytest.approx([0.1, 0.0]) and g["high"] == pytest.approx([0.3, 0.0])
+
+
+def test_the_second_rate_rule_says_why_a_finding_has_no_verdict_and_when_it_reads_the_same_runs():
+    """The verdict table's own-rate cell: a verdict (marked as read from the same runs when every own rate is
+    Llama's), a control or our check at Llama's rate under both rules, or a sweep still training; the learning-rate
+    line gathers the own rates every experiment chose."""
+    from cem.experiments.report import _own_cell, _rates, _same_runs
+
+    diff = {"mean": -0.0016, "lo": -0.0038, "hi": 0.0007, "n": 5}
+    paper = {"claim": "T=2 improves on T=1", "verdict": "inconclusive", "family": "paper", "p": 0.13, "difference": diff}
+    control = {**paper, "claim": "T=2 improves on T=1 with a learned gain", "family": "control"}
+    rows = [{**ROW, "label": "CEM attention T=1", "lr": 2e-3, "seeds": [0, 1]}, {**ROW, "label": "Llama micro", "lr": 2e-3, "seeds": [0, 1]}]
+    scale = {"chosen_lrs": [["micro", 2e-3]], "rate_rules": ["paper", "own"], "base": "micro", "lr_tie": 0.005, "own_lrs": []}
+    same = {"experiment": "fig2c", "rows": rows, "findings": [paper, control], "scale": {**scale, "own_lrs": [["micro-cem-attn", 2e-3]]},
+            "rules": {"own": {"rule": "own", "rows": rows, "findings": [paper]}}}
+    assert _same_runs(same) and "the same runs" in _own_cell(same, paper) and "inconclusive" in _own_cell(same, paper)
+    assert _own_cell(same, control) == "— (a control: at Llama's rate under both rules)"
+    moved = {**same, "rules": {"own": {**same["rules"]["own"], "rows": [{**rows[0], "lr": 4e-3}, rows[1]]}}}
+    assert not _same_runs(moved) and "the same runs" not in _own_cell(moved, paper)
+    waiting = {"experiment": "fig2a", "rows": rows, "findings": [paper], "scale": scale, "rules": {}, "pending": {"own": "a sweep (2 runs)"}}
+    assert _own_cell(waiting, paper) == "waiting for its own-rate sweep" and not _same_runs(waiting)
+    lr = {"experiment": "lr", "rows": rows, "findings": [], "scale": scale}  # written before any own-rate sweep ran
+    (line,) = [x for x in _rates([lr, waiting, same]) if x]
+    assert "micro-cem-attn 0.002" in line

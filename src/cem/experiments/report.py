@@ -232,6 +232,25 @@ def _own(summary: dict) -> dict[str, dict]:
     return {f["claim"]: f for f in summary.get("rules", {}).get("own", {}).get("findings", [])}
 
 
+def _same_runs(summary: dict) -> bool:
+    """Whether the second rate rule trains every variant of an experiment at its paper's-rule rate and seeds."""
+    key = lambda rows: {r["label"]: (r.get("lr"), tuple(r.get("seeds", ()))) for r in rows}  # noqa: E731
+    own = summary.get("rules", {}).get("own")
+    return bool(own) and key(own["rows"]) == key(summary["rows"])
+
+
+def _own_cell(summary: dict, finding: dict) -> str:
+    """A finding's verdict under the second rate rule, or why it has none: a control or our own check stays at
+    Llama's rate under both rules, an own-rate sweep still training, or an experiment the rule does not cover."""
+    if g := _own(summary).get(finding["claim"]):
+        return f"{_verdicts(g)}: {_diff(g)}" + (" (the same runs: every own rate is Llama's)" if _same_runs(summary) else "")
+    if (family := finding.get("family", "paper")) != "paper":
+        return f"— ({'a control' if family == 'control' else 'ours'}: at Llama's rate under both rules)"
+    if (summary.get("pending") or {}).get("own"):
+        return "waiting for its own-rate sweep"
+    return "— (no CEM variant of a headline comparison)"
+
+
 def _opening(summaries: list[dict], short: bool = False) -> list[str]:
     """What the results say about the paper, in plain words with numbers: at the sizes that speak (`regime_sizes`)
     first, each kind of test counted on its own, under the paper's rate rule and, where run, with each CEM variant
@@ -291,7 +310,7 @@ def _rates(summaries: list[dict]) -> list[str]:
         return []
     line = ("**Learning rates:** every run of a size trains at its Llama baseline's best rate on validation (the paper's rule): "
             + ", ".join(f"{size} {lr:g}" for size, lr in chosen.items()) + ".")
-    own = dict(sc.get("own_lrs") or [])
+    own = {k: lr for s in summaries for k, lr in s["scale"].get("own_lrs") or []}  # each experiment records the sweeps it ran
     if own and "own" in (sc.get("rate_rules") or ()):
         line += (f" Under the second rule each CEM variant of a headline comparison also trains at its own best rate, chosen by a "
                  f"seed-0 sweep on validation loss from half to twice Llama's rate (grown until bracketed; rates within "
@@ -308,9 +327,10 @@ def _rates(summaries: list[dict]) -> list[str]:
             gap = rows[rate]["valid_loss"] - rows[best["best_grid_lr"]]["valid_loss"]
             line += (f" At {base}, full CEM's own best rate on validation is {best['best_grid_lr']:g} (Akima {best['lr']:.2e}; fig3a), "
                      f"and its mean validation loss there is {gap:.3f} nats lower than at Llama's {rate:g}: at this size full CEM trains "
-                     f"{'above' if rate > best['best_grid_lr'] else 'below'} its own optimum. The other CEM variants are not swept (the "
-                     "paper's rule), so their comparisons with Llama here, and the size trend's point at this size, may carry a handicap "
-                     "of that order; fig3a compares full CEM and Llama each at its own best rate.")
+                     f"{'above' if rate > best['best_grid_lr'] else 'below'} its own optimum."
+                     + ("" if own else " The other CEM variants are not swept (the paper's rule), so their comparisons with Llama "
+                        "here, and the size trend's point at this size, may carry a handicap of that order; fig3a compares full CEM "
+                        "and Llama each at its own best rate."))
     return ["", line]
 
 
@@ -462,8 +482,7 @@ def write_report(results_dir: str | Path, allow_short: bool = False) -> Path:
                 if pick(f, s):
                     cell = ""
                     if own_rule:
-                        g = own.get(f["claim"])
-                        cell = f" {_verdicts(g)}: {_diff(g)} |" if g else " (not run) |"
+                        cell = f" {_own_cell(s, f)} |"
                     out.append(f"| {s['experiment']} | {f['claim']} | {kind(f)} | {f.get('family', 'paper')} | {_verdicts(f)} |{cell} {f['evidence']} |")
         return out
 
@@ -485,9 +504,13 @@ def write_report(results_dir: str | Path, allow_short: bool = False) -> Path:
         if procs:
             lines += [f"Processors: {procs}.", ""]
         lines += _table(s)
-        if s.get("rules", {}).get("own"):
-            lines += ["", f"With each CEM variant at its own best rate ({s['rules']['own']['rule']}):", ""]
-            lines += _table({**s, "rows": s["rules"]["own"]["rows"]})
+        if own := s.get("rules", {}).get("own"):
+            if _same_runs(s):
+                lines += ["", f"Under the second rate rule ({own['rule']}) every variant here trains at the rate above: "
+                              "its verdicts are read from the same runs."]
+            else:
+                lines += ["", f"Under the second rate rule ({own['rule']}):", ""]
+                lines += _table({**s, "rows": own["rows"]})
         if "optima" in s:
             lines += [""] + [f"- {g}: best grid rate on validation {o.get('best_grid_lr', o['lr']):g}; Akima optimum of the mean validation loss: lr {o['lr']:.2e}, "
                              f"loss {o.get('valid_loss', float('nan')):.4f}" for g, o in s["optima"].items()]
