@@ -318,6 +318,9 @@ def _build_optimizer(model: LanguageModel, run: RunConfig, info: DistInfo, devic
             optimizer.load_state_dict(saved["optimizer"])
         scheduler.load_state_dict(saved["scheduler"])
     if compile_by_default(device, steps_total) if t.compile is None else t.compile:
+        # each run compiles afresh: in a process that trained other models before (a lane of runs), dynamo's
+        # recompile limit is soon reached, and past it this model's forward would run eagerly without a word
+        torch._dynamo.reset()
         wrapped = torch.compile(wrapped)
     return wrapped, optimizer, scheduler
 
@@ -332,7 +335,7 @@ def _loop(s: _Session, stop_at: int | None) -> Interrupted | None:
     stop_signal: list[int] = []
     handlers = _install_signal_handlers(stop_signal)
     s.state.resumed_at = time.perf_counter()
-    s.state.sessions.append({**provenance(s.device), "from_step": s.state.step})
+    s.state.sessions.append({**provenance(s.device), "compiled": hasattr(s.wrapped, "_orig_mod"), "from_step": s.state.step})
     _STDERR.broken = False
     _say(f"training {s.rundir.path} from step {s.state.step} to {s.budget.steps} on {s.device}", False)
     bar = tqdm(total=s.budget.steps, initial=s.state.step, disable=not s.progress, unit="step", dynamic_ncols=True, file=_STDERR)
