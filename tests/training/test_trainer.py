@@ -194,9 +194,9 @@ def test_a_few_bf16_autocast_steps_train_like_fp32(tiny_args, tmp_path, arch):
 
 
 def test_each_run_compiles_afresh_in_a_process_that_trained_others(tiny_args, tmp_path, monkeypatch):
-    """A lane trains run after run in one process: past dynamo's recompile limit a later run's forward ran
-    eagerly without a word (2.4x slower on the cpu128 lanes). Each run now compiles its own graphs, and its
-    session records that it was compiled."""
+    """A lane trains run after run in one process: a cpu128 lane reached dynamo's recompile limit (8) at its
+    fourth run, past which a new architecture's forward runs eagerly without a word. Each run now compiles its
+    own graphs, and its session records that it was compiled."""
     from torch._dynamo.testing import CompileCounter
 
     counter, compile_ = CompileCounter(), torch.compile
