@@ -169,8 +169,8 @@ def test_an_experiment_whose_run_another_lane_holds_is_put_off_until_the_others_
 
 
 def test_a_recursion_pair_can_train_more_seeds_than_its_controls():
-    """cpu128's fig2c: three seeds did not resolve half the observed T=2 - T=1 difference, so its T=1/T=2 pair
-    trains five (under both rate rules) while its controls and the Llamas keep three; fig2d is not extended."""
+    """cpu128's fig2c and fig2d: three seeds did not resolve half the observed T=2 - T=1 difference, so their
+    T=1/T=2 pairs train five (under both rate rules) while the controls and the Llamas keep three; fig4 is not extended."""
     from cem.experiments import plots, runner
 
     s = replace(get_scale("cpu128"), chosen_lrs=(("cpu128", 2e-3),))
@@ -181,7 +181,16 @@ def test_a_recursion_pair_can_train_more_seeds_than_its_controls():
             seeds.setdefault(v.label, []).append(seed)
         assert all(seeds[label] == [0, 1, 2, 3, 4] for label in pair)
         assert all(got == [0, 1, 2] for label, got in seeds.items() if label not in pair) and len(seeds) == 6
-    assert {seed for _, seed in runner._runs("fig2d", s)} == {0, 1, 2}
+    fig2d = {}
+    for v, seed in runner._runs("fig2d", s):
+        fig2d.setdefault(v.label, []).append(seed)
+    assert fig2d.pop("CEM MLP T=1") == fig2d.pop("CEM MLP T=2") == [0, 1, 2, 3, 4] and all(got == [0, 1, 2] for got in fig2d.values())
+    assert {seed for _, seed in runner._runs("fig4", s)} == {0, 1, 2}
+    for exp_id, pair in (("fig4", ("CEM attention T=1", "CEM attention T=2")), ("fig3c", ("CEM MLP T=1", "CEM MLP T=2"))):
+        more = {}  # the same rule, where it would apply: the pair alone trains five
+        for v, seed in runner._runs(exp_id, replace(s, pair_seeds=((exp_id, (0, 1, 2, 3, 4)),))):
+            more.setdefault(v.label, []).append(seed)
+        assert all((got == [0, 1, 2, 3, 4]) == (label in pair) for label, got in more.items())
     rows = [{"seeds": [0, 1, 2]}, {"seeds": [0, 1, 2, 3, 4]}]
     assert "over each variant's (3/5) seeds" in plots._caption({"seeds": [0, 1, 2], "rows": rows})
     assert "over 3 seeds" in plots._caption({"seeds": [0, 1, 2], "rows": rows[:1]})

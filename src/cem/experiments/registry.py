@@ -274,25 +274,25 @@ def fig3b_findings(c: Context):
 
 
 def fig3c_variants(s: Scale) -> list[Variant]:
-    b = s.base
+    b, pair = s.base, dict(s.pair_seeds).get("fig3c")  # the T=1/T=2 pair's own seeds, where it has more than the controls
     return [
         Variant("Llama MLP x1", _spec(s, b, "llama"), {"group": "plain reuse", "steps": 1}),
         Variant("Llama MLP x2", _spec(s, b, "llama", mlp_reuse=2), {"group": "plain reuse", "steps": 2}),
-        Variant("CEM MLP T=1", _spec(s, b, "cem-mlp"), {"group": "CEM MLP", "steps": 1}),
-        Variant("CEM MLP T=2", _spec(s, b, "cem-mlp", mlp_steps=2), {"group": "CEM MLP", "steps": 2}),
+        Variant("CEM MLP T=1", _spec(s, b, "cem-mlp"), {"group": "CEM MLP", "steps": 1}, pair),
+        Variant("CEM MLP T=2", _spec(s, b, "cem-mlp", mlp_steps=2), {"group": "CEM MLP", "steps": 2}, pair),
         Variant("CEM MLP T=1 learned step", _spec(s, b, "cem-mlp", learn_step_size=True), {"group": "CEM MLP, learned step gain", "steps": 1}),
     ]
 
 
 def fig4_variants(s: Scale) -> list[Variant]:
-    b = s.base
+    b, pair = s.base, dict(s.pair_seeds).get("fig4")
     return [
         Variant("Llama attention x1", _spec(s, b, "llama"), {"group": "plain reuse", "steps": 1}),
         Variant("Llama attention x2", _spec(s, b, "llama", attn_reuse=2), {"group": "plain reuse", "steps": 2}),
         Variant("Llama ALiBi attention x1", _spec(s, b, "llama-alibi"), {"group": "plain reuse, ALiBi", "steps": 1}),
         Variant("Llama ALiBi attention x2", _spec(s, b, "llama-alibi", attn_reuse=2), {"group": "plain reuse, ALiBi", "steps": 2}),
-        Variant("CEM attention T=1", _spec(s, b, "cem-attn"), {"group": "CEM attention", "steps": 1}, own_rate=True),
-        Variant("CEM attention T=2", _spec(s, b, "cem-attn", attn_steps=2), {"group": "CEM attention", "steps": 2}, own_rate=True),
+        Variant("CEM attention T=1", _spec(s, b, "cem-attn"), {"group": "CEM attention", "steps": 1}, pair, own_rate=True),
+        Variant("CEM attention T=2", _spec(s, b, "cem-attn", attn_steps=2), {"group": "CEM attention", "steps": 2}, pair, own_rate=True),
         Variant("CEM attention T=1 learned step", _spec(s, b, "cem-attn", learn_step_size=True), {"group": "CEM attention, learned step gain", "steps": 1}),
     ]
 
