@@ -477,12 +477,9 @@ def write_report(results_dir: str | Path, allow_short: bool = False) -> Path:
     def table(pick) -> list[str]:
         out = [head, rule]
         for s in summaries:
-            own = _own(s)
             for f in s["findings"]:
                 if pick(f, s):
-                    cell = ""
-                    if own_rule:
-                        cell = f" {_own_cell(s, f)} |"
+                    cell = f" {_own_cell(s, f)} |" if own_rule else ""
                     out.append(f"| {s['experiment']} | {f['claim']} | {kind(f)} | {f.get('family', 'paper')} | {_verdicts(f)} |{cell} {f['evidence']} |")
         return out
 
