@@ -218,3 +218,15 @@ def test_two_lanes_deciding_two_sweeps_at_once_both_land_in_the_record(tmp_path,
     monkeypatch.setattr(lr, "RECORD_LOCK_TRIES", 3)
     with lock_folder(tmp_path / "lr", "held"), pytest.raises(LockedError, match="stayed locked for a minute"):
         lr._write_record(tmp_path, "late", {"lr": 1e-3})
+
+
+@pytest.mark.slow
+def test_a_plan_counts_an_own_rate_sweep_as_runs_of_the_experiment_waiting_on_it(tmp_path):
+    """`--plan`, before anything ran: fig2a's row counts its own-rate sweep's runs (it waits on them); of the runs
+    to train, only the Llama sweep's two other rates are not fig2a's (the `lr` experiment's)."""
+    kw = dict(lr_sweep=True, lrs=(1e-3, 2e-3, 4e-3), lr_sweep_seeds=1, rate_rules=("paper", "own"))
+    p = plan("smoke", tmp_path / "res", ("fig2a",), **kw)
+    assert p["undecided"] == {"micro-llama": 3, "micro-cem-attn": 3}
+    assert p["total"]["train"] - p["experiments"]["fig2a"]["train"] == 2
+    both = plan("smoke", tmp_path / "res", ("lr", "fig2a"), **kw)
+    assert both["total"]["train"] == p["total"]["train"]  # the lr experiment adds no run: its sweep was counted

@@ -128,10 +128,10 @@ def _experiment_runs(exp_id: str, ids, sc: Scale, root: Path, data_dir: str | No
 def plan(scale: str = "cpu", results_dir: str | Path | None = None, ids=None, **scale_overrides) -> dict:
     """What `run_suite` would train and evaluate, without doing either (`cem experiment ... --plan`): the
     learning-rate decisions so far (an undecided sweep's runs are named at a provisional rate, the middle of its
-    grid: `provisional`), each experiment's runs by `run_status` (with every experiment's products), and the
-    hours of training left (`_estimate_seconds`: core-hours, GPU-hours at a GPU scale; runs of a size with no
-    finished run here from the runs committed in docs/results, else from the FLOP model: `bases` counts the
-    runs estimated from each)."""
+    grid: `provisional`), each experiment's runs by `run_status` (with every experiment's products, and the runs of
+    the own-rate sweeps it waits on), and the hours of training left (`_estimate_seconds`: core-hours, GPU-hours at
+    a GPU scale; runs of a size with no finished run here from the runs committed in docs/results, else from the
+    FLOP model: `bases` counts the runs estimated from each)."""
     from .sweep import run_status
 
     sc = get_scale(scale, **scale_overrides)
@@ -139,12 +139,13 @@ def plan(scale: str = "cpu", results_dir: str | Path | None = None, ids=None, **
     for i in ids:
         _check_id(i)
     root = Path(results_dir or f"results/{scale}")
-    undecided, status, provisional = {}, {}, []
+    undecided, status, provisional, sweeping = {}, {}, [], {}
 
     def choice(template) -> None:
         """`sc` with the sweep of `template` decided, or provisionally (its runs to train counted)."""
         nonlocal sc
         state = lr.sweep(sc, template, root, dry=True)
+        sweeping[template] = list(state.pending)
         if state.best is None:
             undecided[lr.sweep_key(template)] = len(state.pending)
             provisional.append(lr.sweep_key(template))
@@ -166,8 +167,9 @@ def plan(scale: str = "cpu", results_dir: str | Path | None = None, ids=None, **
     for template in _own_templates(ids, sc) if sc.own_rates else ():
         choice(template)
     experiments, products = {}, _products(ids, sc)
-    for i in ids:
-        specs = list(dict.fromkeys(_specs(i, sc, rules)))
+    for i in ids:  # an experiment's runs, and those of the own-rate sweeps it waits on
+        own = _own_templates((i,), sc) if sc.own_rates else ()
+        specs = list(dict.fromkeys(_specs(i, sc, rules) + [x for t in own for x in sweeping.get(t, ())]))
         for spec in specs:
             status.setdefault(spec, run_status(spec, sc, root, products.get(spec, ())))
         experiments[i] = {k: sum(status[x] == k for x in specs) for k in ("finished", "train", "evaluate", "again")}
