@@ -144,7 +144,7 @@ def _recursion_variants(s: Scale, kind: str, exp_id: str) -> list[Variant]:
     pair = dict(s.pair_seeds).get(exp_id)  # the T=1/T=2 pair's own seeds, where it has more than the controls
     for steps in (1, 2):
         out.append(Variant(f"{name} T={steps}", _spec(s, b, arch, **{steps_key: steps, precond_key: PRECOND}), {"group": name, "steps": steps},
-                           pair, own_rate=True))
+                           pair, own_rate=True, paired=True))
     for steps in (1, 2):  # the step-length controls: one learned gain multiplies every step (at T=1 the key is left at its default)
         out.append(Variant(f"{name} T={steps} learned step", _spec(s, b, arch, learn_step_size=True, **{precond_key: PRECOND}, **({steps_key: steps} if steps > 1 else {})),
                            {"group": f"{name}, learned step gain", "steps": steps}))
@@ -278,8 +278,8 @@ def fig3c_variants(s: Scale) -> list[Variant]:
     return [
         Variant("Llama MLP x1", _spec(s, b, "llama"), {"group": "plain reuse", "steps": 1}),
         Variant("Llama MLP x2", _spec(s, b, "llama", mlp_reuse=2), {"group": "plain reuse", "steps": 2}),
-        Variant("CEM MLP T=1", _spec(s, b, "cem-mlp"), {"group": "CEM MLP", "steps": 1}, pair),
-        Variant("CEM MLP T=2", _spec(s, b, "cem-mlp", mlp_steps=2), {"group": "CEM MLP", "steps": 2}, pair),
+        Variant("CEM MLP T=1", _spec(s, b, "cem-mlp"), {"group": "CEM MLP", "steps": 1}, pair, paired=True),
+        Variant("CEM MLP T=2", _spec(s, b, "cem-mlp", mlp_steps=2), {"group": "CEM MLP", "steps": 2}, pair, paired=True),
         Variant("CEM MLP T=1 learned step", _spec(s, b, "cem-mlp", learn_step_size=True), {"group": "CEM MLP, learned step gain", "steps": 1}),
     ]
 
@@ -291,8 +291,8 @@ def fig4_variants(s: Scale) -> list[Variant]:
         Variant("Llama attention x2", _spec(s, b, "llama", attn_reuse=2), {"group": "plain reuse", "steps": 2}),
         Variant("Llama ALiBi attention x1", _spec(s, b, "llama-alibi"), {"group": "plain reuse, ALiBi", "steps": 1}),
         Variant("Llama ALiBi attention x2", _spec(s, b, "llama-alibi", attn_reuse=2), {"group": "plain reuse, ALiBi", "steps": 2}),
-        Variant("CEM attention T=1", _spec(s, b, "cem-attn"), {"group": "CEM attention", "steps": 1}, pair, own_rate=True),
-        Variant("CEM attention T=2", _spec(s, b, "cem-attn", attn_steps=2), {"group": "CEM attention", "steps": 2}, pair, own_rate=True),
+        Variant("CEM attention T=1", _spec(s, b, "cem-attn"), {"group": "CEM attention", "steps": 1}, pair, own_rate=True, paired=True),
+        Variant("CEM attention T=2", _spec(s, b, "cem-attn", attn_steps=2), {"group": "CEM attention", "steps": 2}, pair, own_rate=True, paired=True),
         Variant("CEM attention T=1 learned step", _spec(s, b, "cem-attn", learn_step_size=True), {"group": "CEM attention, learned step gain", "steps": 1}),
     ]
 

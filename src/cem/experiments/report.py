@@ -300,6 +300,12 @@ def _opening(summaries: list[dict], short: bool = False) -> list[str]:
     return lines
 
 
+def _pair_seeds(summaries: list[dict]) -> dict:
+    """The seeds of each recursion pair that trains more than the other variants (`cem.experiments.seeds`), from
+    the summaries that decided them."""
+    return {s["experiment"]: p["first"] + p["more"] for s in summaries if (p := s.get("pair_seeds")) and p["more"]}
+
+
 def _rates(summaries: list[dict]) -> list[str]:
     """The rate each size trains at (its Llama baseline's best on validation, the paper's rule) and, once fig3a
     is analysed, full CEM's own best rate at the base size beside it: how far from its optimum full CEM trains
@@ -433,7 +439,9 @@ def write_report(results_dir: str | Path, allow_short: bool = False) -> Path:
         f"sequences of {sc['seq_len']} tokens, batch {sc['batch_size']}×{sc['grad_accum']}, "
         + (f"{sc['max_steps']} steps per run" if sc.get("max_steps") else "every run trained on the Chinchilla budget of its Llama baseline (20 tokens per Llama parameter) with a 5% warm-up")
         + f"; seeds {sc['seeds']} ({sc['recursion_seeds']} for the recursion experiments"
-        + "".join(f"; {list(seeds)} for {exp_id}'s T=1/T=2 pair, its other variants at the recursion seeds" for exp_id, seeds in sc.get("pair_seeds", [])) + ").",
+        + "".join(f"; {seeds} for {exp_id}'s T=1/T=2 pair, its other variants at the recursion seeds" for exp_id, seeds in _pair_seeds(summaries).items())
+        + (f"; a recursion experiment's T=1/T=2 pair adds seeds {more} where its first seeds do not resolve half their observed "
+           "validation difference (80% power)" if (more := sorted({x for _, m in sc.get("more_pair_seeds") or [] for x in m})) else "") + ").",
         "",
         f"{len(runs)} training runs (shared between experiments, each trained once) took {train_h:.2f} h of training, summed over "
         f"runs ({wall_h:.2f} h with each run's final evaluation on the whole validation and test splits). {_provenance(runs)}",
@@ -500,6 +508,8 @@ def write_report(results_dir: str | Path, allow_short: bool = False) -> Path:
         procs = _processors(s)
         if procs:
             lines += [f"Processors: {procs}.", ""]
+        if pair := s.get("pair_seeds"):
+            lines += [f"Seeds: {pair['text']}.", ""]
         lines += _table(s)
         if own := s.get("rules", {}).get("own"):
             if _same_runs(s):

@@ -16,7 +16,7 @@ from ..checks import check_positive_int
 from ..device import cpu_model
 from ..io import atomic_write_json
 from ..training import RunDir
-from . import lr
+from . import lr, seeds
 from .findings import Context
 from .launchers import Launcher, ProcessLauncher
 from .products import missing, recorded_times
@@ -80,7 +80,11 @@ def train_runs(ids, sc: Scale, root: Path, data_dir: str | None = None, jobs: in
     then each own-rate variant's seed-0 sweep, then that variant's runs at the rate chosen; an experiment whose runs
     another sweep over the same results holds (a second lane) is put off until the other experiments are done."""
     if not sc.lr_sweep:
-        return sc, run_sweep([s for i in ids for s in _specs(i, sc)], sc, root, data_dir, jobs, _products(ids, sc))
+        results = run_sweep([s for i in ids for s in _specs(i, sc)], sc, root, data_dir, jobs, _products(ids, sc))
+        if (more := seeds.decided(sc, ids, root)) != sc:  # a recursion pair's added seeds (`cem.experiments.seeds`)
+            sc = more
+            results.update(run_sweep([s for i in ids for s in _specs(i, sc)], sc, root, data_dir, jobs, _products(ids, sc)))
+        return sc, results
     results: dict = {}
     order = [sc.base] + [z for z in sc.sizes if z != sc.base]
     for n, size in enumerate(order):
@@ -98,23 +102,28 @@ def train_runs(ids, sc: Scale, root: Path, data_dir: str | None = None, jobs: in
                 if put_off and not wait:
                     print(f"== back to {', '.join(put_off)}: put off while another sweep held their runs", file=sys.stderr, flush=True)
                 left = put_off
-            sc = replace(sc, own_lrs=done.own_lrs, lr_grids=done.lr_grids)
+            sc = replace(sc, own_lrs=done.own_lrs, lr_grids=done.lr_grids, pair_seeds=done.pair_seeds)
             continue
         specs = [s for i in ids for s in _specs(i, done)]
         results.update(run_sweep(specs, done, root, data_dir, jobs, _products(ids, done)))
         if size == sc.base and "fig3a" in ids and not sc.own_rates:  # fig3a reads both curves: each bracketed on the current results
             for arch in ("cem-t2", "llama"):
                 sc = lr.choose(sc, RunSpec.make(size, arch), root, data_dir, jobs, rebracket=True)
+    sc = seeds.decided(sc, ids, root)  # a recursion pair's added seeds, where not trained above (`cem.experiments.seeds`)
     specs = [s for i in ids for s in _specs(i, sc, sc.rate_rules)]
-    results.update(run_sweep(specs, sc, root, data_dir, jobs, _products(ids, sc)))  # everything finished: only reads results
+    results.update(run_sweep(specs, sc, root, data_dir, jobs, _products(ids, sc)))  # only reads results, or trains those seeds
     return sc, results
 
 
 def _experiment_runs(exp_id: str, ids, sc: Scale, root: Path, data_dir: str | None, jobs, wait: bool) -> tuple[Scale, dict, bool]:
-    """One experiment's runs at an own-rate scale: its runs at the size's Llama rate, its variants' own-rate sweeps,
-    and its runs at the rates they chose; returns the scale with those rates, the results, and whether all
-    finished (without `wait`, runs another sweep holds are left to it: `run_sweep`)."""
+    """One experiment's runs at an own-rate scale: its runs at the size's Llama rate (with the seeds its T=1/T=2
+    pair adds once its first seeds are in: `cem.experiments.seeds`), its variants' own-rate sweeps, and its runs at
+    the rates they chose; returns the scale with those rates and seeds, the results, and whether all finished
+    (without `wait`, runs another sweep holds are left to it: `run_sweep`)."""
     results = run_sweep(_specs(exp_id, sc), sc, root, data_dir, jobs, _products(ids, sc), wait=wait)
+    if (more := seeds.decided(sc, (exp_id,), root)) != sc:
+        sc = more
+        results.update(run_sweep(_specs(exp_id, sc), sc, root, data_dir, jobs, _products(ids, sc), wait=wait))
     decided = True
     for template in own_templates(EXPERIMENTS[exp_id], sc):
         state = lr.sweep(sc, template, root, data_dir, jobs, wait=wait)
@@ -166,6 +175,7 @@ def plan(scale: str = "cpu", results_dir: str | Path | None = None, ids=None, **
     rules = ("paper", "own") if sc.own_rates else ("paper",)
     for template in _own_templates(ids, sc) if sc.own_rates else ():
         choice(template)
+    sc = seeds.decided(sc, ids, root)  # the recursion pairs' seeds, where their first runs are in
     experiments, products = {}, _products(ids, sc)
     for i in ids:  # an experiment's runs, and those of the own-rate sweeps it waits on
         own = _own_templates((i,), sc) if sc.own_rates else ()
@@ -193,6 +203,7 @@ def plan(scale: str = "cpu", results_dir: str | Path | None = None, ids=None, **
             else:
                 eval_hours += seconds / 3600
     return {"scale": sc.name, "results": str(root), "chosen_lrs": dict(sc.chosen_lrs), "own_lrs": dict(sc.own_lrs),
+            "pair_seeds": dict(sc.pair_seeds), "seeds_undecided": {i: list(dict(sc.more_pair_seeds)[i]) for i in seeds.undecided(sc, ids, root)},
             "undecided": undecided, "provisional": provisional, "experiments": experiments, "total": total,
             "unit": "GPU-hours" if sc.name in GPU_SCALES else "core-hours", "core_hours": hours, "bases": bases,
             "eval_core_hours": eval_hours, "eval_unestimated": eval_unestimated}
@@ -221,6 +232,8 @@ def format_plan(p: dict) -> str:
         lines.append("learning rates chosen: " + ", ".join(f"{z} {lr:g}" for z, lr in p["chosen_lrs"].items()))
     if own := {k: lr for k, lr in (p.get("own_lrs") or {}).items() if k not in p["provisional"]}:  # a provisional rate is not a choice
         lines.append("own rates chosen: " + ", ".join(f"{k} {lr:g}" for k, lr in own.items()))
+    for exp_id, more in (p.get("seeds_undecided") or {}).items():
+        lines.append(f"{exp_id}: its T=1/T=2 pair may add seeds {more} once its first seeds are in (counted without them)")
     for key, n in p["undecided"].items():
         later = key in p["provisional"]
         lines.append(f"sweep {key} undecided: {n} of its runs to train first" + ("; the runs at its rate are counted at a provisional rate "
@@ -354,6 +367,7 @@ def _analyse(exp_id: str, sc: Scale, root: Path, results: dict, data_dir: str | 
         "rate_rule": RATE_RULES["paper"],
         "rules": rules,
         "pending": pending or {},  # a rate rule whose runs have not all finished (`analyse_finished`): what it waits for
+        "pair_seeds": {**d.to_dict(), "text": d.text()} if (d := seeds.decide(sc, exp_id, root)) else None,  # `cem.experiments.seeds`
         **extra,
         "short_runs": [r["label"] for r in rows if r["tokens"] < r["budget_tokens"]],
         "machine": machine(),
@@ -419,6 +433,7 @@ def analyse_finished(scale: str = "cpu", results_dir: str | Path | None = None, 
                 for arch in ("cem-t2", "llama"):
                     state = lr.sweep(sc, RunSpec.make(size, arch), root, dry=True, rebracket=True)
                     sc = lr.with_choice(sc, RunSpec.make(size, arch), state) if state.best is not None else sc
+    sc = seeds.decided(sc, ids, root)  # the recursion pairs' seeds, where their first runs are in
     products = _products(ids, sc)
 
     def unfinished(specs: list, at: Scale) -> list:

@@ -58,6 +58,7 @@ class Variant:
     tags: dict = field(default_factory=dict)
     seeds: tuple[int, ...] | None = None  # its own seeds (a learning-rate sweep), else the experiment's
     own_rate: bool = False  # a CEM variant of a headline comparison: also trained at its own best rate where the scale asks (`RATE_RULES`)
+    paired: bool = False  # one of a recursion experiment's T=1/T=2 pair, which may train more seeds (`cem.experiments.seeds`)
 
 
 def run_config(spec: RunSpec, scale: Scale, data_dir: str | None, nproc: int = 1):
