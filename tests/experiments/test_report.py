@@ -93,3 +93,25 @@ def test_the_second_rate_rule_says_why_a_finding_has_no_verdict_and_when_it_read
     lr = {"experiment": "lr", "rows": rows, "findings": [], "scale": scale}  # written before any own-rate sweep ran
     (line,) = [x for x in _rates([lr, waiting, same]) if x]
     assert "micro-cem-attn 0.002" in line
+
+
+def test_the_report_states_each_pair_seeds_decision(tmp_path):
+    """An experiment whose recursion pair added seeds (`cem.experiments.seeds`) says so in its section, and the
+    opening names the pair's seeds and the rule; one that kept its first seeds says why, and adds no seeds to the opening."""
+    from cem.experiments.seeds import PairSeeds
+
+    root = _suite(tmp_path / "res", findings=True)
+    path = root / "fig2c" / "summary.json"
+    summary = json.loads(path.read_text())
+    summary["scale"]["more_pair_seeds"] = [["fig2c", [3, 4]]]
+    added = PairSeeds("fig2c", (0, 1), (-0.0012, -0.0024), 0.0019, (3, 4))
+    path.write_text(json.dumps({**summary, "pair_seeds": {**added.to_dict(), "text": added.text()}}))
+    report = write_report(root, allow_short=True).read_text()
+    assert "Seeds: the T=1/T=2 pair's validation difference (T=1 - T=2) on seeds [0, 1] is -0.0018 nats" in report
+    assert "resolve 0.0019 nats (80% power), more than half the observed difference, so it trains seeds [3, 4] too." in report
+    assert "[0, 1, 3, 4] for fig2c's T=1/T=2 pair" in report and "adds seeds [3, 4] where its first seeds do not resolve" in report
+    kept = PairSeeds("fig2c", (0, 1), (0.010, 0.011), 0.002, ())
+    path.write_text(json.dumps({**summary, "pair_seeds": {**kept.to_dict(), "text": kept.text()}}))
+    report = write_report(root, allow_short=True).read_text()
+    assert "resolve 0.0020 nats (80% power), at most half the observed difference, so it keeps them." in report
+    assert "for fig2c's T=1/T=2 pair" not in report

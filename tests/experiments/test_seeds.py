@@ -47,7 +47,7 @@ def test_a_pair_adds_seeds_only_where_its_first_seeds_do_not_resolve_half_the_di
     _finish(sc, tmp_path, {"CEM attention T=1": [1.2, 1.2, 1.2], "CEM attention T=2": list(t2)})
     d = seeds.decide(sc, "fig4", tmp_path)
     assert d.more == more and d.diffs == pytest.approx([1.2 - x for x in t2]) and d.seeds == (0, 1, 2) + more
-    assert ("not half" in d.text()) == bool(more)
+    assert ("more than half" in d.text()) == bool(more)
     got = _seeds_of(seeds.decided(sc, ("fig4", "fig2c"), tmp_path))
     pair = ("CEM attention T=1", "CEM attention T=2")
     assert all(got[label] == [0, 1, 2, *more] for label in pair)

@@ -44,7 +44,7 @@ class PairSeeds:
         verdict = f"so it trains seeds {list(self.more)} too" if self.more else "so it keeps them"
         return (f"the T=1/T=2 pair's validation difference (T=1 - T=2) on seeds {list(self.first)} is {mean:+.4f} nats "
                 f"({', '.join(f'{d:+.4f}' for d in self.diffs)}); {by} (80% power), "
-                f"{'not ' if self.more else ''}half the observed difference, {verdict}")
+                f"{'more than' if self.more else 'at most'} half the observed difference, {verdict}")
 
 
 def decide(scale: Scale, exp_id: str, root: str | Path) -> PairSeeds | None:
