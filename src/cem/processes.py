@@ -31,8 +31,17 @@ def die_with_parent(parent: int, sig: int = signal.SIGTERM) -> None:
 def stop_pool(pool: ProcessPoolExecutor, timeout: float = 5.0) -> None:
     """Shut `pool` down without waiting on its queues (after an interrupt or an error, when they may be in
     any state): cancel what is queued, terminate the workers, join each for at most `timeout` seconds in
-    all, then kill those still alive. Never blocks for longer than about `timeout` plus one second."""
+    all, then kill those still alive. Never blocks for longer than about `timeout` plus two seconds, and
+    leaves nothing that blocks this process's exit.
+
+    A worker terminated while it sends a result larger than a pipe's buffer leaves the pool's manager
+    thread waiting for the rest of that message, and Python's exit joins that thread: the command would
+    hang after its last line. This process holds the result pipe's write end too (the workers only ever
+    write to it), so closing that once the workers are gone ends the read (end of file); the manager
+    thread then takes the pool as broken and exits."""
     processes = list((getattr(pool, "_processes", None) or {}).values())
+    result_queue = getattr(pool, "_result_queue", None)  # shutdown(wait=False) drops these references
+    manager = getattr(pool, "_executor_manager_thread", None)
     for proc in processes:
         with contextlib.suppress(OSError, ValueError):
             proc.terminate()
@@ -44,6 +53,11 @@ def stop_pool(pool: ProcessPoolExecutor, timeout: float = 5.0) -> None:
             if proc.is_alive():
                 proc.kill()
                 proc.join(1.0)
+    if result_queue is not None:
+        with contextlib.suppress(OSError, AttributeError):
+            result_queue._writer.close()
+    if manager is not None:
+        manager.join(max(0.0, deadline - time.monotonic()) + 1.0)
 
 
 def submit_quietly(pool: ProcessPoolExecutor, fn, *args):
