@@ -141,7 +141,7 @@ def _recursion_variants(s: Scale, kind: str, exp_id: str) -> list[Variant]:
     arch, steps_key, precond_key, name = _sublayer(kind)
     b = s.base
     out = [_llama(s, b), _llama_alibi(s, b)] if kind == "attn" else [_llama(s, b)]
-    pair = dict(s.pair_seeds).get(exp_id)  # the T=1/T=2 pair's own seeds, where it has more than the controls
+    pair = s.pair_seeds_of(exp_id)  # the T=1/T=2 pair's own seeds, where it has more than the controls
     for steps in (1, 2):
         out.append(Variant(f"{name} T={steps}", _spec(s, b, arch, **{steps_key: steps, precond_key: PRECOND}), {"group": name, "steps": steps},
                            pair, own_rate=True, paired=True))
@@ -274,7 +274,7 @@ def fig3b_findings(c: Context):
 
 
 def fig3c_variants(s: Scale) -> list[Variant]:
-    b, pair = s.base, dict(s.pair_seeds).get("fig3c")  # the T=1/T=2 pair's own seeds, where it has more than the controls
+    b, pair = s.base, s.pair_seeds_of("fig3c")  # the T=1/T=2 pair's own seeds, where it has more than the controls
     return [
         Variant("Llama MLP x1", _spec(s, b, "llama"), {"group": "plain reuse", "steps": 1}),
         Variant("Llama MLP x2", _spec(s, b, "llama", mlp_reuse=2), {"group": "plain reuse", "steps": 2}),
@@ -285,7 +285,7 @@ def fig3c_variants(s: Scale) -> list[Variant]:
 
 
 def fig4_variants(s: Scale) -> list[Variant]:
-    b, pair = s.base, dict(s.pair_seeds).get("fig4")
+    b, pair = s.base, s.pair_seeds_of("fig4")
     return [
         Variant("Llama attention x1", _spec(s, b, "llama"), {"group": "plain reuse", "steps": 1}),
         Variant("Llama attention x2", _spec(s, b, "llama", attn_reuse=2), {"group": "plain reuse", "steps": 2}),

@@ -203,7 +203,7 @@ def plan(scale: str = "cpu", results_dir: str | Path | None = None, ids=None, **
             else:
                 eval_hours += seconds / 3600
     return {"scale": sc.name, "results": str(root), "chosen_lrs": dict(sc.chosen_lrs), "own_lrs": dict(sc.own_lrs),
-            "pair_seeds": dict(sc.pair_seeds), "seeds_undecided": {i: list(dict(sc.more_pair_seeds)[i]) for i in seeds.undecided(sc, ids, root)},
+            "pair_seeds": dict(sc.pair_seeds), "seeds_undecided": {i: list(sc.more_pair_seeds_of(i)) for i in seeds.undecided(sc, ids, root)},
             "undecided": undecided, "provisional": provisional, "experiments": experiments, "total": total,
             "unit": "GPU-hours" if sc.name in GPU_SCALES else "core-hours", "core_hours": hours, "bases": bases,
             "eval_core_hours": eval_hours, "eval_unestimated": eval_unestimated}

@@ -118,6 +118,14 @@ class Scale:
             return self.seeds[:1]
         return self.seeds[: self.lr_sweep_seeds] if self.lr_sweep_seeds else self.seeds
 
+    def pair_seeds_of(self, exp_id: str) -> tuple[int, ...] | None:
+        """The seeds decided for `exp_id`'s T=1/T=2 pair where it has more than its controls (None: the recursion seeds)."""
+        return dict(self.pair_seeds).get(exp_id)
+
+    def more_pair_seeds_of(self, exp_id: str) -> tuple[int, ...] | None:
+        """The seeds `exp_id`'s T=1/T=2 pair may add (`cem.experiments.seeds`); None if it never adds any."""
+        return dict(self.more_pair_seeds).get(exp_id)
+
     @property
     def own_rates(self) -> bool:
         """Whether the findings are also judged with each CEM variant at its own best rate."""

@@ -50,7 +50,7 @@ class PairSeeds:
 def decide(scale: Scale, exp_id: str, root: str | Path) -> PairSeeds | None:
     """The pair's seeds, or None where the scale adds none to `exp_id` or its pair's first runs have not all
     finished (on the scale's processor)."""
-    more = dict(scale.more_pair_seeds).get(exp_id)
+    more = scale.more_pair_seeds_of(exp_id)
     if not more:
         return None
     exp = EXPERIMENTS[exp_id]
@@ -82,4 +82,4 @@ def decided(scale: Scale, ids, root: str | Path) -> Scale:
 
 def undecided(scale: Scale, ids, root: str | Path) -> list[str]:
     """The experiments of `ids` whose pair may still add seeds: their first runs have not all finished."""
-    return [i for i in ids if dict(scale.more_pair_seeds).get(i) and decide(scale, i, root) is None]
+    return [i for i in ids if scale.more_pair_seeds_of(i) and decide(scale, i, root) is None]
