@@ -97,22 +97,29 @@ def test_the_cpu128_scale_reuses_the_committed_cpu_runs():
     assert plan("cpu128", root, ("fig2a",), lr_sweep=False)["experiments"]["fig2a"]["finished"] == 9
 
 
-@pytest.mark.slow
-def test_analyse_only_judges_what_has_finished(tmp_path):
-    """`--analyse-only` on the committed cpu128 campaign: fig3a, whose runs at Llama's rate have all finished, is
-    judged under the paper's rule while its own-rate sweep waits (the summary and the report say for what); fig2d,
-    whose runs have not, is not analysed. Nothing is trained or written outside the results folder."""
+def _campaign_of(tmp_path: Path, prefixes: tuple[str, ...]) -> Path:
+    """A cpu128 results folder in `tmp_path` holding the committed Llama rate choice and, read only, the committed
+    cpu128 runs whose names start with `prefixes`, at Llama's rate (no own-rate sweep's run)."""
     import shutil
 
     root = tmp_path / "cpu128"
     (root / "lr").mkdir(parents=True)
     shutil.copy(REPO / "docs/results/cpu128/lr/choices.json", root / "lr")
     (tmp_path / "cpu" / "runs").mkdir(parents=True)
-    # the committed cpu128 runs of the Llamas and of full CEM at Llama's rate (read only), none of the own-rate
-    # sweeps' or of the CEM MLP's: the state the campaign had before those, however far it has gone since
     for run in (REPO / "docs/results/cpu/runs").glob("cpu128-*"):
-        if run.name.startswith(("cpu128-llama", "cpu128-cem-t2")) and "-lr=" not in run.name.replace("cpu128-llama-lr=", ""):
+        if run.name.startswith(prefixes) and "-lr=" not in run.name.replace("cpu128-llama-lr=", ""):
             (tmp_path / "cpu" / "runs" / run.name).symlink_to(run)
+    return root
+
+
+@pytest.mark.slow
+def test_analyse_only_judges_what_has_finished(tmp_path):
+    """`--analyse-only` on the committed cpu128 campaign: fig3a, whose runs at Llama's rate have all finished, is
+    judged under the paper's rule while its own-rate sweep waits (the summary and the report say for what); fig2d,
+    whose runs have not, is not analysed. Nothing is trained or written outside the results folder."""
+    # the committed cpu128 runs of the Llamas and of full CEM at Llama's rate, none of the own-rate sweeps' or of
+    # the CEM MLP's: the state the campaign had before those, however far it has gone since
+    root = _campaign_of(tmp_path, ("cpu128-llama", "cpu128-cem-t2"))
     runs = {p.name: p.stat().st_mtime_ns for p in (REPO / "docs/results/cpu/runs").iterdir()}
     summaries, waiting = analyse_finished("cpu128", root, ids=("fig3a", "fig2d"), processor="AMD EPYC")
     assert [s["experiment"] for s in summaries] == ["fig3a"] and set(waiting) == {"fig2d"}
@@ -124,6 +131,18 @@ def test_analyse_only_judges_what_has_finished(tmp_path):
     report = write_report(root).read_text()
     assert "judged under the paper's rate rule alone" in report and "fig3a: the own-rate sweep of" in report
     assert {p.name: p.stat().st_mtime_ns for p in (REPO / "docs/results/cpu/runs").iterdir()} == runs
+
+
+@pytest.mark.slow
+def test_an_experiment_waiting_on_two_own_rate_sweeps_names_both(tmp_path):
+    """fig2d with its runs at Llama's rate in and neither CEM MLP sweep decided: its summary and the report name
+    both sweeps it waits for, not only the first."""
+    root = _campaign_of(tmp_path, ("cpu128-llama", "cpu128-cem-mlp"))
+    (fig2d,), waiting = analyse_finished("cpu128", root, ids=("fig2d",), processor="AMD EPYC")
+    assert waiting == {} and fig2d["rules"] == {}
+    t1, t2 = "cpu128-cem-mlp-mlp_precond=diag_lowrank", "cpu128-cem-mlp-mlp_precond=diag_lowrank-mlp_steps=2"
+    assert fig2d["pending"]["own"].startswith(f"the own-rate sweeps of {t1} (") and f" and {t2} (" in fig2d["pending"]["own"]
+    assert f"fig2d: the own-rate sweeps of {t1} (" in write_report(root).read_text()
 
 
 @pytest.mark.slow

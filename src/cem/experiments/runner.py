@@ -445,13 +445,14 @@ def analyse_finished(scale: str = "cpu", results_dir: str | Path | None = None, 
         if todo := unfinished(paper, sc):
             waiting[i] = f"{len(todo)} of its {_n_runs(len(paper))} to train or evaluate"
             continue
-        at, pending = sc, None
+        at, sweeps = sc, []
         for template in own_templates(EXPERIMENTS[i], sc):
             state = lr.sweep(at, template, root, dry=True)
             if state.best is None:
-                pending = f"the own-rate sweep of {lr.sweep_key(template)} ({_n_runs(len(state.pending))} to train)"
-                break
-            at = lr.with_choice(at, template, state)
+                sweeps.append(f"{lr.sweep_key(template)} ({_n_runs(len(state.pending))} to train)")
+            else:
+                at = lr.with_choice(at, template, state)
+        pending = f"the own-rate sweep{'s' if len(sweeps) > 1 else ''} of {' and '.join(sweeps)}" if sweeps else None
         if sc.own_rates and pending is None and (todo := unfinished(_specs(i, at, ("own",)), at)):
             pending = f"{_n_runs(len(todo))} at the CEM variants' own rates to train"
         results = {s: RunDir(at.runs(root) / s.slug).results() for s in _specs(i, at, ("paper",) if pending else at.rate_rules)}
