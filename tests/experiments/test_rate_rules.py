@@ -98,13 +98,13 @@ def test_the_cpu128_scale_reuses_the_committed_cpu_runs():
 
 
 def _campaign_of(tmp_path: Path, prefixes: tuple[str, ...]) -> Path:
-    """A cpu128 results folder in `tmp_path` holding the committed Llama rate choice and, read only, the committed
-    cpu128 runs whose names start with `prefixes`, at Llama's rate (no own-rate sweep's run)."""
-    import shutil
-
+    """A cpu128 results folder in `tmp_path` holding the committed Llama rate choice (no own-rate sweep's: the
+    campaign before them, however far it has gone since) and, read only, the committed cpu128 runs whose names
+    start with `prefixes`, at Llama's rate (no own-rate sweep's run)."""
     root = tmp_path / "cpu128"
     (root / "lr").mkdir(parents=True)
-    shutil.copy(REPO / "docs/results/cpu128/lr/choices.json", root / "lr")
+    choices = json.loads((REPO / "docs/results/cpu128/lr/choices.json").read_text())
+    (root / "lr" / "choices.json").write_text(json.dumps({"cpu128-llama": choices["cpu128-llama"]}))
     (tmp_path / "cpu" / "runs").mkdir(parents=True)
     for run in (REPO / "docs/results/cpu/runs").glob("cpu128-*"):
         if run.name.startswith(prefixes) and "-lr=" not in run.name.replace("cpu128-llama-lr=", ""):
@@ -117,8 +117,7 @@ def test_analyse_only_judges_what_has_finished(tmp_path):
     """`--analyse-only` on the committed cpu128 campaign: fig3a, whose runs at Llama's rate have all finished, is
     judged under the paper's rule while its own-rate sweep waits (the summary and the report say for what); fig2d,
     whose runs have not, is not analysed. Nothing is trained or written outside the results folder."""
-    # the committed cpu128 runs of the Llamas and of full CEM at Llama's rate, none of the own-rate sweeps' or of
-    # the CEM MLP's: the state the campaign had before those, however far it has gone since
+    # the committed cpu128 runs of the Llamas and of full CEM at Llama's rate, none of the CEM MLP's
     root = _campaign_of(tmp_path, ("cpu128-llama", "cpu128-cem-t2"))
     runs = {p.name: p.stat().st_mtime_ns for p in (REPO / "docs/results/cpu/runs").iterdir()}
     summaries, waiting = analyse_finished("cpu128", root, ids=("fig3a", "fig2d"), processor="AMD EPYC")
