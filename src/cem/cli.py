@@ -496,9 +496,17 @@ def cmd_experiment(args) -> int:
         return 0
     options = {k: v for k, v in (("slurm_partition", args.partition), ("timeout_min", args.time_min), ("gpus_per_node", args.gpus_per_run),
                                  ("cpus_per_task", args.cpus_per_run)) if v is not None}
-    launcher = ex.make_launcher(args.launcher, args.jobs, args.devices, args.nproc_per_run, Path(results) / ".submitit",
+    from .experiments.costs import Deadline, DeadlineReached
+
+    until = Deadline.parse(args.until) if args.until else None
+    launcher = ex.make_launcher(args.launcher, args.jobs, args.devices, args.nproc_per_run, Path(results) / ".submitit", until,
                                 **options, **ex.slurm_options(args.slurm_option))
-    _print_findings(ex, args.scale, run_suite(args.scale, results, args.data_dir, launcher.jobs, ids, args.device, launcher, **overrides))
+    try:
+        summaries = run_suite(args.scale, results, args.data_dir, launcher.jobs, ids, args.device, launcher, **overrides)
+    except DeadlineReached as e:  # the runs that fitted have finished: an orderly stop, no report until all are in
+        print(e)
+        return 0
+    _print_findings(ex, args.scale, summaries)
     # the smoke scale's and a rehearsal's runs are short by design (a few steps): the report says so in its first line
     short = args.allow_short or args.rehearse or not ex.get_scale(args.scale).findings
     print(f"report: {write_report(results, allow_short=short)}")
@@ -634,8 +642,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     try:
         from .experiments import ALL_IDS, LAUNCHERS, SCALES
+        from .experiments.costs import DEADLINE_MARGIN
+
+        margin = f"times {DEADLINE_MARGIN:g}"
     except ImportError:  # the experiments extra (scipy, matplotlib) is not installed
         ALL_IDS, SCALES, LAUNCHERS = ("see docs/experiments.md",), ("smoke", "cpu", "gpu", "paper"), ("process", "local", "slurm")
+        margin = "with a margin"
 
     p = sub.add_parser("experiment", help="run the paper's experiments (one, several, or 'all') at a scale, then write the report")
     p.add_argument("id", help=f"an experiment, a comma-separated list, or all: {', '.join(ALL_IDS)}")
@@ -659,6 +671,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slurm-option", dest="slurm_option", action="append", default=[], metavar="KEY=VALUE",
                    help="slurm: another sbatch setting, as submitit names it (e.g. account=ABC, qos=high, constraint=h100); repeatable")
     p.add_argument("--seeds", help="comma-separated seeds for every experiment (default: the scale's)")
+    p.add_argument("--until", metavar="WHEN", help="start no run that would not finish by WHEN (HH:MM, the next such time, or an ISO date and "
+                                                   f"time), its time estimated as --plan's, {margin}; the runs that fit train, then "
+                                                   "the command stops and says what is left (run it again to go on)")
     p.add_argument("--device", default="auto", help="device of the analyses that evaluate trained models: " + device_help)
     p.add_argument("--allow-short", action="store_true", dest="allow_short",
                    help="write the report even if runs are short of the Chinchilla budget (its first line says so)")

@@ -253,9 +253,9 @@ def test_plan_says_what_would_be_trained_without_training(corpus, tmp_path, monk
     # fig2c's Llama runs are test-time's Llama-reuse runs, whose depth study is computed from their checkpoints
     assert after["experiments"]["fig2c"] == {"finished": 10, "train": 0, "evaluate": 2, "again": 0}
     assert after["experiments"]["test-time"]["train"] > 0 and set(after["bases"]) == {"here"} and after["core_hours"] > 0
-    from cem.experiments import runner
+    from cem.experiments import costs, runner
 
-    monkeypatch.setattr(runner, "COMMITTED", tmp_path / "docs" / "results")  # these runs, as if committed beside the code
+    monkeypatch.setattr(costs, "COMMITTED", tmp_path / "docs" / "results")  # these runs, as if committed beside the code
     shutil.copytree(root / "runs", tmp_path / "docs" / "results" / "smoke" / "runs")
     fresh = plan("smoke", tmp_path / "fresh", ("fig2c", "test-time"), **smoke(corpus))
     assert fresh["bases"] == {"the committed runs in docs/results/smoke/runs": fresh["total"]["train"]}

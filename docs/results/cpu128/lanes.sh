@@ -7,7 +7,9 @@
 #   bash /tmp/suite/wt128/docs/results/cpu128/lanes.sh /work/main /work/shared/data
 #
 # Before moving the worktree to newer code, check that it trains to the same bits: docs/results/cpu128/parity.sh.
-# Rerun it to resume (finished runs are skipped, interrupted ones resume bit-exact from their checkpoint).
+# Rerun it to resume (finished runs are skipped, interrupted ones resume bit-exact from their checkpoint). On a
+# machine that may not outlive the session (its checkpoints with it), give the session's end less the time to
+# commit: UNTIL=06:05 bash .../lanes.sh ...; then no lane starts a run that would not finish by then (--until).
 # Commit only run folders with a results.json. Every run trains on one processor (--processor): a machine
 # with another refuses to train, and a run recorded on another is trained again.
 set -euo pipefail
@@ -18,7 +20,8 @@ PROC=${PROC:-AMD EPYC}
 LOGS=${LOGS:-/tmp/suite/logs}
 mkdir -p "$LOGS"
 export PYTHONPATH="$WT/src" OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
-run() { python -m cem.cli experiment "${IDS:-all}" --scale cpu128 --jobs 1 --results "$MAIN/docs/results/cpu128" --data-dir "$DATA" --processor "$PROC"; }
+run() { python -m cem.cli experiment "${IDS:-all}" --scale cpu128 --jobs 1 --results "$MAIN/docs/results/cpu128" --data-dir "$DATA" \
+          --processor "$PROC" ${UNTIL:+--until "$UNTIL"}; }
 
 # two lanes on the same list (`all`: the core experiments first, lr,fig2c,fig2d,fig4,fig3b,positional,fig3a, then the
 # rest): a run one lane holds is left to it, and an experiment waiting on such a run is put off until the lane's other

@@ -99,13 +99,15 @@ def torchrun(nproc: int, fn, *args):
 
 @dataclass
 class Launcher:
-    """Runs tasks, at most `jobs` at once, handing each the next free device group (`devices`)."""
+    """Runs tasks, at most `jobs` at once, handing each the next free device group (`devices`); with `until`, a
+    sweep starts no run on it that would not finish by then (`cem.experiments.costs.Deadline`)."""
 
     assigns_devices = True  # False: a scheduler assigns them
 
     jobs: int = 1
     nproc_per_run: int = 1  # processes per run (torchrun)
     devices: tuple[tuple[str, ...], ...] | None = None  # device groups (`device_groups`)
+    until: object = None  # a `cem.experiments.costs.Deadline`, or None
 
     def __post_init__(self) -> None:
         check_positive_int("jobs", self.jobs)
@@ -289,10 +291,11 @@ def slurm_options(pairs) -> dict:
 LAUNCHERS = {"process": ProcessLauncher, "local": LocalLauncher, "slurm": SlurmLauncher}
 
 
-def make_launcher(kind: str = "process", jobs: int | None = None, devices=None, nproc_per_run: int = 1, folder=None, **options) -> Launcher:
+def make_launcher(kind: str = "process", jobs: int | None = None, devices=None, nproc_per_run: int = 1, folder=None, until=None,
+                  **options) -> Launcher:
     """A launcher of `kind` (`LAUNCHERS`): `jobs` runs at once (default: one per device group where devices are
-    given, else 1), each on `nproc_per_run` processes; a submitit launcher's job files in `folder`, and
-    `options` its executor's parameters."""
+    given, else 1), each on `nproc_per_run` processes, none started that would not finish by `until` (a
+    `Deadline`); a submitit launcher's job files in `folder`, and `options` its executor's parameters."""
     if kind not in LAUNCHERS:
         raise ValueError(f"unknown launcher {kind!r}; expected one of {', '.join(LAUNCHERS)}")
     cls = LAUNCHERS[kind]
@@ -305,4 +308,4 @@ def make_launcher(kind: str = "process", jobs: int | None = None, devices=None, 
     groups = device_groups(devices, nproc_per_run, jobs or 1) if cls.assigns_devices else None
     if jobs is None:
         jobs = len(groups) if devices is not None else 1
-    return cls(jobs, nproc_per_run, groups, **({"folder": folder or ".submitit", "options": options} if submitit else {}))
+    return cls(jobs, nproc_per_run, groups, until, **({"folder": folder or ".submitit", "options": options} if submitit else {}))

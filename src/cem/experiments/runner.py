@@ -19,7 +19,8 @@ from ..training import RunDir
 from . import lr, seeds
 from .findings import Context
 from .launchers import Launcher, ProcessLauncher
-from .products import missing, recorded_times
+from .costs import Costs, DeadlineReached
+from .products import missing
 from .registry import ALL_IDS, EXPERIMENTS, RATE_RULES, SUITE_ORDER, own_templates, variants_under
 from .scales import Scale, get_scale
 from .sweep import RunSpec, run_sweep, summarize
@@ -78,7 +79,8 @@ def train_runs(ids, sc: Scale, root: Path, data_dir: str | None = None, jobs: in
     trained again since its decision has moved its best rate to an end of the grid: `lr.sweep`'s `rebracket`).
     At a scale with the own-rate rule it goes experiment by experiment: its runs at the size's Llama rate,
     then each own-rate variant's seed-0 sweep, then that variant's runs at the rate chosen; an experiment whose runs
-    another sweep over the same results holds (a second lane) is put off until the other experiments are done."""
+    another sweep over the same results holds (a second lane) is put off until the other experiments are done, and
+    one that left runs for the launcher's deadline (`DeadlineReached`) until the end, where they are named."""
     if not sc.lr_sweep:
         results = run_sweep([s for i in ids for s in _specs(i, sc)], sc, root, data_dir, jobs, _products(ids, sc))
         if (more := seeds.decided(sc, ids, root)) != sc:  # a recursion pair's added seeds (`cem.experiments.seeds`)
@@ -92,16 +94,22 @@ def train_runs(ids, sc: Scale, root: Path, data_dir: str | None = None, jobs: in
         done = replace(sc, sizes=tuple(z for z in sc.sizes if z in order[: n + 1]))
         print(f"== training the runs of {', '.join(ids)} at size {size} ({sc.name} scale)", file=sys.stderr, flush=True)
         if sc.own_rates:  # experiment by experiment (`_experiment_runs`): first each without waiting for a run another
-            left = list(ids)  # sweep over the same results holds (a second lane), then those put off, waiting
+            left, late = list(ids), []  # sweep over the same results holds (a second lane), then those put off, waiting
             for wait in (False, True):
                 put_off = []
                 for i in left:
-                    done, res, finished = _experiment_runs(i, ids, done, root, data_dir, jobs, wait)
+                    try:
+                        done, res, finished = _experiment_runs(i, ids, done, root, data_dir, jobs, wait)
+                    except DeadlineReached as e:  # its runs that fit have trained; the next experiment's may fit too
+                        late.append(e)
+                        continue
                     results.update({s: r for s, r in res.items() if r is not None})
                     put_off += [] if finished else [i]
                 if put_off and not wait:
                     print(f"== back to {', '.join(put_off)}: put off while another sweep held their runs", file=sys.stderr, flush=True)
                 left = put_off
+            if late:
+                raise DeadlineReached(late[0].deadline, [run for e in late for run in e.runs])
             sc = replace(sc, own_lrs=done.own_lrs, lr_grids=done.lr_grids, pair_seeds=done.pair_seeds)
             continue
         specs = [s for i in ids for s in _specs(i, done)]
@@ -138,7 +146,7 @@ def plan(scale: str = "cpu", results_dir: str | Path | None = None, ids=None, **
     """What `run_suite` would train and evaluate, without doing either (`cem experiment ... --plan`): the
     learning-rate decisions so far (an undecided sweep's runs are named at a provisional rate, the middle of its
     grid: `provisional`), each experiment's runs by `run_status` (with every experiment's products, and the runs of
-    the own-rate sweeps it waits on), and the hours of training left (`_estimate_seconds`: core-hours, GPU-hours at
+    the own-rate sweeps it waits on), and the hours of training left (`Costs.seconds`: core-hours, GPU-hours at
     a GPU scale; runs of a size with no finished run here from the runs committed in docs/results, else from the
     FLOP model: `bases` counts the runs estimated from each)."""
     from .sweep import run_status
@@ -184,20 +192,17 @@ def plan(scale: str = "cpu", results_dir: str | Path | None = None, ids=None, **
             status.setdefault(spec, run_status(spec, sc, root, products.get(spec, ())))
         experiments[i] = {k: sum(status[x] == k for x in specs) for k in ("finished", "train", "evaluate", "again")}
     total = {k: sum(v == k for v in status.values()) for k in ("finished", "train", "evaluate", "again")}
+    costs = Costs(sc, root)
     hours, bases = 0.0, {}
-    dirs = sorted(sc.runs(root).glob("*")) if sc.runs(root).is_dir() else []
-    finished = [(r, recorded_times(d)) for r, d in ((RunDir(d).results(), d) for d in dirs) if r is not None]
-    committed = _committed(sc)
-    rate, basis = _flop_rate(sc, [r for r, _ in finished], committed)
-    sources = {"here": [r for r, _ in finished], f"the committed runs in {committed.relative_to(COMMITTED.parents[1])}": _results_in(committed)}
     for spec in (x for x, v in status.items() if v in ("train", "again")):
-        seconds, by = _estimate_seconds(spec, sc, sc.runs(root), sources, rate)
+        seconds, by = costs.seconds(spec)
         hours += seconds / 3600
-        bases[by or f"the FLOP model at {basis}"] = bases.get(by or f"the FLOP model at {basis}", 0) + 1
+        by = by or f"the FLOP model at {costs.rate[1]}"
+        bases[by] = bases.get(by, 0) + 1
     eval_hours, eval_unestimated = 0.0, 0
     for spec in (x for x, v in status.items() if v != "finished"):
         for product in missing(products.get(spec, ()), sc.runs(root) / spec.slug):
-            seconds = _product_seconds(spec, product.name, finished)
+            seconds = costs.product_seconds(spec, product.name)
             if seconds is None:
                 eval_unestimated += 1
             else:
@@ -205,24 +210,8 @@ def plan(scale: str = "cpu", results_dir: str | Path | None = None, ids=None, **
     return {"scale": sc.name, "results": str(root), "chosen_lrs": dict(sc.chosen_lrs), "own_lrs": dict(sc.own_lrs),
             "pair_seeds": dict(sc.pair_seeds), "seeds_undecided": {i: list(sc.more_pair_seeds_of(i)) for i in seeds.undecided(sc, ids, root)},
             "undecided": undecided, "provisional": provisional, "experiments": experiments, "total": total,
-            "unit": "GPU-hours" if sc.name in GPU_SCALES else "core-hours", "core_hours": hours, "bases": bases,
+            "unit": "GPU-hours" if costs.gpu else "core-hours", "core_hours": hours, "bases": bases,
             "eval_core_hours": eval_hours, "eval_unestimated": eval_unestimated}
-
-
-def _product_seconds(spec, name: str, finished: list[tuple[dict, dict]]) -> float | None:
-    """Seconds a product will take: the median of its recorded times (`products.recorded_times`) on finished
-    runs of the spec's size, architecture and model settings, else of its size. None: none recorded."""
-    import statistics
-
-    same, size = [], []
-    for res, times in finished:
-        train = res.get("config", {}).get("train", {})
-        if name not in times or train.get("preset") != spec.size:
-            continue
-        size.append(times[name])
-        if train.get("arch") == spec.arch and (res["config"].get("model_overrides") or {}) == dict(spec.model):
-            same.append(times[name])
-    return statistics.median(same or size) if size else None
 
 
 def format_plan(p: dict) -> str:
@@ -253,92 +242,6 @@ def format_plan(p: dict) -> str:
                  + ". 'again': finished runs whose checkpoint is gone and whose weights an analysis needs; "
                  "'evaluate': that analysis is computed from their checkpoint.")
     return "\n".join(lines)
-
-
-GPU_SCALES = ("gpu", "paper")  # scales whose runs train on GPUs: their plan counts GPU-hours
-H100_BF16_FLOPS = 760e12  # the bf16 matmul peak measured on an H100 (docs/benchmarks/gpu_h100.md: 758-768 TFLOP/s)
-ASSUMED_MFU = 0.15  # the share of it a run is assumed to reach where no run was measured: CEM's eager 15-17% there (Llama 26%)
-ASSUMED_CORE_FLOPS = 10e9  # FLOP/s of one CPU core where no run was measured: below every committed cpu run (14-64 GFLOP/s)
-COMMITTED = Path(__file__).resolve().parents[3] / "docs" / "results"  # the results committed beside the code (a checkout)
-
-
-def _run_flops(res: dict, gpu: bool) -> float | None:
-    """Training FLOP/s of a finished run (the FLOP model's count) per thread, or per GPU at a GPU scale."""
-    from ..model import ModelConfig
-    from ..model.flops import train_flops_per_token
-
-    try:
-        per_token = train_flops_per_token(ModelConfig.from_dict(res["model"]))
-        units = res.get("world_size", 1) if gpu else (res.get("sessions") or [{}])[0].get("threads", 1)
-        return res["tokens_seen"] * per_token / (res["wall_time_s"] * units)
-    except (KeyError, TypeError, ValueError, ZeroDivisionError):
-        return None
-
-
-def _committed(sc: Scale) -> Path:
-    """The runs folder committed in docs/results for a scale's runs."""
-    return COMMITTED / (sc.runs_from or sc.name) / "runs"
-
-
-def _flop_rate(sc: Scale, finished: list[dict], committed: Path) -> tuple[float, str]:
-    """The training FLOP/s of one core (one GPU at a GPU scale) and what it rests on: the median over the finished
-    runs here, else over the runs committed in docs/results for this scale, else an assumption."""
-    import statistics
-
-    gpu = sc.name in GPU_SCALES
-    rates, where = [r for r in (_run_flops(res, gpu) for res in finished) if r], "the finished runs here"
-    if not rates:
-        rates, where = [r for r in (_run_flops(res, gpu) for res in _results_in(committed)) if r], f"the committed runs in docs/results/{committed.parent.name}/runs"
-    if rates:
-        return statistics.median(rates), f"{statistics.median(rates) / 1e9:,.0f} GFLOP/s per {'GPU' if gpu else 'core'}, measured on {where} ({len(rates)})"
-    if gpu:
-        return H100_BF16_FLOPS * ASSUMED_MFU, f"an assumed {ASSUMED_MFU:.0%} MFU of an H100's measured {H100_BF16_FLOPS / 1e12:.0f} TFLOP/s (bf16)"
-    return ASSUMED_CORE_FLOPS, f"an assumed {ASSUMED_CORE_FLOPS / 1e9:.0f} GFLOP/s per core (conservative: the committed cpu runs measured 14-64)"
-
-
-def _results_in(runs: Path) -> list[dict]:
-    return [r for r in (RunDir(d).results() for d in sorted(runs.glob("*"))) if r is not None] if runs.is_dir() else []
-
-
-def _estimate_seconds(spec, sc: Scale, runs: Path, sources: dict, rate: float) -> tuple[float, str | None]:
-    """Training seconds left for a run, and the name of the `sources` (finished runs' results, by name; the first
-    with a run of its size) they rest on: the median wall time of that source's runs of its size, architecture
-    and model settings (any seed or rate), else of those of its size scaled by training FLOPs per token (the
-    budget is the size's), else (None: no finished run of its size) its budget's training FLOPs at `rate`;
-    times the share of its steps not yet checkpointed."""
-    import statistics
-
-    from ..model import model_config
-    from ..model.flops import train_flops_per_token
-    from ..training.budget import Budget
-    from ..training.checkpoint import read_manifest
-    from .sweep import run_config
-
-    def flops(arch: str, model: dict) -> int:
-        return train_flops_per_token(model_config(spec.size, arch, **model))
-
-    for by, finished in sources.items():
-        same, scaled = [], []
-        for res in finished:
-            if "wall_time_s" not in res or res.get("config", {}).get("train", {}).get("preset") != spec.size:
-                continue
-            arch, model = res["config"]["train"]["arch"], res["config"].get("model_overrides") or {}
-            if arch == spec.arch and model == dict(spec.model):
-                same.append(res["wall_time_s"])
-            scaled.append(res["wall_time_s"] * flops(spec.arch, dict(spec.model)) / flops(arch, model))
-        if scaled:
-            break
-    if scaled:
-        seconds = statistics.median(same or scaled)
-    else:
-        run = run_config(spec, sc, None)
-        cfg = run.model()
-        seconds = Budget.of(run.train, cfg, run.train.seq_len or cfg.context).tokens * train_flops_per_token(cfg) / rate
-    run = RunDir(runs / spec.slug)
-    ckpt, recorded = run.checkpoint(), run.read_run()
-    if ckpt is not None and recorded and recorded.get("total_steps"):
-        seconds *= max(0.0, 1 - read_manifest(ckpt)["step"] / recorded["total_steps"])
-    return seconds, by if scaled else None
 
 
 def _analyse(exp_id: str, sc: Scale, root: Path, results: dict, data_dir: str | None, device: str, pending: dict | None = None) -> dict:

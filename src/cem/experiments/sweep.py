@@ -98,12 +98,15 @@ def recorded_nproc(run: RunDir, spec: RunSpec, scale: Scale, data_dir: str | Non
 
 LOCK_POLL_S = 30.0  # how often a sweep looks again at a run that another sweep over the same results holds
 HELD = "held"  # what `_run_one` returns, without waiting, for a run another sweep holds
+LATE = "late"  # and for a run it did not start: it would not finish by the sweep's deadline (`start_by`)
 
 
 def _run_one(args) -> dict | str | None:
-    spec, scale, data_dir, root, threads, nproc, products, wait = args
+    spec, scale, data_dir, root, threads, nproc, products, wait, start_by = args
     if launchers.stopping():
         return None  # the sweep is stopping: a run already handed to this worker's queue does not start
+    if start_by is not None and time.time() > start_by:
+        return LATE
     import torch
 
     from ..training import Interrupted
@@ -137,6 +140,8 @@ def _run_one(args) -> dict | str | None:
             waiting = True
             if launchers.stopping():
                 return None
+            if start_by is not None and time.time() > start_by:  # taken over now, it would not finish in time either
+                return LATE
             time.sleep(LOCK_POLL_S)
 
 
@@ -214,7 +219,9 @@ def run_sweep(specs: list[RunSpec], scale: Scale, root: Path, data_dir: str | No
     checkpoint, or trained again where the checkpoint is gone (a run trained on another machine). `jobs`:
     runs at once on this machine, or where and how the runs train (`cem.experiments.launchers`). A run another
     sweep over the same results holds is put off until the others are done, then waited for; without `wait`,
-    it is left to that sweep (its result None: the caller comes back to it)."""
+    it is left to that sweep (its result None: the caller comes back to it). A launcher with a deadline (`until`)
+    starts no training that would not finish by then (`cem.experiments.costs.Deadline`): the others go on, and then
+    the sweep raises `DeadlineReached` naming the runs left."""
     from .products import missing
 
     launcher = jobs if isinstance(jobs, launchers.Launcher) else launchers.ProcessLauncher(jobs)
@@ -246,17 +253,25 @@ def run_sweep(specs: list[RunSpec], scale: Scale, root: Path, data_dir: str | No
     print(f"{len(unique)} runs, {len(unique) - len(todo)} already finished, {len(fresh) + len(again)} to train"
           + (f" ({len(again)} again)" if again else "") + (f", {len(evaluate) - len(again)} to evaluate" if len(evaluate) > len(again) else ""),
           file=sys.stderr, flush=True)
-    args = [(s, scale, data_dir, str(root), launcher.threads(), launcher.nproc_per_run, products.get(s, ()), False) for s in todo]
-    progress = _Progress(len(todo))
+    deadline = launcher.until  # evaluating a finished run's products is not held to it, only training
+    starts = deadline.start_by(scale, root, [s for s in todo if status[s] != "evaluate"]) if deadline is not None else {}
+    args = [(s, scale, data_dir, str(root), launcher.threads(), launcher.nproc_per_run, products.get(s, ()), False,
+             starts[s][0] if s in starts else None) for s in todo]
+    progress, late = _Progress(len(todo)), []
 
     def done(a, res) -> tuple | None:
         """The run again, to wait for, if another sweep held it; else its progress line."""
+        if res == LATE:
+            late.append(a[0])
+            return None
         if isinstance(res, str):
-            return (*a[:-1], True) if wait else None
+            return (*a[:-2], True, a[-1]) if wait else None
         progress.done(a[0], res, trained=a[0] not in evaluate or a[0] in again)
         return None
 
     launcher.run(_run_one, args, done)
+    if late:
+        raise deadline.missed([(s.slug, starts[s][1]) for s in late])
     return {s: runs[s].results() for s in unique}
 
 
