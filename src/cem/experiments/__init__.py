@@ -1,5 +1,6 @@
 """The paper's experiments (and ours beyond it), one command each, at cpu / gpu / paper scale."""
 
+from .costs import Deadline, DeadlineReached
 from .launchers import LAUNCHERS, make_launcher, slurm_options
 from .registry import ALL_IDS, EXPERIMENTS, SUITE_ORDER, akima_optimum
 from .report import write_report
@@ -9,6 +10,8 @@ from .sweep import RunSpec, Variant, run_sweep
 
 __all__ = [
     "ALL_IDS",
+    "Deadline",
+    "DeadlineReached",
     "EXPERIMENTS",
     "LAUNCHERS",
     "SUITE_ORDER",

@@ -295,7 +295,8 @@ def run_suite(
 ) -> list[dict]:
     """Several experiments at a scale (default: the scale's suite): every run they need is trained first in
     one pool (shared runs once, the recursion experiments first; `train_runs`), then each is analysed. The runs
-    train on `launcher` (`cem.experiments.launchers`; default: `jobs` at once on this machine)."""
+    train on `launcher` (`cem.experiments.launchers`; default: `jobs` at once on this machine); a launcher with a
+    deadline (`until`) raises `DeadlineReached` after the runs that fit, and nothing is analysed."""
     check_positive_int("jobs", jobs)
     sc = get_scale(scale, **scale_overrides)
     ids = tuple(ids or sc.suite or SUITE_ORDER)
