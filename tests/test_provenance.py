@@ -36,3 +36,35 @@ def test_recorded_processors_from_sessions_or_an_older_runs_device():
     sessions = [{"processor": "AMD EPYC"}, {"processor": "Intel Xeon"}, {"processor": "AMD EPYC"}]
     assert recorded_processors({"device": "AMD EPYC (1 thread)", "sessions": sessions}) == ["AMD EPYC", "Intel Xeon"]
     assert recorded_processors({}) == []
+
+
+def test_the_cpu_id_tells_apart_cpus_that_share_a_model_name(tmp_path, monkeypatch):
+    """A VM names an AMD Zen 2 and a newer EPYC both "AMD EPYC", and their runs differ in the last bits from step
+    25 on (docs/LOG.md, 2026-11-28): the family, model and stepping and torch's vector kernels are recorded too."""
+    from cem import device
+
+    zen2 = "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 23\nmodel\t\t: 49\nmodel name\t: AMD EPYC\nstepping\t: 0\n\n" \
+           "processor\t: 1\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\nmodel name\t: other\n"
+    monkeypatch.setattr(device, "CPUINFO", tmp_path / "cpuinfo")
+    (tmp_path / "cpuinfo").write_text(zen2)
+    assert device.cpu_model() == "AMD EPYC" and device.cpu_id() == "AuthenticAMD family 23 model 49 stepping 0"
+    p = provenance()
+    assert p["processor"] == "AMD EPYC" and p["cpu_id"] == "AuthenticAMD family 23 model 49 stepping 0"
+    assert p["cpu_capability"] == torch.backends.cpu.get_cpu_capability() and type(p["cpu_capability"]) is str
+    (tmp_path / "cpuinfo").write_text("processor\t: 0\nmodel name\t: Some ARM core\n")
+    assert device.cpu_id() is None and device.cpu_model() == "Some ARM core"
+    (tmp_path / "cpuinfo").unlink()
+    assert device.cpu_id() is None and device.cpu_model()  # platform's answer
+
+
+def test_the_report_counts_runs_by_cpu_id_where_recorded():
+    from cem.experiments.report import _provenance
+
+    zen2 = {"processor": "AMD EPYC", "cpu_id": "AuthenticAMD family 23 model 49 stepping 0", "torch": "2.13.0+cpu", "commit": "a" * 40}
+    runs = [{"sessions": [zen2]}, {"sessions": [zen2, {**zen2, "cpu_id": "AuthenticAMD family 25 model 17 stepping 1"}]},
+            {"sessions": [{"processor": "AMD EPYC", "torch": "2.13.0+cpu", "commit": "b" * 40}]}, {"device": "AMD EPYC (1 thread)"}]
+    text = _provenance(runs)
+    assert "Processors: AMD EPYC (4 runs)." in text
+    assert ("CPUs by family, model and stepping: AuthenticAMD family 23 model 49 stepping 0 (2 runs), "
+            "AuthenticAMD family 25 model 17 stepping 1 (1 run); 2 runs predate that record.") in text
+    assert "CPUs by family" not in _provenance(runs[2:])

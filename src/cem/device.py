@@ -15,7 +15,7 @@ import torch
 
 from .checks import check_choice
 
-__all__ = ["PARALLEL", "PRECISIONS", "autocast_for", "cpu_model", "device_name", "peak_flops", "pick_device"]
+__all__ = ["PARALLEL", "PRECISIONS", "autocast_for", "cpu_id", "cpu_model", "device_name", "peak_flops", "pick_device"]
 
 PRECISIONS = ("auto", "bf16", "fp32")
 PARALLEL = ("ddp", "fsdp")  # how a torchrun run shares the model among its devices (`cem.training.distributed`)
@@ -52,15 +52,36 @@ def autocast_for(precision: str, device: torch.device) -> contextlib.AbstractCon
     return torch.autocast(device.type, dtype=torch.bfloat16) if uses_bf16(precision, device) else contextlib.nullcontext()
 
 
-def cpu_model() -> str:
-    """The CPU model name from /proc/cpuinfo (platform's answer where that file is missing)."""
+CPUINFO = Path("/proc/cpuinfo")
+
+
+def _cpuinfo() -> dict[str, str]:
+    """The first processor's fields in /proc/cpuinfo (empty where that file is missing)."""
+    out: dict[str, str] = {}
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
+        for line in CPUINFO.read_text().splitlines():
+            if not line.strip():
+                break  # the first processor's block ends
+            key, _, value = line.partition(":")
+            out.setdefault(key.strip().lower(), value.strip())
     except OSError:
         pass
-    return platform.processor() or platform.machine() or "unknown CPU"
+    return out
+
+
+def cpu_model() -> str:
+    """The CPU model name from /proc/cpuinfo (platform's answer where that file is missing)."""
+    return _cpuinfo().get("model name") or platform.processor() or platform.machine() or "unknown CPU"
+
+
+def cpu_id() -> str | None:
+    """The CPU's vendor, family, model and stepping from /proc/cpuinfo ("AuthenticAMD family 23 model 49 stepping 0"):
+    what tells two CPUs apart where a virtual machine shows both under one model name (e.g. "AMD EPYC"), and
+    they sum floats differently. None where /proc/cpuinfo does not say."""
+    info = _cpuinfo()
+    if "cpu family" not in info or "model" not in info:
+        return None
+    return f"{info.get('vendor_id', 'unknown vendor')} family {info['cpu family']} model {info['model']} stepping {info.get('stepping', '?')}"
 
 
 def device_name(device: torch.device) -> str:

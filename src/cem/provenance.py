@@ -1,5 +1,6 @@
 """What produced a run: the code (its git commit, and whether the checkout had uncommitted changes), the
-torch and Python versions, and the processor. Every training session of a run records one (a resumed run
+torch and Python versions, and the processor (its model name, and its family, model and stepping with the vector
+kernels torch uses on it). Every training session of a run records one (a resumed run
 has several), so that a report never pairs runs trained on different processors or devices.
 """
 
@@ -15,7 +16,7 @@ from pathlib import Path
 import torch
 
 from . import __version__
-from .device import device_name, cpu_model
+from .device import cpu_id, cpu_model, device_name
 
 __all__ = ["code_version", "processor", "provenance", "recorded_processors"]
 
@@ -57,6 +58,8 @@ def provenance(device: torch.device | None = None) -> dict:
         "torch": str(torch.__version__),  # a plain str (TorchVersion would not load with weights_only)
         "python": platform.python_version(),
         "processor": processor(device),
+        "cpu_id": cpu_id(),  # one model name can hide several CPUs (a VM's "AMD EPYC"): this tells them apart
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),  # the vector kernels torch dispatches to (AVX2, AVX512)
         "device": device_name(device),
         "threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count(),

@@ -105,3 +105,32 @@ def test_the_command_stops_in_order_at_its_deadline(tmp_path, monkeypatch, capsy
     assert "1 run not started" in out and "cpu128-llama-s1 (about 45 min)" in out and "run the same command again" in out
     assert main([*base, "--until", "2020-01-01T00:00"]) == 2 and len(given) == 1
     assert "--until '2020-01-01T00:00' is past" in capsys.readouterr().err
+
+
+def test_a_runs_time_is_read_first_from_the_runs_trained_on_this_cpu(tmp_path, monkeypatch):
+    """CPUs under one model name differ in speed (a VM's "AMD EPYC": 4.3k against 6.1k tokens/s for one model on
+    2026-11-27 and -28): the runs whose every session ran on this CPU (`cpu_id`) estimate first, the others where
+    this CPU has none of the size."""
+    import json
+
+    from cem import device
+
+    s = get_scale("smoke")
+    spec = RunSpec.make("micro", "llama")
+
+    def finished(name: str, wall: float, ids: list) -> None:
+        run = s.runs(tmp_path) / name
+        run.mkdir(parents=True)
+        res = {"wall_time_s": wall, "config": {"train": {"preset": "micro", "arch": "llama"}}, "sessions": [{"cpu_id": i} for i in ids]}
+        (run / "results.json").write_text(json.dumps(res))
+
+    finished("a", 100.0, ["zen2"])
+    finished("b", 300.0, ["zen4"])
+    finished("c", 500.0, ["zen2", "zen4"])  # resumed on another CPU: neither's
+    committed = tmp_path / "none" / "docs" / "results" / "smoke" / "runs"
+    monkeypatch.setattr(device, "cpu_id", lambda: "zen2")
+    assert Costs(s, tmp_path, committed).seconds(spec) == (100.0, "here")
+    monkeypatch.setattr(device, "cpu_id", lambda: "zen3")  # no run on this CPU: all of them
+    assert Costs(s, tmp_path, committed).seconds(spec) == (300.0, "here")
+    monkeypatch.setattr(device, "cpu_id", lambda: None)  # a CPU that does not say: all of them
+    assert Costs(s, tmp_path, committed).seconds(spec) == (300.0, "here")

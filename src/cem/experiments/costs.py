@@ -93,7 +93,9 @@ class Costs:
         """Training seconds left for a run, and the name of the source they rest on: the median wall time of that
         source's runs of its size, architecture and model settings (any seed or rate), else of those of its size
         scaled by training FLOPs per token (the budget is the size's), else (None: no finished run of its size)
-        its budget's training FLOPs at `rate`; times the share of its steps not yet checkpointed."""
+        its budget's training FLOPs at `rate`; times the share of its steps not yet checkpointed. Within a source,
+        the runs trained on this CPU (`cpu_id`) are read first: CPUs under one model name differ in speed."""
+        from ..device import cpu_id
         from ..model import model_config
         from ..model.flops import train_flops_per_token
         from ..training.budget import Budget
@@ -102,16 +104,26 @@ class Costs:
         def flops(arch: str, model: dict) -> int:
             return train_flops_per_token(model_config(spec.size, arch, **model))
 
-        by, same, scaled = None, [], []
-        for by, finished in self.sources.items():
+        def times(runs: list[dict]) -> tuple[list[float], list[float]]:
+            """Wall times of the runs of the spec's settings, and of its size scaled to its FLOPs."""
             same, scaled = [], []
-            for res in finished:
+            for res in runs:
                 if "wall_time_s" not in res or res.get("config", {}).get("train", {}).get("preset") != spec.size:
                     continue
                 arch, model = res["config"]["train"]["arch"], res["config"].get("model_overrides") or {}
                 if arch == spec.arch and model == dict(spec.model):
                     same.append(res["wall_time_s"])
                 scaled.append(res["wall_time_s"] * flops(spec.arch, dict(spec.model)) / flops(arch, model))
+            return same, scaled
+
+        mine = cpu_id()
+        by, same, scaled = None, [], []
+        for by, finished in self.sources.items():
+            this_cpu = [r for r in finished if mine and {s.get("cpu_id") for s in r.get("sessions") or [{}]} == {mine}]
+            for runs in (this_cpu, finished):
+                same, scaled = times(runs)
+                if scaled:
+                    break
             if scaled:
                 break
         if scaled:
