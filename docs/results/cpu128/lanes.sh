@@ -7,6 +7,8 @@
 #   bash /tmp/suite/wt128/docs/results/cpu128/lanes.sh /work/main /work/shared/data
 #
 # Before moving the worktree to newer code, check that it trains to the same bits: docs/results/cpu128/parity.sh.
+# On a new machine, samebits.py says whether it computes what the committed runs' machines did (one model name,
+# "AMD EPYC", covers CPUs that round differently: docs/LOG.md, 2026-11-28).
 # Rerun it to resume (finished runs are skipped, interrupted ones resume bit-exact from their checkpoint). On a
 # machine that may not outlive the session (its checkpoints with it), give the session's end less the time to
 # commit: UNTIL=06:05 bash .../lanes.sh ...; then no lane starts a run that would not finish by then (--until).
