@@ -109,7 +109,7 @@ def train_runs(ids, sc: Scale, root: Path, data_dir: str | None = None, jobs: in
                     print(f"== back to {', '.join(put_off)}: put off while another sweep held their runs", file=sys.stderr, flush=True)
                 left = put_off
             if late:
-                raise DeadlineReached(late[0].deadline, [run for e in late for run in e.runs])
+                raise DeadlineReached(late[0].deadline, list(dict.fromkeys(run for e in late for run in e.runs)))  # a run two experiments share, once
             sc = replace(sc, own_lrs=done.own_lrs, lr_grids=done.lr_grids, pair_seeds=done.pair_seeds)
             continue
         specs = [s for i in ids for s in _specs(i, done)]
