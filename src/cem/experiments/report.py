@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from pathlib import Path
 
 from ..io import read_json
@@ -361,13 +362,11 @@ def _provenance(runs: list[dict]) -> str:
     commits = sorted({s["commit"][:10] for r in runs for s in r.get("sessions", []) if s.get("commit")})
     recorded = sum(bool(r.get("sessions")) for r in runs)
     text = "Processors: " + ", ".join(f"{p} ({n} runs)" for p, n in sorted(procs.items(), key=lambda x: -x[1])) + "."
-    ids: dict[str, int] = {}
-    for r in runs:
-        for i in dict.fromkeys(s["cpu_id"] for s in r.get("sessions", []) if s.get("cpu_id")):
-            ids[i] = ids.get(i, 0) + 1
-    if ids:  # recorded since 2026-11-28: one model name ("AMD EPYC") was found to cover CPUs that sum floats differently
-        text += (" CPUs by family, model and stepping: " + ", ".join(f"{i} ({n} run{'s' if n != 1 else ''})" for i, n in sorted(ids.items(), key=lambda x: -x[1]))
-                 + f"; {len(runs) - sum(any(s.get('cpu_id') for s in r.get('sessions', [])) for r in runs)} runs predate that record.")
+    ids = [{s["cpu_id"] for s in r.get("sessions", []) if s.get("cpu_id")} for r in runs]  # recorded since 2026-11-28:
+    counts = Counter(i for each in ids for i in each)  # one model name ("AMD EPYC") covers CPUs that round differently
+    if counts:
+        text += (" CPUs by family, model and stepping: " + ", ".join(f"{i} ({n} run{'s' if n != 1 else ''})" for i, n in counts.most_common())
+                 + f"; {sum(not each for each in ids)} runs predate that record.")
     if recorded:
         text += (f" {recorded} of the {len(runs)} runs record their provenance: torch {', '.join(torches)}; code "
                  f"commit{'s' if len(commits) != 1 else ''} {', '.join(commits) or 'not recorded'}; the others predate it "
