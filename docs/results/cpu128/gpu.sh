@@ -5,7 +5,9 @@
 #
 # Local lanes finish about two cpu128 runs an hour (one thread each). A GPU machine is lent for about 15 minutes,
 # so a run counts only if it finishes there: this script trains whole experiments (EXPERIMENTS, default the Llama
-# rate sweep, fig2a and fig2c) in JOBS processes sharing the one GPU, for at most BUDGET seconds, then brings back
+# rate sweep, fig2a and fig2c) in LANES commands of JOBS processes each, all sharing the one GPU and one runs folder
+# (a run one lane holds is left to it, so while one lane runs the Llama sweep that the paper's rule waits for, the
+# others run the CEM variants' own-rate sweeps, as lanes.sh does on the CPU), for at most BUDGET seconds, then brings back
 # every finished run folder (results.json, run.json, metrics.jsonl; no checkpoints) as OUTDIR/runs.tgz with a
 # summary of what finished and how fast (OUTDIR/summary.txt). A cpu run on that machine's 16 cores would take
 # 0.7-1.3 h, so none is started there.
@@ -24,25 +26,31 @@ export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 PYTHO
 py=${PYTHON:-python3}
 scale=cpu128 exps=${EXPERIMENTS:-lr,fig2a,fig2c} data=${DATA:-.gpu-data}
 if [ -n "${DRY:-}" ]; then
-  device=cpu jobs=${JOBS:-2} budget=${BUDGET:-600} rehearse=--rehearse
+  device=cpu lanes=${LANES:-2} jobs=${JOBS:-1} budget=${BUDGET:-600} rehearse=--rehearse
 else
-  device=cuda jobs=${JOBS:-12} budget=${BUDGET:-480} rehearse=
+  device=cuda lanes=${LANES:-3} jobs=${JOBS:-4} budget=${BUDGET:-480} rehearse=
 fi
 [ -f "$data/wikitext-2/train.txt" ] || { echo "no corpus at $data/wikitext-2: copy /work/shared/data/wikitext-2 into $data (and carry it)" >&2; exit 2; }
 root=$(mktemp -d /tmp/gpu128.XXXXXX)
 { date -u +%FT%TZ; git rev-parse HEAD 2>/dev/null || echo "no git"
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null || echo "no nvidia-smi"
   $py -c "import torch, platform; print('python', platform.python_version(), 'torch', torch.__version__, 'cuda', torch.version.cuda)"
-  echo "scale=$scale${rehearse:+ (rehearsal)} device=$device experiments=$exps jobs=$jobs budget=${budget}s"
+  echo "scale=$scale${rehearse:+ (rehearsal)} device=$device experiments=$exps lanes=$lanes jobs=$jobs (each lane) budget=${budget}s"
 } > "$out/env.txt" 2>&1
 cat "$out/env.txt"
 start=$(date +%s)
 # the experiments, stopped at the budget: runs that finished by then are kept, the others are lost with the machine
-timeout --signal=INT --kill-after=30 "$budget" $py -m cem.cli experiment "$exps" --scale "$scale" --device "$device" \
-  --jobs "$jobs" --results "$root/$scale" --data-dir "$data" $rehearse > "$out/experiment.log" 2>&1
-echo "experiment exit $? after $(( $(date +%s) - start )) s"
+# (each lane starts 8 s after the one before, so that the first takes the runs the list begins with)
+for i in $(seq 1 "$lanes"); do
+  ( sleep $(( 8 * (i - 1) ))
+    timeout --signal=INT --kill-after=30 $(( budget - 8 * (i - 1) )) $py -m cem.cli experiment "$exps" --scale "$scale" \
+      --device "$device" --jobs "$jobs" --results "$root/$scale" --data-dir "$data" $rehearse > "$out/lane$i.log" 2>&1
+    echo "lane $i: experiment exit $? after $(( $(date +%s) - start )) s" ) &
+done
+wait
+for i in $(seq 1 "$lanes"); do echo "== lane $i"; cat "$out/lane$i.log"; rm -f "$out/lane$i.log"; done > "$out/experiment.log"
 # what finished, and how fast (tokens/s per run, runs an hour over the whole window)
-$py - "$root" "$(( $(date +%s) - start ))" "$jobs" > "$out/summary.txt" 2>&1 <<'PY'
+$py - "$root" "$(( $(date +%s) - start ))" "$(( lanes * jobs ))" > "$out/summary.txt" 2>&1 <<'PY'
 import json, sys
 from pathlib import Path
 root, wall, jobs = Path(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
