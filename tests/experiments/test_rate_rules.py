@@ -88,6 +88,18 @@ def test_a_suite_trains_on_its_processor_only(corpus, tmp_path, monkeypatch):
     assert [x["processor"] for x in json.loads(res_path.read_text())["sessions"]] == ["Another CPU"]
 
 
+def test_the_processor_check_asks_the_device_the_runs_train_on(corpus, tmp_path, monkeypatch):
+    """On a GPU machine a suite's processor is the GPU's name (what its runs record), not the host CPU's."""
+    import cem.provenance
+
+    asked = []
+    monkeypatch.setattr(cem.provenance, "processor", lambda device=None: asked.append(device) or "NVIDIA H200")
+    s = get_scale("smoke", data=str(corpus), processor="Another GPU")
+    with pytest.raises(ValueError, match="trains on Another GPU only.*this machine is NVIDIA H200"):
+        run_sweep([RunSpec.make("micro", "llama")], s, tmp_path)
+    assert asked and all(d is not None for d in asked)  # the training device was named
+
+
 def test_the_cpu128_scale_reuses_the_committed_cpu_runs():
     """The cpu128 scale shares the cpu suite's runs folder; its committed runs are found, not trained again."""
     s = get_scale("cpu128")

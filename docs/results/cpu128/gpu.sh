@@ -5,7 +5,7 @@
 #
 # Local lanes finish about two cpu128 runs an hour (one thread each). A GPU machine is lent for about 15 minutes,
 # so a run counts only if it finishes there: this script trains whole experiments (EXPERIMENTS, default the Llama
-# rate sweep, fig2a and fig2c) in LANES commands of JOBS processes each, all sharing the one GPU and one runs folder
+# rate sweep, fig2a, fig2c and fig2d) in LANES commands of JOBS processes each, all sharing the one GPU and one runs folder
 # (a run one lane holds is left to it, so while one lane runs the Llama sweep that the paper's rule waits for, the
 # others run the CEM variants' own-rate sweeps, as lanes.sh does on the CPU), for at most BUDGET seconds, then brings back
 # every finished run folder (results.json, run.json, metrics.jsonl; no checkpoints) as OUTDIR/runs.tgz with a
@@ -13,8 +13,11 @@
 # 0.7-1.3 h, so none is started there.
 #
 # Runs trained here form their own campaign: they record the GPU as their processor, are never paired with the
-# local lanes' CPU runs, and are unpacked into their own results folder (docs/results/cpu128-<gpu>/). Every run
-# of a comparison must come from one device kind (an H100 and an H200 are two devices).
+# local lanes' CPU runs, and are unpacked into their own results folder, one per GPU model (docs/results/h200/ for an
+# "NVIDIA H200": `tar xzf OUTDIR/runs.tgz -C docs/results/h200`, its cpu128/ and cpu/runs/ beside each other as in
+# docs/results/). Every run of a comparison must come from one device kind (an H100 and an H200 are two devices): the
+# experiments train with --processor set to the GPU's name, and the call starts from that GPU's committed folder
+# (FROM, default docs/results/<gpu>/), so its finished runs and chosen rates are not trained again.
 #
 # The corpus travels with the call: copy /work/shared/data/wikitext-2 into .gpu-data/ (ignored by git) and
 # name .gpu-data in the call's carry. DRY=1 rehearses the same call on the CPU (the same scale, corpus, experiments
@@ -24,7 +27,7 @@ out=${1:?usage: gpu.sh OUTDIR}
 mkdir -p "$out"
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 OMP_NUM_THREADS=1
 py=${PYTHON:-python3}
-scale=cpu128 exps=${EXPERIMENTS:-lr,fig2a,fig2c} data=${DATA:-.gpu-data}
+scale=cpu128 exps=${EXPERIMENTS:-lr,fig2a,fig2c,fig2d} data=${DATA:-.gpu-data}
 if [ -n "${DRY:-}" ]; then
   device=cpu lanes=${LANES:-2} jobs=${JOBS:-1} budget=${BUDGET:-600} rehearse=--rehearse
 else
@@ -32,10 +35,16 @@ else
 fi
 [ -f "$data/wikitext-2/train.txt" ] || { echo "no corpus at $data/wikitext-2: copy /work/shared/data/wikitext-2 into $data (and carry it)" >&2; exit 2; }
 root=$(mktemp -d /tmp/gpu128.XXXXXX)
+# the processor every run of this campaign records: the GPU's name ("NVIDIA H200"), or the CPU's in a rehearsal
+proc=$($py -c "import torch; from cem.provenance import processor; print(processor(torch.device('$device')))") || exit 2
+gpu=$(echo "$proc" | awk '{print tolower($2)}')   # "NVIDIA H200" -> h200
+if [ -n "${DRY:-}" ]; then from=${FROM:-}; else from=${FROM:-docs/results/$gpu}; fi
+if [ -n "$from" ] && [ -d "$from" ]; then cp -r "$from/." "$root/"; fi
 { date -u +%FT%TZ; git rev-parse HEAD 2>/dev/null || echo "no git"
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null || echo "no nvidia-smi"
   $py -c "import torch, platform; print('python', platform.python_version(), 'torch', torch.__version__, 'cuda', torch.version.cuda)"
-  echo "scale=$scale${rehearse:+ (rehearsal)} device=$device experiments=$exps lanes=$lanes jobs=$jobs (each lane) budget=${budget}s"
+  echo "scale=$scale${rehearse:+ (rehearsal)} device=$device processor=$proc experiments=$exps lanes=$lanes jobs=$jobs (each lane) budget=${budget}s"
+  echo "started from ${from:-nothing}: $(ls "$root"/cpu/runs 2>/dev/null | wc -l) runs"
 } > "$out/env.txt" 2>&1
 cat "$out/env.txt"
 start=$(date +%s)
@@ -44,17 +53,18 @@ start=$(date +%s)
 for i in $(seq 1 "$lanes"); do
   ( sleep $(( 8 * (i - 1) ))
     timeout --signal=INT --kill-after=30 $(( budget - 8 * (i - 1) )) $py -m cem.cli experiment "$exps" --scale "$scale" \
-      --device "$device" --jobs "$jobs" --results "$root/$scale" --data-dir "$data" $rehearse > "$out/lane$i.log" 2>&1
+      --device "$device" --jobs "$jobs" --results "$root/$scale" --data-dir "$data" --processor "$proc" $rehearse > "$out/lane$i.log" 2>&1
     echo "lane $i: experiment exit $? after $(( $(date +%s) - start )) s" ) &
 done
 wait
 for i in $(seq 1 "$lanes"); do echo "== lane $i"; cat "$out/lane$i.log"; rm -f "$out/lane$i.log"; done > "$out/experiment.log"
 # what finished, and how fast (tokens/s per run, runs an hour over the whole window)
-$py - "$root" "$(( $(date +%s) - start ))" "$(( lanes * jobs ))" > "$out/summary.txt" 2>&1 <<'PY'
-import json, sys
+$py - "$root" "$start" "$(( lanes * jobs ))" > "$out/summary.txt" 2>&1 <<'PY'
+import json, sys, time
 from pathlib import Path
-root, wall, jobs = Path(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
-done = sorted(p for p in root.glob("*/runs/*/results.json"))
+root, start, jobs = Path(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
+wall = time.time() - start
+done = sorted(p for p in root.glob("*/runs/*/results.json") if p.stat().st_mtime >= start)  # not the runs it started from
 print(f"{len(done)} runs finished in {wall:.0f} s with {jobs} processes: {3600 * len(done) / wall:.1f} runs an hour "
       f"(the two local lanes: about 2)")
 for p in done:
@@ -64,7 +74,9 @@ for p in done:
           f"{r.get('wall_time_s', float('nan')):.0f} s, {s.get('processor')}, torch {s.get('torch')}")
 PY
 cat "$out/summary.txt"
-tar czf "$out/runs.tgz" -C "$root" --exclude=ckpt --exclude=tokenizer --exclude='*.lock' --exclude=.lock . 2>/dev/null
+# the finished runs (an unfinished one cannot resume without its checkpoint) and the scale's folder (chosen rates, report)
+(cd "$root" && { ls -d "$scale" 2>/dev/null; ls -d cpu/runs/*/results.json 2>/dev/null | xargs -r -n1 dirname; } |
+  tar czf "$out/runs.tgz" --exclude=ckpt --exclude=tokenizer --exclude='*.lock' --exclude=.lock -T -)
 cp "$out/experiment.log" "$out/experiment.log.txt" 2>/dev/null; rm -f "$out/experiment.log"
 tail -n 5 "$out/experiment.log.txt"
 ls -la "$out"

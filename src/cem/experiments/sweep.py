@@ -235,11 +235,13 @@ def run_sweep(specs: list[RunSpec], scale: Scale, root: Path, data_dir: str | No
     evaluate = [s for s in unique if status[s] in ("evaluate", "again")]
     again = [s for s in unique if status[s] == "again"]
     if scale.processor and (fresh or again):
+        from ..device import pick_device
         from ..provenance import processor
 
-        if processor() != scale.processor:
+        here = processor(pick_device(run_config((fresh or again)[0], scale, data_dir).train.device))  # the GPU's name on CUDA
+        if here != scale.processor:
             raise ValueError(f"this suite trains on {scale.processor} only (its runs are paired by seed, and another processor "
-                             f"sums floats in another order); this machine is {processor()}: run it where the other runs ran")
+                             f"sums floats in another order); this machine is {here}: run it where the other runs ran")
     for s in again:
         other = other_processor(runs[s].results(), scale.processor) if scale.processor else None
         if other:
