@@ -1,5 +1,5 @@
-"""The README's paragraph of findings quotes the committed reports: every figure it gives is in docs/results/cpu/report.md
-or docs/results/cpu128/report.md."""
+"""The README's paragraph of findings quotes the committed reports: every figure it gives is in docs/results/cpu/report.md,
+docs/results/cpu128/report.md or the H200 campaign's docs/results/h200/cpu128/report.md."""
 
 import re
 from pathlib import Path
@@ -15,7 +15,7 @@ def findings_section() -> str:
 
 def test_every_figure_of_the_findings_is_in_the_report():
     section = findings_section()
-    report = "\n".join((ROOT / f"docs/results/{scale}/report.md").read_text() for scale in ("cpu", "cpu128"))
+    report = "\n".join((ROOT / f"docs/results/{scale}/report.md").read_text() for scale in ("cpu", "cpu128", "h200/cpu128"))
     figures = re.findall(r"[+-]\d\.\d{4}\b|[+-]\d+\.\d+%|\b\d+ runs\b", section)
     assert len(figures) >= 8, figures  # the regime check, both fig2a differences and their intervals, the run count
     missing = [f for f in figures if f not in report]

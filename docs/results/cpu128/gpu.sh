@@ -33,6 +33,9 @@ if [ -n "${DRY:-}" ]; then
 else
   device=cuda lanes=${LANES:-3} jobs=${JOBS:-4} budget=${BUDGET:-480} rehearse=
 fi
+# on an H200 twelve runs started together take 190-200 s (compilation included): a shorter budget finishes none
+# (2026-11-28: 170 s, 0 of 12 runs, 4 minutes of device time lost)
+[ -n "${DRY:-}" ] || [ "$budget" -ge 240 ] || { echo "BUDGET=$budget: under 240 s no run finishes; give at least 240" >&2; exit 2; }
 [ -f "$data/wikitext-2/train.txt" ] || { echo "no corpus at $data/wikitext-2: copy /work/shared/data/wikitext-2 into $data (and carry it)" >&2; exit 2; }
 root=$(mktemp -d /tmp/gpu128.XXXXXX)
 # the processor every run of this campaign records: the GPU's name ("NVIDIA H200"), or the CPU's in a rehearsal
