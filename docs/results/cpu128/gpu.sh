@@ -6,8 +6,8 @@
 # Local lanes finish about two cpu128 runs an hour (one thread each). A GPU machine is lent for about 15 minutes,
 # so a run counts only if it finishes there: this script trains whole experiments (EXPERIMENTS, default the Llama
 # rate sweep, fig2a, fig2c and fig2d) in LANES commands of JOBS processes each, all sharing the one GPU and one runs folder
-# (a run one lane holds is left to it, so while one lane runs the Llama sweep that the paper's rule waits for, the
-# others run the CEM variants' own-rate sweeps, as lanes.sh does on the CPU), for at most BUDGET seconds, then brings back
+# (a run one lane holds is left to it, as in lanes.sh on the CPU; every run but the Llama sweep waits for Llama's rate,
+# so until that is chosen the other lanes wait: 3.5 of the first call's 9 minutes), for at most BUDGET seconds, then brings back
 # every finished run folder (results.json, run.json, metrics.jsonl; no checkpoints) as OUTDIR/runs.tgz with a
 # summary of what finished and how fast (OUTDIR/summary.txt). A cpu run on that machine's 16 cores would take
 # 0.7-1.3 h, so none is started there.
