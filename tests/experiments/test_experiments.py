@@ -652,6 +652,14 @@ def test_report_sets_full_cems_own_best_rate_beside_the_rate_it_trained_at():
     text = _rates([fig3a])[1]
     assert "full CEM's own best rate on validation is 0.004" in text and "0.170 nats lower than at Llama's 0.008" in text
     assert "full CEM trains above its own optimum" in text
+    # under the paper's rule alone, fig3a's own sweep (recorded in own_lrs) does not make the other variants swept
+    fig3a["scale"] = {**scale, "rate_rules": ["paper"], "own_lrs": [["cpu64-cem-t2", 0.004]]}
+    text = _rates([fig3a])[1]
+    assert "The other CEM variants are not swept" in text and "Under the second rule" not in text
+    fig3a["scale"] = {**scale, "rate_rules": ["paper", "own"], "own_lrs": [["cpu64-cem-t2", 0.004]]}
+    text = _rates([fig3a])[1]
+    assert "The other CEM variants are not swept" not in text and "Under the second rule" in text and "cpu64-cem-t2 0.004" in text
+    fig3a["scale"] = scale
     fig3a["optima"][LR_GROUPS[1]]["best_grid_lr"] = 0.008
     assert "is Llama's rate too" in _rates([fig3a])[1]
     assert _rates([{"experiment": "fig2c", "scale": {"base": "micro"}}]) == []  # a scale without a sweep

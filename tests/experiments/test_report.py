@@ -115,3 +115,14 @@ def test_the_report_states_each_pair_seeds_decision(tmp_path):
     report = write_report(root, allow_short=True).read_text()
     assert "resolve 0.0020 nats (80% power), at most half the observed difference, so it keeps them." in report
     assert "for fig2c's T=1/T=2 pair" not in report
+
+
+def test_a_one_seed_row_names_its_seed_instead_of_a_zero_spread(tmp_path):
+    root = _suite(tmp_path / "res", findings=False)
+    summary = json.loads((root / "fig2c" / "summary.json").read_text())
+    summary["rows"] = [{**ROW, "seeds": [0], "test_perplexity_std": 0.0}, {**ROW, "label": "Llama micro (3 seeds)", "seeds": [0, 1, 2]}]
+    (root / "fig2c" / "summary.json").write_text(json.dumps(summary))
+    assert main(["report", str(root)]) == 0
+    report = (root / "report.md").read_text()
+    assert "| 30.000 (seed 0) | 4.9000 (seed 0) |" in report and "± 0.000" not in report
+    assert "| 30.000 ± 1.000 | 4.9000 ± 0.1000 |" in report

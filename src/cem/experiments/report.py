@@ -33,14 +33,22 @@ def _table(s: dict) -> list[str]:
         for r in s.get("gp_rows", []):
             out.append(f"| {r['kernel']} | {r['steps']} | {r['rmse_mean']:.4f} ± {r['rmse_std']:.4f} | {r['nrmse_mean']:.4f} ± {r['nrmse_std']:.4f} | {r['params']:,} | {r['flops']:,} |")
         return out
-    out = ["| variant | parameters | attention | MLP | test perplexity (mean ± std) | bits per byte | tokens (per Llama parameter) |", "|---|---|---|---|---|---|---|"]
+    out = ["| variant | parameters | attention | MLP | test perplexity (mean ± std over seeds) | bits per byte | tokens (per Llama parameter) |", "|---|---|---|---|---|---|---|"]
     for r in s["rows"]:
         out.append(
             f"| {r['label']} | {r['parameters'] / 1e6:.3f}M | {r['attention_parameters'] / 1e6:.3f}M | {r['mlp_parameters'] / 1e6:.3f}M | "
-            f"{r['test_perplexity']:.3f} ± {r['test_perplexity_std']:.3f} | {r['test_bits_per_byte']:.4f} ± {r['test_bits_per_byte_std']:.4f} | "
+            f"{_spread(r, 'test_perplexity', '.3f')} | {_spread(r, 'test_bits_per_byte', '.4f')} | "
             f"{r['tokens']:,} ({r['tokens_per_llama_parameter']:.1f}) |"
         )
     return out
+
+
+def _spread(row: dict, key: str, fmt: str) -> str:
+    """A row's metric as `mean ± std` over its seeds, or `value (seed s)` when one seed ran (no spread to give)."""
+    seeds = row.get("seeds", [])
+    if len(seeds) == 1:
+        return f"{row[key]:{fmt}} (seed {seeds[0]})"
+    return f"{row[key]:{fmt}} ± {row[key + '_std']:{fmt}}"
 
 
 def _ci(d: dict, fmt: str = "+.3f") -> str:
@@ -318,7 +326,8 @@ def _rates(summaries: list[dict]) -> list[str]:
     line = ("**Learning rates:** every run of a size trains at its Llama baseline's best rate on validation (the paper's rule): "
             + ", ".join(f"{size} {lr:g}" for size, lr in chosen.items()) + ".")
     own = {k: lr for s in summaries for k, lr in s["scale"].get("own_lrs") or []}  # each experiment records the sweeps it ran
-    if own and "own" in (sc.get("rate_rules") or ()):
+    own = own if "own" in (sc.get("rate_rules") or ()) else {}  # a scale under the paper's rule alone sweeps no other variant
+    if own:
         line += (f" Under the second rule each CEM variant of a headline comparison also trains at its own best rate, chosen by a "
                  f"seed-0 sweep on validation loss from half to twice Llama's rate (grown until bracketed; rates within "
                  f"{sc.get('lr_tie', 0):g} nats of the best tie, and the lowest of them is chosen): "
