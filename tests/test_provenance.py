@@ -38,6 +38,23 @@ def test_recorded_processors_from_sessions_or_an_older_runs_device():
     assert recorded_processors({}) == []
 
 
+def test_a_cpu_session_is_named_by_the_cpus_family_where_known_or_inferred():
+    """One model name covers CPUs that round differently (docs/LOG.md, 2026-11-28): a CPU session is named with its
+    family, model and stepping, recorded or (for sessions before that record) inferred; a GPU session by the GPU."""
+    zen2, zen4 = "AuthenticAMD family 23 model 49 stepping 0", "AuthenticAMD family 25 model 17 stepping 1"
+    cpu = {"processor": "AMD EPYC", "device": "AMD EPYC (1 thread)"}
+    assert recorded_processors({"sessions": [{**cpu, "cpu_id": zen2}]}) == [f"AMD EPYC ({zen2})"]
+    assert recorded_processors({"sessions": [{**cpu, "processor": f"AMD EPYC ({zen2})", "cpu_id": zen2}]}) == [f"AMD EPYC ({zen2})"]
+    gpu = {"processor": "NVIDIA H200", "device": "NVIDIA H200", "cpu_id": zen4}  # the host CPU does not name a GPU run
+    assert recorded_processors({"sessions": [gpu]}) == ["NVIDIA H200"]
+    inferred = {"processor_inferred": {"processor": f"AMD EPYC ({zen4})", "by": "a check"}}
+    assert recorded_processors({**inferred, "sessions": [cpu]}) == [f"AMD EPYC ({zen4})"]
+    assert recorded_processors({**inferred, "device": "AMD EPYC (1 thread)"}) == [f"AMD EPYC ({zen4})"]
+    # a session that recorded its CPU keeps it: an inference never overrides a record
+    assert recorded_processors({**inferred, "sessions": [cpu, {**cpu, "cpu_id": zen2}]}) == [f"AMD EPYC ({zen4})", f"AMD EPYC ({zen2})"]
+    assert recorded_processors({"sessions": [cpu]}) == ["AMD EPYC"]  # neither recorded nor inferred: the model name alone
+
+
 def test_the_cpu_id_tells_apart_cpus_that_share_a_model_name(tmp_path, monkeypatch):
     """A VM names an AMD Zen 2 and a newer EPYC both "AMD EPYC", and their runs differ in the last bits from step
     25 on (docs/LOG.md, 2026-11-28): the family, model and stepping and torch's vector kernels are recorded too."""
@@ -49,22 +66,24 @@ def test_the_cpu_id_tells_apart_cpus_that_share_a_model_name(tmp_path, monkeypat
     (tmp_path / "cpuinfo").write_text(zen2)
     assert device.cpu_model() == "AMD EPYC" and device.cpu_id() == "AuthenticAMD family 23 model 49 stepping 0"
     p = provenance()
-    assert p["processor"] == "AMD EPYC" and p["cpu_id"] == "AuthenticAMD family 23 model 49 stepping 0"
+    assert p["processor"] == "AMD EPYC (AuthenticAMD family 23 model 49 stepping 0)" and p["cpu_id"] == "AuthenticAMD family 23 model 49 stepping 0"
     assert p["cpu_capability"] == torch.backends.cpu.get_cpu_capability() and type(p["cpu_capability"]) is str
     (tmp_path / "cpuinfo").write_text("processor\t: 0\nmodel name\t: Some ARM core\n")
-    assert device.cpu_id() is None and device.cpu_model() == "Some ARM core"
+    assert device.cpu_id() is None and device.cpu_model() == "Some ARM core" == provenance()["processor"]
     (tmp_path / "cpuinfo").unlink()
     assert device.cpu_id() is None and device.cpu_model()  # platform's answer
 
 
-def test_the_report_counts_runs_by_cpu_id_where_recorded():
+def test_the_report_names_each_cpu_with_its_family_recorded_or_inferred():
     from cem.experiments.report import _provenance
 
-    zen2 = {"processor": "AMD EPYC", "cpu_id": "AuthenticAMD family 23 model 49 stepping 0", "torch": "2.13.0+cpu", "commit": "a" * 40}
+    zen2 = {"processor": "AMD EPYC", "device": "AMD EPYC (1 thread)", "cpu_id": "AuthenticAMD family 23 model 49 stepping 0",
+            "torch": "2.13.0+cpu", "commit": "a" * 40}
+    zen4 = "AMD EPYC (AuthenticAMD family 25 model 17 stepping 1)"
     runs = [{"sessions": [zen2]}, {"sessions": [zen2, {**zen2, "cpu_id": "AuthenticAMD family 25 model 17 stepping 1"}]},
-            {"sessions": [{"processor": "AMD EPYC", "torch": "2.13.0+cpu", "commit": "b" * 40}]}, {"device": "AMD EPYC (1 thread)"}]
+            {"sessions": [{"processor": "AMD EPYC", "device": "AMD EPYC (1 thread)", "torch": "2.13.0+cpu", "commit": "b" * 40}]},
+            {"device": "AMD EPYC (1 thread)", "processor_inferred": {"processor": zen4, "by": "a check"}}]
     text = _provenance(runs)
-    assert "Processors: AMD EPYC (4 runs)." in text
-    assert ("CPUs by family, model and stepping: AuthenticAMD family 23 model 49 stepping 0 (2 runs), "
-            "AuthenticAMD family 25 model 17 stepping 1 (1 run); 2 runs predate that record.") in text
-    assert "CPUs by family" not in _provenance(runs[2:])
+    assert (f"Processors: AMD EPYC (AuthenticAMD family 23 model 49 stepping 0) (2 runs), {zen4} (2 runs), AMD EPYC (1 run). "
+            "1 of them predates the record") in text
+    assert "predate the record" not in _provenance(runs[:3])

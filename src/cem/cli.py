@@ -462,7 +462,7 @@ def cmd_experiment(args) -> int:
     from .checks import check_positive_int
 
     _check_named("--results", args.results, "give a folder, or leave --results out for the default results/SCALE")
-    _check_named("--processor", args.processor, "give a processor's model name, or leave --processor out")
+    _check_named("--processor", args.processor, "give a processor's name as its runs record it, or leave --processor out")
     if args.jobs is not None:
         check_positive_int("--jobs", args.jobs)
     ids = None if args.id == "all" else tuple(args.id.split(","))  # all: the scale's suite
@@ -681,8 +681,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--analyse-only", action="store_true", dest="analyse_only",
                    help="train and evaluate nothing: analyse the experiments whose runs have all finished (under the paper's rate rule "
                         "at least; a rule still waiting is named in the report) and write the report; say what the others wait for")
-    p.add_argument("--processor", help="train only on this processor (its model name, e.g. 'AMD EPYC'): refuse elsewhere, and train again "
-                                       "any finished run recorded on another, so that no pair of runs crosses processors")
+    p.add_argument("--processor", help="train only on this processor, named as its runs record it (a GPU's name; a CPU's model name with its family, "
+                                       "e.g. 'AMD EPYC (AuthenticAMD family 25 model 17 stepping 1)': elsewhere the refusal names the machine's): "
+                                       "refuse elsewhere, and train again any finished run recorded on another, so that no pair of runs crosses processors")
     p.add_argument("--rehearse", action="store_true",
                    help="the suite in shape (corpus, sizes, learning-rate sweeps, seeds, analyses, report) at 3 steps per run, into "
                         "results/SCALE-rehearsal unless --results: finds a pipeline error in minutes, before a suite of hours; never findings")

@@ -18,7 +18,7 @@ import torch
 from . import __version__
 from .device import cpu_id, cpu_model, device_name
 
-__all__ = ["code_version", "processor", "provenance", "recorded_processors"]
+__all__ = ["code_version", "processor", "provenance", "recorded_processors", "session_processor"]
 
 GIT_TIMEOUT_S = 10.0
 
@@ -43,11 +43,18 @@ def code_version(where: str | None = None) -> dict:
 
 
 def processor(device: torch.device | None = None) -> str:
-    """The GPU's name on CUDA, else the CPU's model name (without the thread count: runs on one processor
-    with different thread counts are comparable up to the order of float sums, which `threads` records)."""
+    """What runs are paired on: the GPU's name on CUDA; on the CPU its model name, with its vendor, family, model
+    and stepping where /proc/cpuinfo gives them ("AMD EPYC (AuthenticAMD family 25 model 17 stepping 1)"): one model
+    name covers CPUs that sum floats differently (docs/LOG.md, 2026-11-28). Not the thread count: runs on one
+    processor with different thread counts are comparable up to the order of float sums, which `threads` records."""
     if device is not None and device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    return cpu_model()
+    return _qualified(cpu_model(), cpu_id())
+
+
+def _qualified(model: str, cpu: str | None) -> str:
+    """A CPU's model name with its family, model and stepping (`cpu_id`) where known."""
+    return f"{model} ({cpu})" if cpu and not model.endswith(f"({cpu})") else model
 
 
 def provenance(device: torch.device | None = None) -> dict:
@@ -68,13 +75,24 @@ def provenance(device: torch.device | None = None) -> dict:
 
 
 def recorded_processors(results: dict) -> list[str]:
-    """The processors a finished run (its results.json) was trained on: each session's, or, for a run that
-    predates provenance, the one its `device` names ("AMD EPYC (1 thread)" -> "AMD EPYC")."""
-    sessions = results.get("sessions") or []
-    found = [s["processor"] for s in sessions if isinstance(s, dict) and s.get("processor")]
+    """The processors a finished run (its results.json) was trained on, as `processor` names them: each session's,
+    or, for a run that predates provenance, the one its `device` names ("AMD EPYC (1 thread)" -> "AMD EPYC").
+    Sessions that predate the CPU's family record (`cpu_id`, 2026-11-28) take the one the run's
+    `processor_inferred` gives, with how it was inferred (docs/results/cpu128/samebits.py), where it has one."""
+    inferred = (results.get("processor_inferred") or {}).get("processor")
+    found = [session_processor(s, inferred) for s in results.get("sessions") or [] if isinstance(s, dict) and s.get("processor")]
     if found:
         return list(dict.fromkeys(found))
     device = results.get("device")
     if not isinstance(device, str) or not device:
         return []
-    return [re.sub(r" \(\d+ threads?\)$", "", device)]
+    return [inferred or re.sub(r" \(\d+ threads?\)$", "", device)]
+
+
+def session_processor(s: dict, inferred: str | None = None) -> str:
+    """One training session's processor: as recorded, qualified by the CPU's family where the session trained on
+    the CPU (its `device` counts threads) and recorded it, else the run's inferred processor if any."""
+    on_cpu = re.search(r" \(\d+ threads?\)$", s.get("device") or "") is not None
+    if on_cpu and s.get("cpu_id"):
+        return _qualified(s["processor"], s["cpu_id"])
+    return inferred if on_cpu and inferred and not s.get("cpu_id") else s["processor"]

@@ -110,28 +110,37 @@ def test_the_command_stops_in_order_at_its_deadline(tmp_path, monkeypatch, capsy
 
 def test_a_runs_time_is_read_first_from_the_runs_trained_on_this_cpu(tmp_path, monkeypatch):
     """CPUs under one model name differ in speed (a VM's "AMD EPYC": 4.3k against 6.1k tokens/s for one model on
-    2026-11-27 and -28): the runs whose every session ran on this CPU (`cpu_id`) estimate first, the others where
-    this CPU has none of the size."""
+    2026-11-27 and -28): the runs whose every session ran on this CPU (named with its family, recorded or
+    inferred) estimate first, the others where this CPU has none of the size."""
     import json
 
-    from cem import device
+    from cem import device, provenance
 
     s = get_scale("smoke")
     spec = RunSpec.make("micro", "llama")
 
-    def finished(name: str, wall: float, ids: list) -> None:
+    def finished(name: str, wall: float, ids: list, **more) -> None:
         run = s.runs(tmp_path) / name
         run.mkdir(parents=True)
-        res = {"wall_time_s": wall, "config": {"train": {"preset": "micro", "arch": "llama"}}, "sessions": [{"cpu_id": i} for i in ids]}
+        sessions = [{"processor": "AMD EPYC", "device": "AMD EPYC (1 thread)", "cpu_id": i} for i in ids]
+        res = {"wall_time_s": wall, "config": {"train": {"preset": "micro", "arch": "llama"}}, "sessions": sessions, **more}
         (run / "results.json").write_text(json.dumps(res))
+
+    def on(cpu):
+        for where in (device, provenance):
+            monkeypatch.setattr(where, "cpu_id", lambda: cpu)
+        monkeypatch.setattr(provenance, "cpu_model", lambda: "AMD EPYC")
 
     finished("a", 100.0, ["zen2"])
     finished("b", 300.0, ["zen4"])
     finished("c", 500.0, ["zen2", "zen4"])  # resumed on another CPU: neither's
+    finished("d", 700.0, [None], processor_inferred={"processor": "AMD EPYC (zen5)", "by": "a check"})
     committed = tmp_path / "none" / "docs" / "results" / "smoke" / "runs"
-    monkeypatch.setattr(device, "cpu_id", lambda: "zen2")
+    on("zen2")
     assert Costs(s, tmp_path, committed).seconds(spec) == (100.0, "here")
-    monkeypatch.setattr(device, "cpu_id", lambda: "zen3")  # no run on this CPU: all of them
-    assert Costs(s, tmp_path, committed).seconds(spec) == (300.0, "here")
-    monkeypatch.setattr(device, "cpu_id", lambda: None)  # a CPU that does not say: all of them
-    assert Costs(s, tmp_path, committed).seconds(spec) == (300.0, "here")
+    on("zen5")  # a run before the family was recorded, inferred to have trained on this CPU
+    assert Costs(s, tmp_path, committed).seconds(spec) == (700.0, "here")
+    on("zen3")  # no run on this CPU: all of them
+    assert Costs(s, tmp_path, committed).seconds(spec) == (400.0, "here")
+    on(None)  # a CPU that does not say: all of them
+    assert Costs(s, tmp_path, committed).seconds(spec) == (400.0, "here")

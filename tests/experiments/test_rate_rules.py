@@ -2,6 +2,7 @@
 tie rule of a sweep, the processor a suite trains on, and the cpu128 scale's runs shared with the cpu suite."""
 
 import json
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -81,7 +82,7 @@ def test_a_suite_trains_on_its_processor_only(corpus, tmp_path, monkeypatch):
     assert run_status(spec, replace(s, processor="Another CPU"), tmp_path) == "again"
     monkeypatch.setattr(cem.provenance, "processor", lambda device=None: "Another CPU")  # as if on another machine
     other = RunSpec.make("micro", "llama", seed=1)
-    with pytest.raises(ValueError, match=f"trains on {here} only.*this machine is Another CPU"):
+    with pytest.raises(ValueError, match=f"trains on {re.escape(here)} only.*this machine is Another CPU"):
         run_sweep([spec, other], replace(s, processor=here), tmp_path)
     assert not (tmp_path / "runs" / other.slug).exists() and res_path.exists()
     run_sweep([spec], replace(s, processor="Another CPU"), tmp_path)  # the run recorded here is trained again there
@@ -112,6 +113,11 @@ def test_the_cpu128_scale_reuses_the_committed_cpu_runs(tmp_path):
     assert plan("cpu128", root, ("fig2a",), lr_sweep=False)["experiments"]["fig2a"] == {"finished": 9, "train": 2, "evaluate": 0, "again": 0}
 
 
+
+# the cpu128 campaign's processor, as its lanes train on it
+CAMPAIGN_CPU = re.search(r"PROC=\$\{PROC:-(.+)\}", (REPO / "docs/results/cpu128/lanes.sh").read_text()).group(1)
+
+
 def _campaign_of(tmp_path: Path, prefixes: tuple[str, ...]) -> Path:
     """A cpu128 results folder in `tmp_path` holding the committed Llama rate choice (no own-rate sweep's: the
     campaign before them, however far it has gone since) and, read only, the committed cpu128 runs whose names
@@ -135,7 +141,7 @@ def test_analyse_only_judges_what_has_finished(tmp_path):
     # the committed cpu128 runs of the Llamas and of full CEM at Llama's rate, none of the CEM MLP's
     root = _campaign_of(tmp_path, ("cpu128-llama", "cpu128-cem-t2"))
     runs = {p.name: p.stat().st_mtime_ns for p in (REPO / "docs/results/cpu/runs").iterdir()}
-    summaries, waiting = analyse_finished("cpu128", root, ids=("fig3a", "fig2d"), processor="AMD EPYC")
+    summaries, waiting = analyse_finished("cpu128", root, ids=("fig3a", "fig2d"), processor=CAMPAIGN_CPU)
     assert [s["experiment"] for s in summaries] == ["fig3a"] and set(waiting) == {"fig2d"}
     assert "runs to train" in waiting["fig2d"]
     (fig3a,) = summaries
@@ -152,7 +158,7 @@ def test_an_experiment_waiting_on_two_own_rate_sweeps_names_both(tmp_path):
     """fig2d with its runs at Llama's rate in and neither CEM MLP sweep decided: its summary and the report name
     both sweeps it waits for, not only the first."""
     root = _campaign_of(tmp_path, ("cpu128-llama", "cpu128-cem-mlp"))
-    (fig2d,), waiting = analyse_finished("cpu128", root, ids=("fig2d",), processor="AMD EPYC")
+    (fig2d,), waiting = analyse_finished("cpu128", root, ids=("fig2d",), processor=CAMPAIGN_CPU)
     assert waiting == {} and fig2d["rules"] == {}
     t1, t2 = "cpu128-cem-mlp-mlp_precond=diag_lowrank", "cpu128-cem-mlp-mlp_precond=diag_lowrank-mlp_steps=2"
     assert fig2d["pending"]["own"].startswith(f"the own-rate sweeps of {t1} (") and f" and {t2} (" in fig2d["pending"]["own"]
@@ -164,7 +170,7 @@ def test_a_plan_names_only_decided_own_rates_as_chosen():
     """`--plan` counts an undecided sweep's runs at a provisional rate but never prints that rate as chosen."""
     from cem.experiments.runner import format_plan
 
-    p = plan("cpu128", REPO / "docs" / "results" / "cpu128", ("fig2c", "fig2d"), processor="AMD EPYC")
+    p = plan("cpu128", REPO / "docs" / "results" / "cpu128", ("fig2c", "fig2d"), processor=CAMPAIGN_CPU)
     chosen = next((line for line in format_plan(p).splitlines() if line.startswith("own rates chosen")), "")
     assert all(f"{key} " not in chosen for key in p["provisional"])
     assert all(f"{key} " in chosen for key in p["own_lrs"] if key not in p["provisional"])

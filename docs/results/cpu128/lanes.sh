@@ -12,13 +12,15 @@
 # Rerun it to resume (finished runs are skipped, interrupted ones resume bit-exact from their checkpoint). On a
 # machine that may not outlive the session (its checkpoints with it), give the session's end less the time to
 # commit: UNTIL=06:05 bash .../lanes.sh ...; then no lane starts a run that would not finish by then (--until).
-# Commit only run folders with a results.json. Every run trains on one processor (--processor): a machine
-# with another refuses to train, and a run recorded on another is trained again.
+# Commit only run folders with a results.json. Every run trains on one processor (--processor, the CPU named with its
+# family: "AMD EPYC" covers a Zen 2 and this Zen 4, which round differently): a machine with another refuses to
+# train, and a run recorded on another is trained again. On another CPU the lanes stop at once; that session's
+# work is elsewhere.
 set -euo pipefail
 WT=$(cd "$(dirname "$0")/../../.." && pwd)      # the frozen worktree this script lives in
 MAIN=${1:?the checkout whose docs/results receive the runs}
 DATA=${2:?the folder holding wikitext-2/}
-PROC=${PROC:-AMD EPYC}
+PROC=${PROC:-AMD EPYC (AuthenticAMD family 25 model 17 stepping 1)}
 LOGS=${LOGS:-/tmp/suite/logs}
 mkdir -p "$LOGS"
 export PYTHONPATH="$WT/src" OMP_NUM_THREADS=1 MKL_NUM_THREADS=1

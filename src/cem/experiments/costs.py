@@ -94,9 +94,11 @@ class Costs:
         source's runs of its size, architecture and model settings (any seed or rate), else of those of its size
         scaled by training FLOPs per token (the budget is the size's), else (None: no finished run of its size)
         its budget's training FLOPs at `rate`; times the share of its steps not yet checkpointed. Within a source,
-        the runs trained on this CPU (`cpu_id`) are read first: CPUs under one model name differ in speed."""
+        the runs trained on this CPU (named with its family: `cem.provenance.processor`, recorded or inferred) are read
+        first: CPUs under one model name differ in speed."""
         from ..device import cpu_id
         from ..model import model_config
+        from ..provenance import processor, recorded_processors
         from ..model.flops import train_flops_per_token
         from ..training.budget import Budget
         from ..training.checkpoint import read_manifest
@@ -116,10 +118,10 @@ class Costs:
                 scaled.append(res["wall_time_s"] * flops(spec.arch, dict(spec.model)) / flops(arch, model))
             return same, scaled
 
-        mine = cpu_id()
+        mine = processor() if cpu_id() else None  # a CPU that does not say its family: its model name tells too little
         by, same, scaled = None, [], []
         for by, finished in self.sources.items():
-            this_cpu = [r for r in finished if mine and {s.get("cpu_id") for s in r.get("sessions") or [{}]} == {mine}]
+            this_cpu = [r for r in finished if mine and recorded_processors(r) == [mine]]
             for runs in (this_cpu, finished):
                 same, scaled = times(runs)
                 if scaled:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections import Counter
 from pathlib import Path
 
 from ..io import read_json
@@ -370,12 +369,11 @@ def _provenance(runs: list[dict]) -> str:
     torches = sorted({s.get("torch") for r in runs for s in r.get("sessions", []) if s.get("torch")})
     commits = sorted({s["commit"][:10] for r in runs for s in r.get("sessions", []) if s.get("commit")})
     recorded = sum(bool(r.get("sessions")) for r in runs)
-    text = "Processors: " + ", ".join(f"{p} ({n} runs)" for p, n in sorted(procs.items(), key=lambda x: -x[1])) + "."
-    ids = [{s["cpu_id"] for s in r.get("sessions", []) if s.get("cpu_id")} for r in runs]  # recorded since 2026-11-28:
-    counts = Counter(i for each in ids for i in each)  # one model name ("AMD EPYC") covers CPUs that round differently
-    if counts:
-        text += (" CPUs by family, model and stepping: " + ", ".join(f"{i} ({n} run{'s' if n != 1 else ''})" for i, n in counts.most_common())
-                 + f"; {sum(not each for each in ids)} runs predate that record.")
+    text = "Processors: " + ", ".join(f"{p} ({n} run{'s' if n != 1 else ''})" for p, n in sorted(procs.items(), key=lambda x: -x[1])) + "."
+    inferred = sum("processor_inferred" in r for r in runs)  # a CPU's family, recorded since 2026-11-28, else inferred
+    if inferred:
+        text += (f" {inferred} of them predate{'s' if inferred == 1 else ''} the record of a CPU's family, model and stepping: their CPU is inferred from "
+                 "bit-exact checks (`processor_inferred`, docs/results/cpu128/samebits.py).")
     if recorded:
         text += (f" {recorded} of the {len(runs)} runs record their provenance: torch {', '.join(torches)}; code "
                  f"commit{'s' if len(commits) != 1 else ''} {', '.join(commits) or 'not recorded'}; the others predate it "

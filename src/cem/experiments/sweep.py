@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import launchers
-from ..provenance import recorded_processors
+from ..provenance import recorded_processors, session_processor
 from ..training.rundir import RunDir, RunLockedError, run_identity, run_name
 from .scales import Scale
 from .stats import mean_std
@@ -179,7 +179,7 @@ def _start_over_if_elsewhere(run: RunDir, processor: str) -> None:
     ckpt = run.checkpoint()
     if ckpt is None:
         return
-    others = {s.get("processor") for s in load_trainer_state(ckpt).get("sessions", []) if isinstance(s, dict)} - {processor, None}
+    others = {session_processor(s) for s in load_trainer_state(ckpt).get("sessions", []) if isinstance(s, dict) and s.get("processor")} - {processor}
     if others:
         print(f"  {run.path.name}: its checkpoint was trained on {', '.join(sorted(others))}; starting it again on {processor}",
               file=sys.stderr, flush=True)
