@@ -141,7 +141,7 @@ def test_analyse_only_judges_what_has_finished(tmp_path):
     # the committed cpu128 runs of the Llamas and of full CEM at Llama's rate, none of the CEM MLP's
     root = _campaign_of(tmp_path, ("cpu128-llama", "cpu128-cem-t2"))
     runs = {p.name: p.stat().st_mtime_ns for p in (REPO / "docs/results/cpu/runs").iterdir()}
-    summaries, waiting = analyse_finished("cpu128", root, ids=("fig3a", "fig2d"), processor=CAMPAIGN_CPU)
+    summaries, waiting = analyse_finished("cpu128", root, ids=("fig3a", "fig2d"))
     assert [s["experiment"] for s in summaries] == ["fig3a"] and set(waiting) == {"fig2d"}
     assert "runs to train" in waiting["fig2d"]
     (fig3a,) = summaries
@@ -158,7 +158,7 @@ def test_an_experiment_waiting_on_two_own_rate_sweeps_names_both(tmp_path):
     """fig2d with its runs at Llama's rate in and neither CEM MLP sweep decided: its summary and the report name
     both sweeps it waits for, not only the first."""
     root = _campaign_of(tmp_path, ("cpu128-llama", "cpu128-cem-mlp"))
-    (fig2d,), waiting = analyse_finished("cpu128", root, ids=("fig2d",), processor=CAMPAIGN_CPU)
+    (fig2d,), waiting = analyse_finished("cpu128", root, ids=("fig2d",))
     assert waiting == {} and fig2d["rules"] == {}
     t1, t2 = "cpu128-cem-mlp-mlp_precond=diag_lowrank", "cpu128-cem-mlp-mlp_precond=diag_lowrank-mlp_steps=2"
     assert fig2d["pending"]["own"].startswith(f"the own-rate sweeps of {t1} (") and f" and {t2} (" in fig2d["pending"]["own"]

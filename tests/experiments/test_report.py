@@ -126,3 +126,13 @@ def test_a_one_seed_row_names_its_seed_instead_of_a_zero_spread(tmp_path):
     report = (root / "report.md").read_text()
     assert "| 30.000 (seed 0) | 4.9000 (seed 0) |" in report and "± 0.000" not in report
     assert "| 30.000 ± 1.000 | 4.9000 ± 0.1000 |" in report
+
+
+def test_a_finding_with_no_pair_on_one_processor_says_so_in_the_headline():
+    """A finding whose every seed's runs ran on different processors has no difference (n = 0, mean nan): the
+    headline says why, not "+nan, one seed"."""
+    from cem.experiments.report import _diff
+
+    assert _diff({"difference": {"n": 0, "mean": float("nan")}}) == "no pair of runs on one processor"
+    assert _diff({"difference": {"n": 1, "mean": 0.01}}) == "difference +0.01, one seed"
+    assert _diff({"difference": {"n": 3, "mean": 0.01, "lo": 0.005, "hi": 0.015}}) == "difference +0.01 [95% CI +0.005, +0.015]"

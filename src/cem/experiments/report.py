@@ -394,6 +394,8 @@ def _processors(s: dict) -> str:
 
 def _diff(f: dict) -> str:
     d = f["difference"]
+    if d["n"] == 0:  # every seed's runs ran on different processors
+        return "no pair of runs on one processor"
     if d["n"] < 2:
         return f"difference {d['mean']:+.3g}, one seed"
     return f"difference {d['mean']:+.3g} [95% CI {d['lo']:+.3g}, {d['hi']:+.3g}]"
