@@ -1,6 +1,7 @@
 """What runs cost (`cem.experiments.costs`) and `--until`: a deadline read from the command line, and sweeps that
 train the runs that fit before it, leave the others unstarted and name them."""
 
+import json
 import re
 import time
 from dataclasses import replace
@@ -44,6 +45,20 @@ def test_a_sweep_with_a_deadline_trains_what_fits_and_names_what_is_left(corpus,
     assert not (s.runs(root) / hour.slug).exists()  # not started at all
     assert run_sweep([short], s, root, jobs=until)[short] is not None  # finished: nothing to start, nothing late
     assert until.until.start_by(s, root, [hour]) == {hour: (until.until.at - DEADLINE_MARGIN * 3600, 3600.0)}
+    # a finished run recorded on another processor is cleared only when it starts again: one the deadline leaves
+    # unstarted keeps its results (2026-11-28: a lane given --until had cleared three it never started)
+    here = RunDir(s.runs(root) / short.slug).results()["sessions"][0]["processor"]
+    json_path = s.runs(root) / short.slug / "results.json"
+    kept = json.loads(json_path.read_text())
+    json_path.write_text(json.dumps({**kept, "sessions": [{**kept["sessions"][0], "processor": "Another CPU", "cpu_id": None}]}))
+    monkeypatch.setattr(Costs, "seconds", lambda self, spec: (3600.0, "here"))  # neither fits now
+    with pytest.raises(DeadlineReached, match="2 runs not started"):
+        run_sweep([hour, short], replace(s, processor=here), root, jobs=until)
+    assert json.loads(json_path.read_text())["sessions"][0]["processor"] == "Another CPU"  # not cleared: not started
+    monkeypatch.setattr(Costs, "seconds", lambda self, spec: (3600.0 if spec == hour else 1.0, "here"))
+    with pytest.raises(DeadlineReached, match="1 run not started"):
+        run_sweep([hour, short], replace(s, processor=here), root, jobs=until)
+    assert json.loads(json_path.read_text())["sessions"][0]["processor"] == here  # trained again here once it fitted
     # an interrupted run is estimated for the steps it has left (the plan's estimate, `Costs.seconds`)
     monkeypatch.undo()
     monkeypatch.setenv("CEM_CACHE_DIR", str(tmp_path / "cache"))

@@ -102,11 +102,15 @@ LATE = "late"  # and for a run it did not start: it would not finish by the swee
 
 
 def _run_one(args) -> dict | str | None:
-    spec, scale, data_dir, root, threads, nproc, products, wait, start_by = args
+    spec, scale, data_dir, root, threads, nproc, products, wait, start_by, again = args
     if launchers.stopping():
         return None  # the sweep is stopping: a run already handed to this worker's queue does not start
     if start_by is not None and time.time() > start_by:
         return LATE
+    if again:  # cleared only now that it starts: a run a deadline leaves unstarted keeps its earlier results
+        with contextlib.suppress(RunLockedError), RunDir(scale.runs(root) / spec.slug).lock():  # locked: another sweep is at it
+            if run_status(spec, scale, Path(root), products) == "again":  # not trained here by another sweep meanwhile
+                RunDir(scale.runs(root) / spec.slug).clear()
     import torch
 
     from ..training import Interrupted
@@ -249,8 +253,6 @@ def run_sweep(specs: list[RunSpec], scale: Scale, root: Path, data_dir: str | No
         else:
             why = f"{', '.join(p.name for p in missing(products[s], runs[s].path))} must be computed from its weights and its checkpoint is gone"
         print(f"training {s.slug} again: {why} (its earlier results stay in git history)", file=sys.stderr, flush=True)
-        with contextlib.suppress(RunLockedError), runs[s].lock():  # locked: another sweep is at it already
-            runs[s].clear()
     todo = evaluate + fresh  # first what lacks its products: a result cleared to train again is missing meanwhile
     print(f"{len(unique)} runs, {len(unique) - len(todo)} already finished, {len(fresh) + len(again)} to train"
           + (f" ({len(again)} again)" if again else "") + (f", {len(evaluate) - len(again)} to evaluate" if len(evaluate) > len(again) else ""),
@@ -258,7 +260,7 @@ def run_sweep(specs: list[RunSpec], scale: Scale, root: Path, data_dir: str | No
     deadline = launcher.until  # evaluating a finished run's products is not held to it, only training
     starts = deadline.start_by(scale, root, [s for s in todo if status[s] != "evaluate"]) if deadline is not None else {}
     args = [(s, scale, data_dir, str(root), launcher.threads(), launcher.nproc_per_run, products.get(s, ()), False,
-             starts[s][0] if s in starts else None) for s in todo]
+             starts[s][0] if s in starts else None, s in again) for s in todo]
     progress, late = _Progress(len(todo)), []
 
     def done(a, res) -> tuple | None:
@@ -267,7 +269,7 @@ def run_sweep(specs: list[RunSpec], scale: Scale, root: Path, data_dir: str | No
             late.append(a[0])
             return None
         if isinstance(res, str):
-            return (*a[:-2], True, a[-1]) if wait else None
+            return (*a[:-3], True, *a[-2:]) if wait else None
         progress.done(a[0], res, trained=a[0] not in evaluate or a[0] in again)
         return None
 
