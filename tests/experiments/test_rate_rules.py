@@ -89,6 +89,48 @@ def test_a_suite_trains_on_its_processor_only(corpus, tmp_path, monkeypatch):
     assert [x["processor"] for x in json.loads(res_path.read_text())["sessions"]] == ["Another CPU"]
 
 
+def test_a_rate_decided_on_another_processors_runs_is_decided_again_on_the_suites(corpus, tmp_path, monkeypatch):
+    """A sweep's record names the processors of the runs it was decided on. A decision made (in part) on another
+    processor's runs compared losses across processors: at a suite with a processor it is made again once those
+    runs have trained there, the record keeping the decision it replaces. A record older than its `processors` is
+    read from the runs still in the folder (their losses are the recorded ones); one whose runs changed stands."""
+    from cem.experiments.lr import decided_elsewhere, llama, recorded
+    from cem.provenance import recorded_processors
+
+    monkeypatch.setenv("CEM_CACHE_DIR", str(tmp_path / "cache"))
+    kw = dict(data=str(corpus), seeds=(0,), recursion_seeds=(0,), lr_sweep=True, lrs=(1e-3, 4e-3), lr_extend=0)
+    root = tmp_path / "res"
+    run_experiment("lr", "smoke", root, **kw)
+    record_path = root / "lr" / "choices.json"
+    first = json.loads(record_path.read_text())["micro-llama"]
+    run = root / "runs" / RunSpec.make("micro", "llama", train={"lr": 4e-3}).slug / "results.json"
+    here = recorded_processors(json.loads(run.read_text()))[0]
+    assert first["processors"] == [here]
+    s = get_scale("smoke", processor=here, **kw)
+    assert decided_elsewhere(s, llama("micro"), root, recorded(s, llama("micro"), root)) == []
+
+    # the 4e-3 run as trained on another CPU, and the record as made before it named processors
+    res = json.loads(run.read_text())
+    for session in res["sessions"]:
+        session.update(processor="Another CPU", cpu_id=None)
+    run.write_text(json.dumps(res))
+    record_path.write_text(json.dumps({"micro-llama": {k: v for k, v in first.items() if k != "processors"}}))
+    assert decided_elsewhere(s, llama("micro"), root, recorded(s, llama("micro"), root)) == ["Another CPU"]
+    assert decided_elsewhere(replace(s, processor=None), llama("micro"), root, recorded(s, llama("micro"), root)) == []
+    assert plan("smoke", root, ("lr",), processor=here, **kw)["experiments"]["lr"]["again"] == 1  # not decided meanwhile
+    moved = {**res, "valid_loss": res["valid_loss"] + 1.0}  # the runs are no longer those it was made on
+    run.write_text(json.dumps(moved))
+    assert decided_elsewhere(s, llama("micro"), root, recorded(s, llama("micro"), root)) == []
+    run.write_text(json.dumps(res))
+
+    run_experiment("lr", "smoke", root, processor=here, **kw)  # trains the 4e-3 run here, and decides again
+    again = json.loads(record_path.read_text())["micro-llama"]
+    assert again["processors"] == [here] and set(again["valid_loss"]) == set(first["valid_loss"])
+    assert again["superseded"]["lr"] == first["lr"] and "Another CPU" in again["superseded"]["why"]
+    assert recorded_processors(json.loads(run.read_text())) == [here]
+    assert again["lr"] == pick({float(k): v for k, v in again["valid_loss"].items()}, s.lr_tie)
+
+
 def test_the_processor_check_asks_the_device_the_runs_train_on(corpus, tmp_path, monkeypatch):
     """On a GPU machine a suite's processor is the GPU's name (what its runs record), not the host CPU's."""
     import cem.provenance

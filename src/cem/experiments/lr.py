@@ -6,12 +6,15 @@ loss over the sweep's seeds (`Scale.sweep_seeds`); while the best rate sits at a
 grows by one factor of 2 on that side (at most `Scale.lr_extend` times), so the chosen rate is bracketed.
 The chosen rate is a grid point, so the sweep's own runs are the Llama baseline's runs at that rate.
 
-A finished sweep's decision is made once and recorded in RESULTS/lr/choices.json (committed with the runs):
-every run of its size depends on it, so a sweep run trained again later (`cem.experiments.products`), whose
-validation loss moves by noise, never re-decides it. Where the whole curve is read (fig3a's optima), a sweep
-can be asked to `rebracket`: if a run trained again has moved the best rate on the current results to an end
-of the grid, the grid grows as above until that best is bracketed again, and the grown grid is recorded; the
-chosen rate stands.
+A finished sweep's decision is made once and recorded in RESULTS/lr/choices.json (committed with the runs),
+with the losses and the processors of the runs it was made on: every run of its size depends on it, so a sweep
+run trained again later on the same processor (`cem.experiments.products`), whose validation loss moves by
+noise, never re-decides it. A decision made on runs of another processor than the scale's (`Scale.processor`),
+in whole or in part, compared losses across processors: it is made again once its runs have trained on the
+scale's processor, and the record keeps the decision it replaces (`superseded`). Where the whole curve is read
+(fig3a's optima), a sweep can be asked to `rebracket`: if a run trained again has moved the best rate on the
+current results to an end of the grid, the grid grows as above until that best is bracketed again, and the
+grown grid is recorded; the chosen rate stands.
 """
 
 from __future__ import annotations
@@ -23,9 +26,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..io import LockedError, atomic_write_json, lock_folder, read_json
+from ..provenance import recorded_processors
 from ..training.rundir import RunDir
 from .scales import Scale
-from .sweep import RunSpec, run_sweep
+from .sweep import RunSpec, other_processor, run_sweep
 
 
 def sweep_key(template: RunSpec) -> str:
@@ -99,7 +103,31 @@ def recorded(scale: Scale, template: RunSpec, root: Path) -> dict | None:
         raise ValueError(f"{path} is corrupted: the chosen rate {best:g} of {key} is not in its grid")
     if first != tuple(scale.grid(size, arch)) or seeds != scale.sweep_seeds(size):
         return None
-    return {"lr": best, "grid": grid, "valid_loss": losses}
+    return {"lr": best, "grid": grid, "valid_loss": losses, "processors": entry.get("processors")}
+
+
+def processors_of(results: list[dict | None]) -> list[str] | None:
+    """The processors a sweep's finished runs trained on (None while a run is missing)."""
+    if any(r is None for r in results):
+        return None
+    return sorted({p for r in results for p in recorded_processors(r)})
+
+
+def decided_elsewhere(scale: Scale, template: RunSpec, root: Path, done: dict) -> list[str]:
+    """The processors other than the scale's that a recorded decision was made on (empty: it stands). A record
+    older than its `processors` is read from the runs in the folder where they are still the ones it was made on
+    (their validation losses are the recorded ones); otherwise, and at a scale without a processor, it stands."""
+    if not scale.processor:
+        return []
+    procs = done.get("processors")
+    if procs is None:
+        seeds = scale.sweep_seeds(template.size)
+        results = {lr: [RunDir(scale.runs(root) / at_rate(template, lr, s).slug).results() for s in seeds] for lr in done["grid"]}
+        if any(r is None for rs in results.values() for r in rs) or any(
+                mean_valid_loss(rs) != done["valid_loss"].get(lr) for lr, rs in results.items()):
+            return []
+        procs = processors_of([r for rs in results.values() for r in rs])
+    return [p for p in procs if p != scale.processor]
 
 
 @dataclass(frozen=True)
@@ -125,12 +153,18 @@ def sweep(scale: Scale, template: RunSpec, root: Path, data_dir: str | None = No
     scale = replace(scale, lr_grids=tuple((k, g) for k, g in scale.lr_grids if k != key))  # the sweep's own first grid
     first = scale.grid(size, what)
     done = recorded(scale, template, root)
+    elsewhere = decided_elsewhere(scale, template, root, done) if done else []
+    if elsewhere:  # made again on this processor's runs (module docstring)
+        print(f"== learning-rate sweep: {key} was decided on runs of {', '.join(elsewhere)}; deciding it again on "
+              f"{scale.processor}", file=sys.stderr, flush=True)
+        superseded, done = read_json(_record(root))[key], None
     grid = done["grid"] if done else first
     seeds = scale.sweep_seeds(size)
     while True:
         specs = sweep_specs(scale, template, grid)
-        if dry:
+        if dry:  # a run of another processor than the scale's is one to train again
             results = {s: RunDir(scale.runs(root) / s.slug).results() for s in specs}
+            results = {s: None if r is not None and scale.processor and other_processor(r, scale.processor) else r for s, r in results.items()}
         else:
             print(f"== learning-rate sweep: {key}, rates {', '.join(f'{lr:g}' for lr in grid)}", file=sys.stderr, flush=True)
             results = run_sweep(specs, scale, root, data_dir, jobs, wait=wait)
@@ -149,8 +183,11 @@ def sweep(scale: Scale, template: RunSpec, root: Path, data_dir: str | None = No
             continue
         if grown is None:
             if not dry:
-                _write_record(root, key, {"lr": best, "grid": sorted(grid), "first_grid": list(first), "seeds": list(seeds),
-                                          "tie": scale.lr_tie, "valid_loss": {str(k): v for k, v in losses.items()}})
+                entry = {"lr": best, "grid": sorted(grid), "first_grid": list(first), "seeds": list(seeds), "tie": scale.lr_tie,
+                         "valid_loss": {str(k): v for k, v in losses.items()}, "processors": processors_of(list(results.values()))}
+                if elsewhere:
+                    entry["superseded"] = {**superseded, "why": f"decided on runs of {', '.join(elsewhere)}, not of {scale.processor} only"}
+                _write_record(root, key, entry)
             return SweepState(best, tuple(sorted(grid)), losses)
         grid = grown
 

@@ -166,7 +166,7 @@ def plan(scale: str = "cpu", results_dir: str | Path | None = None, ids=None, **
         if state.best is None:
             undecided[lr.sweep_key(template)] = len(state.pending)
             provisional.append(lr.sweep_key(template))
-            status.update({spec: "train" for spec in state.pending})
+            status.update({spec: run_status(spec, sc, root) for spec in state.pending})  # "again": another processor's
             state = replace(state, best=sorted(state.grid)[len(state.grid) // 2])
         sc = lr.with_choice(sc, template, state)
 
@@ -239,8 +239,8 @@ def format_plan(p: dict) -> str:
                  + (" (an estimate)" if set(p["bases"]) - {"here"} else "")
                  + f". Evaluations left (run products): about {p['eval_core_hours']:.1f} core-hours, from their recorded times"
                  + (f"; {p['eval_unestimated']} with no recorded time of that product at that size are not counted" if p["eval_unestimated"] else "")
-                 + ". 'again': finished runs whose checkpoint is gone and whose weights an analysis needs; "
-                 "'evaluate': that analysis is computed from their checkpoint.")
+                 + ". 'again': finished runs trained again, as they ran on another processor than --processor, or an analysis "
+                 "needs their weights and their checkpoint is gone; 'evaluate': that analysis is computed from their checkpoint.")
     return "\n".join(lines)
 
 
