@@ -606,6 +606,29 @@ def _gone(pids, seconds):
     return False
 
 
+def test_an_interrupted_run_resumes_before_the_others_start(corpus, tmp_path, monkeypatch):
+    """A sweep hands its launcher the interrupted runs (with a checkpoint) first, then the finished runs it trains
+    again, then the runs not started: a checkpoint holds work that a change of machine would lose."""
+    from cem.experiments.launchers import Launcher
+    from cem.experiments.sweep import run_sweep
+    from cem.training import RunDir
+
+    class Recording(Launcher):
+        def run(self, fn, tasks, done):
+            order.extend(task[0] for task in tasks)
+
+    order = []
+    s = get_scale("smoke", data=str(corpus))
+    fresh, again, interrupted = (RunSpec.make("micro", "llama", seed=i) for i in range(3))
+    (tmp_path / "runs" / again.slug).mkdir(parents=True)
+    atomic_write_json(tmp_path / "runs" / again.slug / "results.json", {"sessions": [{"processor": "Another CPU"}]})
+    monkeypatch.setattr(RunDir, "checkpoint", lambda self: self.path if self.path.name == interrupted.slug else None)
+    monkeypatch.setattr("cem.experiments.sweep._check_finished", lambda *a, **k: None)
+    monkeypatch.setattr("cem.provenance.processor", lambda device=None: "This CPU")
+    run_sweep([fresh, again, interrupted], replace(s, processor="This CPU"), tmp_path, jobs=Recording())
+    assert order == [interrupted, again, fresh]
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="pgrep, /proc and PR_SET_PDEATHSIG are Linux's")
 def test_a_stopped_sweep_stops_its_running_runs_with_checkpoints(corpus, tmp_path):

@@ -253,7 +253,10 @@ def run_sweep(specs: list[RunSpec], scale: Scale, root: Path, data_dir: str | No
         else:
             why = f"{', '.join(p.name for p in missing(products[s], runs[s].path))} must be computed from its weights and its checkpoint is gone"
         print(f"training {s.slug} again: {why} (its earlier results stay in git history)", file=sys.stderr, flush=True)
-    todo = evaluate + fresh  # first what lacks its products: a result cleared to train again is missing meanwhile
+    # an interrupted run resumes first (its checkpoint holds work that a change of machine would lose), then what
+    # lacks its products (a result cleared to train again is missing meanwhile), then the runs not started
+    resume = [s for s in fresh if runs[s].checkpoint() is not None]
+    todo = resume + evaluate + [s for s in fresh if s not in resume]
     print(f"{len(unique)} runs, {len(unique) - len(todo)} already finished, {len(fresh) + len(again)} to train"
           + (f" ({len(again)} again)" if again else "") + (f", {len(evaluate) - len(again)} to evaluate" if len(evaluate) > len(again) else ""),
           file=sys.stderr, flush=True)
