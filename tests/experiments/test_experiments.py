@@ -129,6 +129,12 @@ def test_paired_verdicts():
     assert close(rows(a=(1.2, 1.21, 1.22), b=(1.0, 1.01, 1.0)), "a", "b", "a~b", 0.05).verdict == "not held"
     assert not_worse(rows(a=(1.0, 1.01, 1.02), b=(1.01, 1.02, 1.03)), "a", "b", "a<=b", 0.01).verdict == "held"
     assert not_worse(rows(a=(1.2, 1.21, 1.22), b=(1.0, 1.01, 1.0)), "a", "b", "a<=b", 0.01).verdict == "not held"
+    # a verdict on a margin says where its interval also excludes zero: held within 5%, or unresolved, and still a gap
+    near = close(rows(a=(1.011, 1.021, 1.031), b=(1.0, 1.01, 1.02)), "a", "b", "a~b", 0.05)
+    assert near.verdict == "held" and "the interval excludes zero: a is measurably worse than b" in near.evidence
+    behind = not_worse(rows(a=(1.006, 1.022, 1.009), b=(1.0, 1.01, 1.0)), "a", "b", "a<=b", 0.01)
+    assert behind.verdict == "inconclusive" and "a is measurably worse than b" in behind.evidence
+    assert "measurably" not in close(rows(a=(1.0, 1.02, 1.01), b=(1.01, 1.01, 1.01)), "a", "b", "a~b", 0.05).evidence
     g = rows(r1=(1.0, 1.1, 1.2), r2=(1.0, 1.1, 1.2), c1=(1.0, 1.1, 1.2), c2=(0.9, 1.01, 1.1))
     assert gains_more(g, ("r1", "r2"), ("c1", "c2"), "x").verdict == "held"
     assert gains_more(g, ("c1", "c2"), ("r1", "r2"), "x").verdict == "not held"

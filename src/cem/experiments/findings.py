@@ -89,6 +89,14 @@ def _power(d: Interval, margin: float | None = None) -> str:
     return f"; interval half-width {half:.4f} against a margin of {margin:.4f} nats: these seeds {fits} have held it at a true Δ of 0"
 
 
+def _side(d: Interval, a: str, b: str) -> str:
+    """Where an equivalence or non-inferiority interval excludes zero: that `a` is measurably better or worse than
+    `b`, which such a verdict alone does not say (held within the margin, or inconclusive, may still be a gap)."""
+    if d.n < 2 or d.lo <= 0 <= d.hi:
+        return ""
+    return f"; the interval excludes zero: {a} is measurably {'worse' if d.lo > 0 else 'better'} than {b}"
+
+
 def _planning(d: Interval, verdict: str, sign: int = 1) -> str:
     """For an inconclusive directional finding: the paired seeds that would detect its observed difference
     (which may lie on the other side of the claim)."""
@@ -135,7 +143,7 @@ def close(rows, a: str, b: str, claim: str, tolerance: float, family: str = "pap
     d, dropped = _paired(rows, a, b)
     m = math.log1p(tolerance)
     verdict = d.within(m)
-    side = ""
+    side = _side(d, a, b)
     if verdict == "not held":  # outside the margin: say on which side, so that a better result does not read as a worse one
         side = f"; {a} is {'better' if d.mean < 0 else 'worse'} than {b} by more than the margin"
     evidence = f"{_means(rows, a, b)}; {a} - {b}: {_nats(d, dropped)}; equivalence margin ±{tolerance:.0%} ppl{side}{_power(d, m)}"
@@ -149,7 +157,8 @@ def not_worse(rows, a: str, b: str, claim: str, margin: float, note: str = "", f
     m = math.log1p(margin)
     hi, lo = (d.hi, d.lo) if d.n > 1 else (d.mean, d.mean)
     verdict = "held" if hi < m else ("not held" if lo > m else "inconclusive")
-    evidence = f"{note + '; ' if note else ''}{_means(rows, a, b)}; {a} - {b}: {_nats(d, dropped)}; non-inferiority margin +{margin:.0%} ppl{_power(d, m)}"
+    side = _side(d, a, b) if verdict != "not held" else f"; {a} is worse than {b} by more than the margin"
+    evidence = f"{note + '; ' if note else ''}{_means(rows, a, b)}; {a} - {b}: {_nats(d, dropped)}; non-inferiority margin +{margin:.0%} ppl{side}{_power(d, m)}"
     return Finding(claim, verdict, evidence, d.to_dict(), family)
 
 

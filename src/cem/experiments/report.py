@@ -300,7 +300,7 @@ def _opening(summaries: list[dict], short: bool = False) -> list[str]:
 
     own = [(s, _own(s)[f["claim"]]) for s, f in paper if f["claim"] in _own(s)]
     lines += group("**With each CEM variant at its own best rate** (the second rate rule: a seed-0 sweep on validation loss; the Llamas at theirs):", own)
-    lines += group(f"**Controls and ours (beyond the paper){where}:**", ours)
+    lines += group(f"**Controls and ours (beyond the paper){where}, the regime checks apart (they decide which sizes speak, above):**", ours)
     lines += group(f"**Not language models** ({', '.join(dict.fromkeys(s['experiment'] for s, _ in other))}: the regime check does not apply):", other)
     if pipeline:
         lines += ["", f"**Pipeline checks** (findings at sizes that do not speak: they show the pipeline runs, not what the paper "
@@ -468,8 +468,10 @@ def write_report(results_dir: str | Path, allow_short: bool = False) -> Path:
         "perplexity. A directional finding is **held** only when the 95% confidence interval (Student t) of the mean paired "
         "difference excludes zero with the paper's sign, **not held** when it excludes zero with the opposite sign, **inconclusive** "
         "otherwise; the Holm-adjusted verdict reads the Holm-Bonferroni adjusted p-value at 0.05 the same way, over each family "
-        "(the paper's directional findings; the controls; ours). \"Close\" findings are equivalence tests (the whole interval inside "
-        "±log(1 + tolerance)) and \"matches or beats\" a non-inferiority test; they carry no p-value in a family. Each finding "
+        "(the paper's directional findings; the controls; ours). A difference measured on one seed has no interval: its sign alone "
+        "decides, and its evidence says \"one seed, no interval\". \"Close\" findings are equivalence tests (the whole interval inside "
+        "±log(1 + tolerance)) and \"matches or beats\" a non-inferiority test; they carry no p-value in a family, and say where their "
+        "interval also excludes zero (a gap within the margin, or not resolved against it). Each finding "
         "says what its seeds could resolve: the smallest difference a directional test detects with 80% power at the observed "
         "spread, or whether the interval is narrow enough to fit inside an equivalence or non-inferiority margin at all. Runs on "
         "different processors are never paired: such a seed is left out of the difference, and the evidence says so.",
