@@ -129,6 +129,7 @@ def test_a_rate_decided_on_another_processors_runs_is_decided_again_on_the_suite
     assert again["superseded"]["lr"] == first["lr"] and "Another CPU" in again["superseded"]["why"]
     assert recorded_processors(json.loads(run.read_text())) == [here]
     assert again["lr"] == pick({float(k): v for k, v in again["valid_loss"].items()}, s.lr_tie)
+    assert f"micro-llama's rate was decided again ({again['lr']:g}; it had been {first['lr']:g}, decided on runs of Another CPU" in write_report(root).read_text()
 
 
 def test_the_processor_check_asks_the_device_the_runs_train_on(corpus, tmp_path, monkeypatch):

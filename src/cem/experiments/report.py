@@ -314,7 +314,7 @@ def _pair_seeds(summaries: list[dict]) -> dict:
     return {s["experiment"]: p["first"] + p["more"] for s in summaries if (p := s.get("pair_seeds")) and p["more"]}
 
 
-def _rates(summaries: list[dict]) -> list[str]:
+def _rates(summaries: list[dict], record: dict | None = None) -> list[str]:
     """The rate each size trains at (its Llama baseline's best on validation, the paper's rule) and, once fig3a
     is analysed, full CEM's own best rate at the base size beside it: how far from its optimum full CEM trains
     there (the only CEM variant swept)."""
@@ -331,6 +331,9 @@ def _rates(summaries: list[dict]) -> list[str]:
                  f"seed-0 sweep on validation loss from half to twice Llama's rate (grown until bracketed; rates within "
                  f"{sc.get('lr_tie', 0):g} nats of the best tie, and the lowest of them is chosen): "
                  + ", ".join(f"{k} {lr:g}" for k, lr in own.items()) + ".")
+    for key, entry in (record or {}).items():  # a decision made again (`cem.experiments.lr`): what it replaced, and why
+        if (old := entry.get("superseded")) and (key in own or key.endswith("-llama")):
+            line += f" {key}'s rate was decided again ({entry['lr']:g}; it had been {old['lr']:g}, {old.get('why', 'replaced')})."
     fig3a = next((s for s in summaries if s["experiment"] == "fig3a" and "optima" in s), None)
     base, rate = sc["base"], chosen.get(sc["base"])
     if fig3a and rate is not None:
@@ -478,7 +481,8 @@ def write_report(results_dir: str | Path, allow_short: bool = False) -> Path:
         "",
     ]
     lines += [] if pipeline else _opening(summaries, bool(short))
-    lines += _rates(summaries)
+    record = root / "lr" / "choices.json"
+    lines += _rates(summaries, read_json(record) if record.exists() else None)
     lr = next((x for x in summaries if x["experiment"] == "lr" and x.get("regime")), None)
     if lr:
         lines += ["", "**Regime check (validation):** " + "; ".join(
