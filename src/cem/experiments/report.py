@@ -332,7 +332,7 @@ def _rates(summaries: list[dict], record: dict | None = None) -> list[str]:
                  f"{sc.get('lr_tie', 0):g} nats of the best tie, and the lowest of them is chosen): "
                  + ", ".join(f"{k} {lr:g}" for k, lr in own.items()) + ".")
     for key, entry in (record or {}).items():  # a decision made again (`cem.experiments.lr`): what it replaced, and why
-        if (old := entry.get("superseded")) and (key in own or key.endswith("-llama")):
+        if old := entry.get("superseded"):
             line += f" {key}'s rate was decided again ({entry['lr']:g}; it had been {old['lr']:g}, {old.get('why', 'replaced')})."
     fig3a = next((s for s in summaries if s["experiment"] == "fig3a" and "optima" in s), None)
     base, rate = sc["base"], chosen.get(sc["base"])
