@@ -2,6 +2,9 @@
 its differences printed without verdicts, p-values or power lines."""
 
 import json
+import math
+
+import pytest
 
 from cem.cli import main
 from cem.experiments import write_report
@@ -136,3 +139,55 @@ def test_a_finding_with_no_pair_on_one_processor_says_so_in_the_headline():
     assert _diff({"difference": {"n": 0, "mean": float("nan")}}) == "no pair of runs on one processor"
     assert _diff({"difference": {"n": 1, "mean": 0.01}}) == "difference +0.01, one seed"
     assert _diff({"difference": {"n": 3, "mean": 0.01, "lo": 0.005, "hi": 0.015}}) == "difference +0.01 [95% CI +0.005, +0.015]"
+
+
+def test_the_report_draws_the_differences_behind_its_verdicts(tmp_path, monkeypatch):
+    """verdicts.png: one row per finding of test loss at a size that speaks, drawn from the helpers' own findings
+    (each kind), the second rule's interval beside a finding where it reads other runs; a finding of another
+    quantity (no contrast) is not drawn; the report links the figure."""
+    import matplotlib.axes
+
+    from cem.experiments.findings import close, lower, not_worse
+
+    def rows(shift):
+        mk = lambda label, base: {"label": label, "seeds": [0, 1, 2], "test_loss_per_seed": [base + 0.01 * s for s in range(3)],  # noqa: E731
+                                  "test_perplexity": 3.2}
+        return [mk("Llama micro", 1.17), mk("CEM attention T=1", 1.18 + shift), {**mk("CEM attention T=2", 1.175), "test_loss_per_seed": [1.175, 1.186, 1.194]}]
+
+    paper = [lower(rows(0), "CEM attention T=2", "CEM attention T=1", "T=2 improves on T=1").to_dict(),
+             close(rows(0), "CEM attention T=1", "Llama micro", "CEM attention is close to Llama", 0.02).to_dict(),
+             not_worse(rows(0), "CEM attention T=2", "Llama micro", "CEM T=2 matches or beats Llama", 0.01).to_dict(),
+             {"claim": "(ours) attention: the trained steps descend the layer's energy", "verdict": "held", "evidence": "4/4", "family": "ours", "kind": "count"}]
+    own = [lower(rows(0.004), "CEM attention T=2", "CEM attention T=1", "T=2 improves on T=1").to_dict()]
+    assert [f["kind"] for f in paper] == ["directional", "equivalence", "non-inferiority", "count"]
+    assert paper[0]["contrast"] == "CEM attention T=1 - CEM attention T=2" and paper[1]["margin"] == pytest.approx(math.log1p(0.02))
+    root = _suite(tmp_path / "res", findings=True)
+    path = root / "fig2c" / "summary.json"
+    summary = json.loads(path.read_text())
+    own_rows = [{**ROW, "label": "CEM attention T=1", "lr": 4e-3}]
+    path.write_text(json.dumps({**summary, "findings": paper, "rows": [{**ROW, "label": "CEM attention T=1", "lr": 2e-3}],
+                                "rules": {"own": {"rule": "own", "rows": own_rows, "findings": own}}}))
+    drawn = []
+    real = matplotlib.axes.Axes.errorbar
+    monkeypatch.setattr(matplotlib.axes.Axes, "errorbar", lambda self, x, y, **k: drawn.append((x, k.get("mfc"))) or real(self, x, y, **k))
+    report = write_report(root, allow_short=True).read_text()
+    assert "![verdicts](verdicts.png)" in report and (root / "verdicts.png").stat().st_size > 10_000
+    assert len(drawn) == 4  # three findings of test loss, and the first one's second-rule interval (open marker)
+    assert sum(mfc == "white" for _, mfc in drawn) == 1
+
+
+def test_each_kind_of_finding_holds_in_its_own_region():
+    from cem.experiments.findings import Finding
+    from cem.experiments.plots import held_region
+    from cem.experiments.report import kind
+
+    assert held_region({"kind": "directional", "sign": 1}) == (0.0, math.inf)
+    assert held_region({"kind": "directional", "sign": -1}) == (-math.inf, 0.0)
+    assert held_region({"kind": "equivalence", "margin": 0.02}) == (-0.02, 0.02)
+    assert held_region({"kind": "non-inferiority", "margin": 0.01}) == (-math.inf, 0.01)
+    with pytest.raises(ValueError, match="unknown kind of finding 'bayesian'"):
+        Finding("x", "held", "y", kind="bayesian")
+    # summaries written before findings named their kind: the energy study's count is not an equivalence test
+    assert kind({"claim": "energy", "verdict": "held", "evidence": "4/4"}) == "count"
+    assert kind({"evidence": "non-inferiority margin +1% ppl", "difference": {"n": 3}}) == "non-inferiority"
+    assert kind({"evidence": "equivalence margin ±2% ppl", "difference": {"n": 3}}) == "equivalence"

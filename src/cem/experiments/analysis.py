@@ -332,7 +332,7 @@ def test_time_study(c: Context) -> tuple[list, dict]:
                 d.verdict(+1),
                 f"test loss at T={round(m)} minus at T={round(2 * m)}: {d.text('+.4f', 'nats')}; mean perplexity "
                 + ", ".join(f"T={t}: {p:.3f}" for t, p in means.items()) + f"; lowest at T={min(means, key=means.get)}",
-                d.to_dict(), family="ours", p=d.p,
+                d.to_dict(), family="ours", p=d.p, contrast=f"{v.label} at T={round(m)} - at T={round(2 * m)}",
             ))
             if v.tags.get("kind") != "reuse":
                 answer["twice"][v.label] = {"m": round(m), "2m": round(2 * m), "verdict": findings[-1].verdict, "difference": d.to_dict()}
@@ -345,7 +345,7 @@ def test_time_study(c: Context) -> tuple[list, dict]:
                 d.verdict(+1),
                 f"{deeper} minus {v.label} at T={round(2 * m)}: {d.text('+.4f', 'nats')}; forward FLOPs per token "
                 f"{at['flops_per_token'] / 1e6:.2f}M vs {other['flops_per_token'] / 1e6:.2f}M",
-                d.to_dict(), family="ours", p=d.p,
+                d.to_dict(), family="ours", p=d.p, contrast=f"{deeper} - {v.label} at T={round(2 * m)}",
             ))
             answer["deeper"][v.label] = {"2m": round(2 * m), "verdict": findings[-1].verdict, "difference": d.to_dict(), "than": deeper}
     return findings, {"curves": curves, "adaptive": adaptive, "oracle": oracle, "extra_steps": extra, "drift": drifts, "answer": answer,
@@ -453,7 +453,7 @@ def energy_study(c: Context) -> tuple[list, dict]:
             "held" if all(within) else ("not held" if not any(within) else "inconclusive"),
             f"{sum(within)}/{len(within)} (layer, step) pairs within the trained T={trained} lower the energy; "
             f"{sum(beyond)}/{len(beyond)} beyond it (one seed)",
-            family="ours",
+            family="ours", kind="count",
         ))
     return findings, {"energy": trace}
 

@@ -22,6 +22,9 @@ from .stats import Interval
 from .sweep import Variant
 
 FAMILIES = ("paper", "control", "ours")
+# the tests a finding can rest on: the sign of an interval (directional), an interval inside ±margin (equivalence) or
+# below +margin (non-inferiority), or a count over a model's layers and steps (one seed: no interval)
+KINDS = ("directional", "equivalence", "non-inferiority", "count")
 
 
 @dataclass
@@ -35,6 +38,13 @@ class Finding:
     sign: int = 1  # the claim's sign of the difference
     p_adjusted: float | None = None  # Holm over the finding's family (set by the report)
     verdict_adjusted: str | None = None
+    kind: str = "directional"  # the test (`KINDS`)
+    margin: float | None = None  # an equivalence (±) or non-inferiority (+) margin, in nats
+    contrast: str | None = None  # what `difference` is, where it is of test loss in nats ("A - B"); None: another quantity
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown kind of finding {self.kind!r}: expected one of {', '.join(KINDS)}")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -134,7 +144,7 @@ def lower(rows, better: str, worse: str, claim: str, family: str = "paper") -> F
     d, dropped = _paired(rows, worse, better)
     verdict = d.verdict(+1)
     return Finding(claim, verdict, f"{_means(rows, better, worse)}; {worse} - {better}: {_nats(d, dropped)}{_planning(d, verdict)}{_power(d)}",
-                   d.to_dict(), family, d.p)
+                   d.to_dict(), family, d.p, contrast=f"{worse} - {better}")
 
 
 def close(rows, a: str, b: str, claim: str, tolerance: float, family: str = "paper") -> Finding:
@@ -147,7 +157,7 @@ def close(rows, a: str, b: str, claim: str, tolerance: float, family: str = "pap
     if verdict == "not held":  # outside the margin: say on which side, so that a better result does not read as a worse one
         side = f"; {a} is {'better' if d.mean < 0 else 'worse'} than {b} by more than the margin"
     evidence = f"{_means(rows, a, b)}; {a} - {b}: {_nats(d, dropped)}; equivalence margin ±{tolerance:.0%} ppl{side}{_power(d, m)}"
-    return Finding(claim, verdict, evidence, d.to_dict(), family)
+    return Finding(claim, verdict, evidence, d.to_dict(), family, kind="equivalence", margin=m, contrast=f"{a} - {b}")
 
 
 def not_worse(rows, a: str, b: str, claim: str, margin: float, note: str = "", family: str = "paper") -> Finding:
@@ -159,7 +169,7 @@ def not_worse(rows, a: str, b: str, claim: str, margin: float, note: str = "", f
     verdict = "held" if hi < m else ("not held" if lo > m else "inconclusive")
     side = _side(d, a, b) if verdict != "not held" else f"; {a} is worse than {b} by more than the margin"
     evidence = f"{note + '; ' if note else ''}{_means(rows, a, b)}; {a} - {b}: {_nats(d, dropped)}; non-inferiority margin +{margin:.0%} ppl{side}{_power(d, m)}"
-    return Finding(claim, verdict, evidence, d.to_dict(), family)
+    return Finding(claim, verdict, evidence, d.to_dict(), family, kind="non-inferiority", margin=m, contrast=f"{a} - {b}")
 
 
 def gains_more(rows, reuse: tuple[str, str], cem: tuple[str, str], claim: str, family: str = "paper") -> Finding:
@@ -172,7 +182,8 @@ def gains_more(rows, reuse: tuple[str, str], cem: tuple[str, str], claim: str, f
         f"loss gain {cem[0]} → {cem[1]}: {Interval.of(g_cem).mean:+.4f} nats; plain reuse {reuse[0]} → {reuse[1]}: "
         f"{Interval.of(g_reuse).mean:+.4f} nats; difference of gains {_nats(d, dropped)}{_planning(d, d.verdict(+1))}{_power(d)}"
     )
-    return Finding(claim, d.verdict(+1), evidence, d.to_dict(), family, d.p)
+    return Finding(claim, d.verdict(+1), evidence, d.to_dict(), family, d.p,
+                   contrast=f"({cem[0]} - {cem[1]}) - ({reuse[0]} - {reuse[1]})")
 
 
 def adjust(findings: list[Finding]) -> None:

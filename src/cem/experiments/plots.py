@@ -1,9 +1,10 @@
-"""One figure per experiment, shaped like the paper's (matplotlib, Agg backend). Each takes the
-experiment's summary, a title and a path. Error bars are the 95% confidence interval of the mean over
-seeds (Student t); every figure says so in its caption, with the number of seeds."""
+"""One figure per experiment, shaped like the paper's (matplotlib, Agg backend), and the report's figure of the
+verdicts across experiments (`plot_verdicts`). Each experiment's takes its summary, a title and a path. Error
+bars are 95% confidence intervals (Student t); every figure says of what, and over how many seeds, in its caption."""
 
 from __future__ import annotations
 
+import math
 import textwrap
 from pathlib import Path
 
@@ -343,3 +344,53 @@ def plot_table3(summary, title, path):
     from .gp_regression import plot_table3 as gp_plot
 
     gp_plot(summary["gp_rows"], path)
+
+
+VERDICT_COLORS = {"held": "#2ca02c", "not held": "#d62728", "inconclusive": "#7f7f7f"}
+
+
+def held_region(f: dict) -> tuple[float, float]:
+    """Where a finding of test loss holds, in nats of its difference: above or below 0 (directional, by the claim's
+    sign), inside ±margin (equivalence), below +margin (non-inferiority)."""
+    if f["kind"] == "equivalence":
+        return -f["margin"], f["margin"]
+    if f["kind"] == "non-inferiority":
+        return -math.inf, f["margin"]
+    return (0.0, math.inf) if f.get("sign", 1) > 0 else (-math.inf, 0.0)
+
+
+def plot_verdicts(entries: list[tuple[str, dict, dict | None]], title: str, path: Path) -> None:
+    """The seed-paired differences the verdicts rest on, one row per finding of test loss (experiment, finding at
+    the paper's rate rule, the same finding at each CEM variant's own rate or None): its mean and 95% interval as a
+    perplexity ratio, over the region where the claim holds, coloured by the raw verdict."""
+    pct = lambda x: 100 * math.expm1(x)  # noqa: E731
+    fig, ax = plt.subplots(figsize=(8.5, 1.2 + 0.62 * len(entries)))
+    ends = [x for _, f, g in entries for h in (f, g) if h for x in (h["difference"]["lo"], h["difference"]["hi"], h["difference"]["mean"])]
+    ends += [m for _, f, _ in entries if f.get("margin") for m in (f["margin"], -f["margin"] if f["kind"] == "equivalence" else 0.0)]
+    lo, hi = min(ends + [0.0]), max(ends + [0.0])
+    pad = 0.12 * (hi - lo or 0.01)
+    lo, hi = lo - pad, hi + pad
+    labels = []
+    for i, (exp_id, f, own) in enumerate(entries):
+        y = len(entries) - 1 - i
+        a, b = held_region(f)
+        ax.fill_betweenx([y - 0.42, y + 0.42], pct(max(a, lo)), pct(min(b, hi)), color=VERDICT_COLORS["held"], alpha=0.12, lw=0)
+        for h, dy, marker, fill in ((f, 0.12 if own else 0.0, "o", True), (own, -0.18, "s", False)):
+            if not h:
+                continue
+            d, color = h["difference"], VERDICT_COLORS[h["verdict"]]
+            xerr = [[pct(d["mean"]) - pct(d["lo"])], [pct(d["hi"]) - pct(d["mean"])]] if d["n"] > 1 else None
+            ax.errorbar(pct(d["mean"]), y + dy, xerr=xerr, fmt=marker, color=color, mfc=color if fill else "white", capsize=3, ms=5)
+        family = "" if f.get("family", "paper") == "paper" else f" ({f['family']})"
+        labels.append(textwrap.fill(f"{exp_id}{family}: {f['claim']}", 70) + "\n" + textwrap.fill(f"Δ = {f['contrast']}", 70))
+    ax.axvline(0, color="black", lw=0.8)
+    ax.set_yticks(range(len(entries) - 1, -1, -1), labels, fontsize=6)
+    ax.set_ylim(-0.6, len(entries) - 0.4)
+    ax.set_xlim(pct(lo), pct(hi))
+    ax.set_xlabel("seed-paired difference of test loss Δ, as a perplexity ratio exp(Δ) − 1 (%)")
+    _finish(fig, ax, title, path, (
+        "Each row: a finding's difference Δ of test loss (nats, the contrast under its claim), paired by seed, shown as exp(Δ) − 1 in %. "
+        "Point: the mean over the paired seeds; error bar: its 95% confidence interval (Student t over those seeds; none with one seed). "
+        "Shaded: where the claim holds (held: the whole interval inside it). Filled circle: the paper's rate rule (every run at its "
+        "Llama's best rate); open square: each CEM variant at its own best rate, where that reads other runs. Colour: the raw verdict "
+        "(green held, red not held, grey inconclusive); the Holm-adjusted verdicts are in the table."))

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..io import read_json
 from .analysis import GUARD_STUDIED
-from .findings import Finding, adjust
+from .findings import KINDS, Finding, adjust
 from .registry import LR_GROUPS, SUITE_ORDER
 from .stats import Interval
 
@@ -208,16 +208,15 @@ def below_regime(f: dict, summary: dict, passing: dict[str, bool]) -> bool:
     return not all(passing.get(z, False) for z in sizes)
 
 
-KINDS = ("directional", "equivalence", "non-inferiority")
-
-
 def kind(f: dict) -> str:
-    """A finding's test: directional (a sign), equivalence ("close") or non-inferiority ("matches or beats")."""
+    """A finding's test (`KINDS`): directional (a sign), equivalence ("close"), non-inferiority ("matches or beats") or a
+    count (the energy study); read from summaries written before findings named it, too."""
     if f.get("kind"):
         return f["kind"]
     if f.get("p") is not None:
         return "directional"
-    return "non-inferiority" if "non-inferiority margin" in f.get("evidence", "") else "equivalence"
+    margin = next((k for k in ("non-inferiority", "equivalence") if f"{k} margin" in f.get("evidence", "")), None)
+    return margin or "count"
 
 
 def _counts(fs: list[dict]) -> str:
@@ -412,6 +411,21 @@ def _gap(g: dict) -> str:
             + " nats.")
 
 
+def _verdicts_figure(root: Path, summaries: list[dict], passing: dict[str, bool]) -> list[str]:
+    """Draw RESULTS_DIR/verdicts.png (`plot_verdicts`): every finding of test loss in the verdict table, with its
+    second-rule interval where that reads other runs; the report's lines that show it (none without such findings)."""
+    from .plots import plot_verdicts
+
+    entries = [(s["experiment"], f, None if _same_runs(s) else _own(s).get(f["claim"]))
+               for s in summaries for f in s["findings"]
+               if f.get("contrast") and (f.get("difference") or {}).get("n") and not below_regime(f, s, passing)]
+    if not entries:
+        return []
+    plot_verdicts(entries, f"{summaries[0]['scale']['name']}: the paired differences behind the verdicts", root / "verdicts.png")
+    return ["", "The differences behind these verdicts, with their intervals and the region where each claim holds:", "",
+            "![verdicts](verdicts.png)"]
+
+
 def write_report(results_dir: str | Path, allow_short: bool = False) -> Path:
     """Write RESULTS_DIR/report.md from RESULTS_DIR/*/summary.json; refuses results short of the budget
     (a `ShortOfBudget` error) unless `allow_short` or they are of a scale that never speaks (`pipeline_scale`)."""
@@ -519,6 +533,7 @@ def write_report(results_dir: str | Path, allow_short: bool = False) -> Path:
     else:
         lines += ["", f"## Verdicts{' at ' + ', '.join(speaks) if speaks else ''}", ""]
         lines += table(lambda f, s: not below_regime(f, s, passing))
+        lines += _verdicts_figure(root, summaries, passing)
     if not pipeline and any(below_regime(f, s, passing) for s in summaries for f in s["findings"]):
         lines += ["", "## Pipeline checks: sizes that do not speak", "",
                   "These findings are about sizes whose Llama does not beat a 5-gram model on every seed's interval: they show that "
