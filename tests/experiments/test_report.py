@@ -174,6 +174,12 @@ def test_the_report_draws_the_differences_behind_its_verdicts(tmp_path, monkeypa
     assert "![verdicts](verdicts.png)" in report and (root / "verdicts.png").stat().st_size > 10_000
     assert len(drawn) == 4  # three findings of test loss, and the first one's second-rule interval (open marker)
     assert sum(mfc == "white" for _, mfc in drawn) == 1
+    # a second-rule finding with no pair of runs on one processor (n = 0, mean nan) draws nothing and moves no axis
+    unpaired = {**own[0], "difference": {"mean": float("nan"), "lo": float("nan"), "hi": float("nan"), "n": 0, "p": float("nan")}}
+    path.write_text(json.dumps({**json.loads(path.read_text()), "rules": {"own": {"rule": "own", "rows": own_rows, "findings": [unpaired]}}}))
+    drawn.clear()
+    write_report(root, allow_short=True)
+    assert len(drawn) == 3 and all(math.isfinite(x) for x, _ in drawn)
 
 
 def test_each_kind_of_finding_holds_in_its_own_region():
