@@ -365,7 +365,7 @@ def plot_verdicts(entries: list[tuple[str, dict, dict | None]], title: str, path
     perplexity ratio, over the region where the claim holds, coloured by the raw verdict."""
     pct = lambda x: 100 * math.expm1(x)  # noqa: E731
     fig, ax = plt.subplots(figsize=(8.5, 1.2 + 0.62 * len(entries)))
-    ends = [x for _, f, g in entries for h in (f, g) if h and (h.get("difference") or {}).get("n") for x in (h["difference"]["lo"], h["difference"]["hi"], h["difference"]["mean"])]
+    ends = [x for _, f, g in entries for h in (f, g) if h for x in (h["difference"]["lo"], h["difference"]["hi"], h["difference"]["mean"])]
     ends += [m for _, f, _ in entries if f.get("margin") for m in (f["margin"], -f["margin"] if f["kind"] == "equivalence" else 0.0)]
     lo, hi = min(ends + [0.0]), max(ends + [0.0])
     pad = 0.12 * (hi - lo or 0.01)
@@ -376,7 +376,7 @@ def plot_verdicts(entries: list[tuple[str, dict, dict | None]], title: str, path
         a, b = held_region(f)
         ax.fill_betweenx([y - 0.42, y + 0.42], pct(max(a, lo)), pct(min(b, hi)), color=VERDICT_COLORS["held"], alpha=0.12, lw=0)
         for h, dy, marker, fill in ((f, 0.12 if own else 0.0, "o", True), (own, -0.18, "s", False)):
-            if not h or not (h.get("difference") or {}).get("n"):  # no second rule, or no pair of runs on one processor
+            if not h:
                 continue
             d, color = h["difference"], VERDICT_COLORS[h["verdict"]]
             xerr = [[pct(d["mean"]) - pct(d["lo"])], [pct(d["hi"]) - pct(d["mean"])]] if d["n"] > 1 else None

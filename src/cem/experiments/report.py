@@ -416,9 +416,10 @@ def _verdicts_figure(root: Path, summaries: list[dict], passing: dict[str, bool]
     second-rule interval where that reads other runs; the report's lines that show it (none without such findings)."""
     from .plots import plot_verdicts
 
-    entries = [(s["experiment"], f, None if _same_runs(s) else _own(s).get(f["claim"]))
+    paired = lambda f: bool(f and (f.get("difference") or {}).get("n"))  # noqa: E731 (no pair of runs on one processor: nothing to draw)
+    entries = [(s["experiment"], f, own if paired(own := None if _same_runs(s) else _own(s).get(f["claim"])) else None)
                for s in summaries for f in s["findings"]
-               if f.get("contrast") and (f.get("difference") or {}).get("n") and not below_regime(f, s, passing)]
+               if f.get("contrast") and paired(f) and not below_regime(f, s, passing)]
     if not entries:
         return []
     plot_verdicts(entries, f"{summaries[0]['scale']['name']}: the paired differences behind the verdicts", root / "verdicts.png")
