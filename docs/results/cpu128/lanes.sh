@@ -9,9 +9,11 @@
 # Before moving the worktree to newer code, check that it trains to the same bits: docs/results/cpu128/parity.sh.
 # On a new machine, samebits.py says whether it computes what the committed runs' machines did (one model name,
 # "AMD EPYC", covers CPUs that round differently: docs/LOG.md, 2026-11-28).
-# Rerun it to resume (finished runs are skipped, interrupted ones resume bit-exact from their checkpoint). On a
-# machine that may not outlive the session (its checkpoints with it), give the session's end less the time to
-# commit: UNTIL=06:05 bash .../lanes.sh ...; then no lane starts a run that would not finish by then (--until).
+# Rerun it to resume (finished runs are skipped, interrupted ones resume bit-exact from their checkpoint, saved every
+# 200 steps and on SIGTERM). Where the work tree outlives the session (the checkpoints live in the run folders, ignored
+# by git), let the lanes run to the session's end and rerun them in the next: no lane time is lost. On a machine that
+# may not outlive the session, give the session's end less the time to commit: UNTIL=06:05 bash .../lanes.sh ...;
+# then no lane starts a run that would not finish by then (--until).
 # Commit only run folders with a results.json. Every run trains on one processor (--processor, the CPU named with its
 # family: "AMD EPYC" covers a Zen 2 and this Zen 4, which round differently): a machine with another refuses to
 # train, and a run recorded on another is trained again. On another CPU the lanes stop at once; that session's
