@@ -66,6 +66,26 @@ def test_recursion_experiments_use_five_seeds_at_cpu_scale():
         assert EXPERIMENTS[exp_id].seeds == "recursion" and len(s.seeds_for("recursion")) == 5
 
 
+@pytest.mark.parametrize("exp_id, sublayer", [("fig3c", "mlp"), ("fig4", "attn")])
+def test_recursion_is_also_set_against_the_cem_sublayer_applied_twice(exp_id, sublayer):
+    """fig3c / fig4 carry the CEM sublayer applied twice as a block (plain reuse of the same weights), and a control
+    finding reads its gain against recursion's: (T1 - T2) - (T1 - x2) = x2 - T2, paired by seed."""
+    from cem.experiments.findings import Context
+
+    s = chosen(get_scale("cpu"))
+    variants = {v.label: v for v in EXPERIMENTS[exp_id].variants(s)}
+    name = {"mlp": "CEM MLP", "attn": "CEM attention"}[sublayer]
+    twice, one = variants[f"{name} x2"].spec, variants[f"{name} T=1"].spec
+    assert twice.arch == one.arch and dict(twice.model) == {**dict(one.model), f"{sublayer}_reuse": 2}
+    loss = {label: (1.0, 1.1, 1.2) for label in variants}
+    loss[f"{name} T=2"] = (0.99, 1.09, 1.19)  # recursion gains 0.01 on every seed, reuse of the CEM sublayer 0.03
+    loss[f"{name} x2"] = (0.97, 1.07, 1.17)
+    findings, _ = EXPERIMENTS[exp_id].analyze(Context(s, rows(**loss), list(variants.values()), None, None))
+    (f,) = [f for f in findings if "same CEM sublayer applied twice" in f.claim]
+    assert f.family == "control" and f.verdict == "not held" and f.difference["mean"] == pytest.approx(-0.02)
+    assert f.contrast == f"({name} T=1 - {name} T=2) - ({name} T=1 - {name} x2)"
+
+
 def test_shared_runs_are_one_run_and_slugs_are_stable():
     a = RunSpec.make("tiny", "cem-attn", attn_steps=2, attn_precond="diag")
     assert a.slug == RunSpec.make("tiny", "cem-attn", attn_precond="diag", attn_steps=2).slug

@@ -12,6 +12,7 @@ VARIANTS = {
     "llama-rope": dict(arch="llama"),
     "llama-alibi": dict(arch="llama-alibi"),
     "llama-reuse": dict(arch="llama-reuse"),
+    "cem-reuse": dict(arch="cem", attn_reuse=2),
     "cem-nodiag": dict(arch="cem", kq_diag="none"),
     "cem-shared": dict(arch="cem", kq_diag="shared"),
     "cem-perhead": dict(arch="cem", kq_diag="per_head", attn_precond="diag_lowrank"),

@@ -281,6 +281,7 @@ def fig3c_variants(s: Scale) -> list[Variant]:
         Variant("CEM MLP T=1", _spec(s, b, "cem-mlp"), {"group": "CEM MLP", "steps": 1}, pair, paired=True),
         Variant("CEM MLP T=2", _spec(s, b, "cem-mlp", mlp_steps=2), {"group": "CEM MLP", "steps": 2}, pair, paired=True),
         Variant("CEM MLP T=1 learned step", _spec(s, b, "cem-mlp", learn_step_size=True), {"group": "CEM MLP, learned step gain", "steps": 1}),
+        Variant("CEM MLP x2", _spec(s, b, "cem-mlp", mlp_reuse=2), {"group": "plain reuse, CEM MLP", "steps": 2}),
     ]
 
 
@@ -294,23 +295,31 @@ def fig4_variants(s: Scale) -> list[Variant]:
         Variant("CEM attention T=1", _spec(s, b, "cem-attn"), {"group": "CEM attention", "steps": 1}, pair, own_rate=True, paired=True),
         Variant("CEM attention T=2", _spec(s, b, "cem-attn", attn_steps=2), {"group": "CEM attention", "steps": 2}, pair, own_rate=True, paired=True),
         Variant("CEM attention T=1 learned step", _spec(s, b, "cem-attn", learn_step_size=True), {"group": "CEM attention, learned step gain", "steps": 1}),
+        Variant("CEM attention x2", _spec(s, b, "cem-attn", attn_reuse=2), {"group": "plain reuse, CEM attention", "steps": 2}),
     ]
 
 
-def _reuse_findings(rows, reuse: tuple[str, str], one: str, two: str, gain: str, what: str) -> list[Finding]:
+def _reuse_findings(rows, reuse: tuple[str, str], one: str, two: str, gain: str, twice: str, what: str) -> list[Finding]:
+    """The paper's two claims and two controls: a longer step (`gain`), and the CEM sublayer itself applied twice
+    (`twice`), whose second pass recomputes from the updated state what a second step of recursion re-reads
+    from the layer's input (the keys ĥ_{1:i}, the MLP's gate W ĥ_i: §2.3 conditions every step on h)."""
     return [
         lower(rows, two, one, f"{what}: within-layer recursion improves ({two} vs {one})"),
         gains_more(rows, reuse, (one, two), f"{what}: recursion gains more than plain reuse ({two})"),
         lower(rows, two, gain, f"{what}: T=2 beats T=1 with a learned step gain (more steps, not a longer step)", family="control"),
+        gains_more(rows, (one, twice), (one, two),
+                   f"{what}: recursion gains more than the same CEM sublayer applied twice (which recomputes from the "
+                   "updated state what recursion re-reads from the layer's input)", family="control"),
     ]
 
 
 def fig3c_findings(c: Context):
-    return _reuse_findings(c.rows, ("Llama MLP x1", "Llama MLP x2"), "CEM MLP T=1", "CEM MLP T=2", "CEM MLP T=1 learned step", "MLP"), {}
+    return _reuse_findings(c.rows, ("Llama MLP x1", "Llama MLP x2"), "CEM MLP T=1", "CEM MLP T=2", "CEM MLP T=1 learned step", "CEM MLP x2", "MLP"), {}
 
 
 def fig4_findings(c: Context):
-    out = _reuse_findings(c.rows, ("Llama attention x1", "Llama attention x2"), "CEM attention T=1", "CEM attention T=2", "CEM attention T=1 learned step", "attention")
+    out = _reuse_findings(c.rows, ("Llama attention x1", "Llama attention x2"), "CEM attention T=1", "CEM attention T=2", "CEM attention T=1 learned step",
+                          "CEM attention x2", "attention")
     out.append(gains_more(c.rows, ("Llama ALiBi attention x1", "Llama ALiBi attention x2"), ("CEM attention T=1", "CEM attention T=2"),
                           "attention: recursion gains more than plain reuse of Llama attention with the same ALiBi (position-matched)", family="control"))
     return out, {}
