@@ -37,7 +37,8 @@ def test_every_figure_draws_its_experiments_rows(exp_id, tmp_path):
 
 
 def test_gains_draw_a_group_with_its_one_step_point_only(tmp_path, monkeypatch):
-    """fig3c and fig4's learned-step control has T=1 only: its point is drawn, and no line joins it."""
+    """fig3c and fig4's learned-step control has T=1 only: its point is drawn, and no line joins it; the CEM sublayer
+    applied twice has its x2 point only, joined to the one pass it starts from (CEM T=1's point, drawn again there)."""
     import matplotlib.axes
 
     rows, seeds = rows_of("fig4")
@@ -47,8 +48,10 @@ def test_gains_draw_a_group_with_its_one_step_point_only(tmp_path, monkeypatch):
     monkeypatch.setattr(matplotlib.axes.Axes, "plot", lambda self, *a, **k: joined.append(a) or real(self, *a, **k))
     plot_gains({"rows": rows, "seeds": seeds}, "fig4", tmp_path / "fig4.png")
     pairs = sum(sum(r["group"] == g for r in rows) == 2 for g in {r["group"] for r in rows})
-    assert len(joined) == pairs == 3
+    assert pairs == 3 and len(joined) == pairs + 1
     assert all(len(x) == len(y) == 2 for x, y in joined)
+    one, twice = (next(r for r in rows if r["label"] == label) for label in ("CEM attention T=1", "CEM attention x2"))
+    assert [y for _, y in joined].count([one["test_perplexity"], twice["test_perplexity"]]) == 1
 
 
 def test_recursion_figures_draw_the_training_gap(tmp_path):

@@ -215,8 +215,11 @@ def plot_gains(summary, title, path):
     rows = summary["rows"]
     fig, ax = plt.subplots(figsize=(5.5, 4.4))
     groups, seen = list(dict.fromkeys(r["group"] for r in rows)), set()
+    by_label = {r["label"]: r for r in rows}
     for i, g in enumerate(groups):
         rs = sorted((r for r in rows if r["group"] == g), key=lambda r: r["steps"])
+        if rs[0].get("one_pass"):  # a sublayer applied twice whose one pass is another group's T=1 point: drawn here too
+            rs = [by_label[rs[0]["one_pass"]], *rs]
         for r in rs:  # a control group (T=1 with a learned step gain) has its T=1 point only
             (dx, color), label = STEP_MARKS[r["steps"]], STEP_LABELS[r["steps"]]
             ax.errorbar(i + dx, r["test_perplexity"], yerr=_err(r), fmt="o", color=color, capsize=3, label=label if label not in seen else None)

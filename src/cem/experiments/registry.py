@@ -281,7 +281,7 @@ def fig3c_variants(s: Scale) -> list[Variant]:
         Variant("CEM MLP T=1", _spec(s, b, "cem-mlp"), {"group": "CEM MLP", "steps": 1}, pair, paired=True),
         Variant("CEM MLP T=2", _spec(s, b, "cem-mlp", mlp_steps=2), {"group": "CEM MLP", "steps": 2}, pair, paired=True),
         Variant("CEM MLP T=1 learned step", _spec(s, b, "cem-mlp", learn_step_size=True), {"group": "CEM MLP, learned step gain", "steps": 1}),
-        Variant("CEM MLP x2", _spec(s, b, "cem-mlp", mlp_reuse=2), {"group": "plain reuse, CEM MLP", "steps": 2}),
+        Variant("CEM MLP x2", _spec(s, b, "cem-mlp", mlp_reuse=2), {"group": "plain reuse, CEM MLP", "steps": 2, "one_pass": "CEM MLP T=1"}),
     ]
 
 
@@ -295,7 +295,8 @@ def fig4_variants(s: Scale) -> list[Variant]:
         Variant("CEM attention T=1", _spec(s, b, "cem-attn"), {"group": "CEM attention", "steps": 1}, pair, own_rate=True, paired=True),
         Variant("CEM attention T=2", _spec(s, b, "cem-attn", attn_steps=2), {"group": "CEM attention", "steps": 2}, pair, own_rate=True, paired=True),
         Variant("CEM attention T=1 learned step", _spec(s, b, "cem-attn", learn_step_size=True), {"group": "CEM attention, learned step gain", "steps": 1}),
-        Variant("CEM attention x2", _spec(s, b, "cem-attn", attn_reuse=2), {"group": "plain reuse, CEM attention", "steps": 2}),
+        Variant("CEM attention x2", _spec(s, b, "cem-attn", attn_reuse=2), {"group": "plain reuse, CEM attention", "steps": 2,
+                                                                              "one_pass": "CEM attention T=1"}),
     ]
 
 
