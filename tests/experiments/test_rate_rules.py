@@ -193,6 +193,10 @@ def test_analyse_only_judges_what_has_finished(tmp_path):
     assert all(r["seeds"] == [0, 1, 2] for r in fig3a["rows"])
     report = write_report(root).read_text()
     assert "judged under the paper's rate rule alone" in report and "fig3a: the own-rate sweep of" in report
+    from cem.experiments.report import _own_cell  # the verdict table's second-rule cell (where one is drawn) says for what
+
+    claim = next(f for f in fig3a["findings"] if f["claim"] == "full CEM (T=2, preconditioners) matches or beats Llama")
+    assert _own_cell(fig3a, claim).startswith("waiting for the own-rate sweep of cpu128-cem-t2 (")
     assert {p.name: p.stat().st_mtime_ns for p in (REPO / "docs/results/cpu/runs").iterdir()} == runs
 
 

@@ -76,7 +76,7 @@ def test_the_training_gap_pairs_each_step_of_the_same_seed(tmp_path):
 
 def test_the_second_rate_rule_says_why_a_finding_has_no_verdict_and_when_it_reads_the_same_runs():
     """The verdict table's own-rate cell: a verdict (marked as read from the same runs when every own rate is
-    Llama's), a control or our check at Llama's rate under both rules, or a sweep still training; the learning-rate
+    Llama's), a control or our check at Llama's rate under both rules, or what the rule still waits for; the learning-rate
     line gathers the own rates every experiment chose."""
     from cem.experiments.report import _own_cell, _rates, _same_runs
 
@@ -92,7 +92,7 @@ def test_the_second_rate_rule_says_why_a_finding_has_no_verdict_and_when_it_read
     moved = {**same, "rules": {"own": {**same["rules"]["own"], "rows": [{**rows[0], "lr": 4e-3}, rows[1]]}}}
     assert not _same_runs(moved) and "the same runs" not in _own_cell(moved, paper)
     waiting = {"experiment": "fig2a", "rows": rows, "findings": [paper], "scale": scale, "rules": {}, "pending": {"own": "a sweep (2 runs)"}}
-    assert _own_cell(waiting, paper) == "waiting for its own-rate sweep" and not _same_runs(waiting)
+    assert _own_cell(waiting, paper) == "waiting for a sweep (2 runs)" and not _same_runs(waiting)
     lr = {"experiment": "lr", "rows": rows, "findings": [], "scale": scale}  # written before any own-rate sweep ran
     (line,) = [x for x in _rates([lr, waiting, same]) if x]
     assert "micro-cem-attn 0.002" in line

@@ -248,13 +248,14 @@ def _same_runs(summary: dict) -> bool:
 
 def _own_cell(summary: dict, finding: dict) -> str:
     """A finding's verdict under the second rate rule, or why it has none: a control or our own check stays at
-    Llama's rate under both rules, an own-rate sweep still training, or an experiment the rule does not cover."""
+    Llama's rate under both rules, what the rule still waits for (a sweep, or the runs at the rates it chose), or an
+    experiment the rule does not cover."""
     if g := _own(summary).get(finding["claim"]):
         return f"{_verdicts(g)}: {_diff(g)}" + (" (the same runs: every own rate is Llama's)" if _same_runs(summary) else "")
     if (family := finding.get("family", "paper")) != "paper":
         return f"— ({'a control' if family == 'control' else 'ours'}: at Llama's rate under both rules)"
-    if (summary.get("pending") or {}).get("own"):
-        return "waiting for its own-rate sweep"
+    if pending := (summary.get("pending") or {}).get("own"):
+        return f"waiting for {pending}"
     return "— (no CEM variant of a headline comparison)"
 
 
