@@ -132,6 +132,43 @@ def test_a_rate_decided_on_another_processors_runs_is_decided_again_on_the_suite
     assert f"micro-llama's rate was decided again ({again['lr']:g}; it had been {first['lr']:g}, decided on runs of Another CPU" in write_report(root).read_text()
 
 
+def test_a_rate_decided_with_another_tie_is_decided_again_on_the_same_runs(corpus, tmp_path, monkeypatch):
+    """A recorded decision made with another tie than the scale's (cpu128's went from 0.005 to 0.002 nats) is made
+    again on the same runs, over its whole recorded grid, with nothing trained; the record keeps the decision it
+    replaces and says why, and so does the report. A record older than its tie was made with none: it stands at a
+    scale without one."""
+    from cem.experiments.lr import llama, sweep
+
+    monkeypatch.setenv("CEM_CACHE_DIR", str(tmp_path / "cache"))
+    kw = dict(data=str(corpus), seeds=(0,), recursion_seeds=(0,), lr_sweep=True, lrs=(1e-4, 3e-3), lr_extend=0)
+    root = tmp_path / "res"
+    run_experiment("lr", "smoke", root, **kw)
+    record_path, s = root / "lr" / "choices.json", get_scale("smoke", **kw)
+    first = json.loads(record_path.read_text())["micro-llama"]
+    losses = {float(k): v for k, v in first["valid_loss"].items()}
+    assert first["lr"] == 3e-3 and first["tie"] == s.lr_tie == 0.0 and losses[1e-4] > losses[3e-3]  # the short run's best
+    runs = {p.name: p.stat().st_mtime_ns for p in (root / "runs").iterdir()}
+
+    wide = losses[1e-4] - losses[3e-3] + 0.01  # a tie wide enough to have chosen the lower rate
+    record_path.write_text(json.dumps({"micro-llama": {**first, "lr": 1e-4, "tie": wide}}))
+    assert sweep(s, llama("micro"), root, dry=True).best == 3e-3  # a dry look decides again, writes nothing
+    assert json.loads(record_path.read_text())["micro-llama"]["lr"] == 1e-4
+    run_experiment("lr", "smoke", root, **kw)
+    again = json.loads(record_path.read_text())["micro-llama"]
+    assert again["lr"] == 3e-3 and again["tie"] == 0.0 and again["grid"] == first["grid"]
+    assert again["superseded"]["lr"] == 1e-4 and again["superseded"]["why"] == f"decided with ties within {wide:g} nats; the scale's tie is now 0"
+    assert {p.name: p.stat().st_mtime_ns for p in (root / "runs").iterdir()} == runs  # nothing trained
+    assert f"micro-llama's rate was decided again (0.003; it had been 0.0001, decided with ties within {wide:g} nats" in write_report(root).read_text()
+
+    history = {"lr": 1e-4, "why": "decided on runs of Another CPU, not of this one only"}  # the same rate again: no new entry
+    record_path.write_text(json.dumps({"micro-llama": {**first, "tie": wide, "superseded": history}}))
+    run_experiment("lr", "smoke", root, **kw)
+    assert json.loads(record_path.read_text())["micro-llama"]["superseded"] == history
+
+    record_path.write_text(json.dumps({"micro-llama": {k: v for k, v in {**first, "lr": 1e-4}.items() if k != "tie"}}))
+    assert sweep(s, llama("micro"), root, dry=True).best == 1e-4  # made before ties were recorded: with none, as now
+
+
 def test_the_processor_check_asks_the_device_the_runs_train_on(corpus, tmp_path, monkeypatch):
     """On a GPU machine a suite's processor is the GPU's name (what its runs record), not the host CPU's."""
     import cem.provenance

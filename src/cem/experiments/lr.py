@@ -11,7 +11,9 @@ with the losses and the processors of the runs it was made on: every run of its 
 run trained again later on the same processor (`cem.experiments.products`), whose validation loss moves by
 noise, never re-decides it. A decision made on runs of another processor than the scale's (`Scale.processor`),
 in whole or in part, compared losses across processors: it is made again once its runs have trained on the
-scale's processor, and the record keeps the decision it replaces (`superseded`). Where the whole curve is read
+scale's processor, and the record keeps the decision it replaces (`superseded`). A decision made with another tie
+(`pick`) than the scale's now is made again on the same runs, over its whole recorded grid, and recorded the same
+way: the tie rule changed, not the evidence (cpu128's, 2026-11-29: docs/LOG.md). Where the whole curve is read
 (fig3a's optima), a sweep can be asked to `rebracket`: if a run trained again has moved the best rate on the
 current results to an end of the grid, the grid grows as above until that best is bracketed again, and the
 grown grid is recorded; the chosen rate stands.
@@ -103,7 +105,8 @@ def recorded(scale: Scale, template: RunSpec, root: Path) -> dict | None:
         raise ValueError(f"{path} is corrupted: the chosen rate {best:g} of {key} is not in its grid")
     if first != tuple(scale.grid(size, arch)) or seeds != scale.sweep_seeds(size):
         return None
-    return {"lr": best, "grid": grid, "valid_loss": losses, "processors": entry.get("processors")}
+    return {"lr": best, "grid": grid, "valid_loss": losses, "processors": entry.get("processors"),
+            "tie": float(entry.get("tie", 0.0))}  # a record older than its tie was made with none
 
 
 def processors_of(results: list[dict | None]) -> list[str] | None:
@@ -153,12 +156,16 @@ def sweep(scale: Scale, template: RunSpec, root: Path, data_dir: str | None = No
     scale = replace(scale, lr_grids=tuple((k, g) for k, g in scale.lr_grids if k != key))  # the sweep's own first grid
     first = scale.grid(size, what)
     done = recorded(scale, template, root)
+    why, grid = None, first
     elsewhere = decided_elsewhere(scale, template, root, done) if done else []
-    if elsewhere:  # made again on this processor's runs (module docstring)
-        print(f"== learning-rate sweep: {key} was decided on runs of {', '.join(elsewhere)}; deciding it again on "
-              f"{scale.processor}", file=sys.stderr, flush=True)
+    if elsewhere:  # made again on this processor's runs
+        why = f"decided on runs of {', '.join(elsewhere)}, not of {scale.processor} only"
+    elif done and done["tie"] != scale.lr_tie:  # made again on the same runs, its whole grid (module docstring)
+        why, grid = f"decided with ties within {done['tie']:g} nats; the scale's tie is now {scale.lr_tie:g}", done["grid"]
+    if why:
+        print(f"== learning-rate sweep: {key} was {why}: deciding it again", file=sys.stderr, flush=True)
         superseded, done = read_json(_record(root))[key], None
-    grid = done["grid"] if done else first
+    grid = done["grid"] if done else grid
     seeds = scale.sweep_seeds(size)
     while True:
         specs = sweep_specs(scale, template, grid)
@@ -185,8 +192,10 @@ def sweep(scale: Scale, template: RunSpec, root: Path, data_dir: str | None = No
             if not dry:
                 entry = {"lr": best, "grid": sorted(grid), "first_grid": list(first), "seeds": list(seeds), "tie": scale.lr_tie,
                          "valid_loss": {str(k): v for k, v in losses.items()}, "processors": processors_of(list(results.values()))}
-                if elsewhere:
-                    entry["superseded"] = {**superseded, "why": f"decided on runs of {', '.join(elsewhere)}, not of {scale.processor} only"}
+                if why and (elsewhere or best != superseded["lr"]):
+                    entry["superseded"] = {**superseded, "why": why}
+                elif why and "superseded" in superseded:  # the same rate under the new tie: its history stands
+                    entry["superseded"] = superseded["superseded"]
                 _write_record(root, key, entry)
             return SweepState(best, tuple(sorted(grid)), losses)
         grid = grown
