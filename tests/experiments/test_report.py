@@ -182,6 +182,25 @@ def test_the_report_draws_the_differences_behind_its_verdicts(tmp_path, monkeypa
     assert len(drawn) == 3 and all(math.isfinite(x) for x, _ in drawn)
 
 
+def test_a_verdict_row_names_its_family_once(tmp_path, monkeypatch):
+    """verdicts.png labels a control's or our finding with its family, but not twice where the claim says it."""
+    import matplotlib.axes
+
+    from cem.experiments.findings import close
+    from cem.experiments.plots import plot_verdicts
+
+    mk = lambda label, base: {"label": label, "seeds": [0, 1, 2], "test_loss_per_seed": [base, base + 0.002, base - 0.001],  # noqa: E731
+                              "test_perplexity": 3.2}
+    rows = [mk("A", 1.17), mk("B", 1.18)]
+    ours = close(rows, "A", "B", "(ours) A is close to B", 0.02, family="ours").to_dict()
+    control = close(rows, "A", "B", "A is close to B with the same positions", 0.02, family="control").to_dict()
+    seen = []
+    real = matplotlib.axes.Axes.set_yticks
+    monkeypatch.setattr(matplotlib.axes.Axes, "set_yticks", lambda self, ticks, labels=None, **k: seen.extend(labels or []) or real(self, ticks, labels, **k))
+    plot_verdicts([("positional", ours, None), ("fig2a", control, None)], "t", tmp_path / "v.png")
+    assert seen[0].startswith("positional: (ours) A is close to B") and seen[1].startswith("fig2a (control): A is close")
+
+
 def test_each_kind_of_finding_holds_in_its_own_region():
     from cem.experiments.findings import Finding
     from cem.experiments.plots import held_region

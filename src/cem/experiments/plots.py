@@ -384,7 +384,8 @@ def plot_verdicts(entries: list[tuple[str, dict, dict | None]], title: str, path
             d, color = h["difference"], VERDICT_COLORS[h["verdict"]]
             xerr = [[pct(d["mean"]) - pct(d["lo"])], [pct(d["hi"]) - pct(d["mean"])]] if d["n"] > 1 else None
             ax.errorbar(pct(d["mean"]), y + dy, xerr=xerr, fmt=marker, color=color, mfc=color if fill else "white", capsize=3, ms=5)
-        family = "" if f.get("family", "paper") == "paper" else f" ({f['family']})"
+        tag = f"({f.get('family', 'paper')})"  # the family, unless it is the paper's or the claim already says it
+        family = "" if tag == "(paper)" or f["claim"].startswith(tag) else f" {tag}"
         labels.append(textwrap.fill(f"{exp_id}{family}: {f['claim']}", 70) + "\n" + textwrap.fill(f"Δ = {f['contrast']}", 70))
     ax.axvline(0, color="black", lw=0.8)
     ax.set_yticks(range(len(entries) - 1, -1, -1), labels, fontsize=6)
