@@ -112,8 +112,8 @@ def fig2b_variants(s: Scale) -> list[Variant]:
     b = s.base
     return [
         _llama(s, b),
-        Variant(f"CEM MLP {b}", _spec(s, b, "cem-mlp"), {"group": "CEM MLP"}),
-        Variant(f"CEM MLP matched {b}", _spec(s, b, "cem-mlp-matched"), {"group": "CEM MLP, parameter-matched"}),
+        Variant(f"CEM MLP {b}", _spec(s, b, "cem-mlp"), {"group": "CEM MLP"}, own_rate=True),
+        Variant(f"CEM MLP matched {b}", _spec(s, b, "cem-mlp-matched"), {"group": "CEM MLP, parameter-matched"}, own_rate=True),
     ]
 
 
