@@ -126,11 +126,8 @@ class KneserNey:
         self.orders: list[_Order] = []  # self.orders[k - 1] holds order k
 
     def fit(self, train_ids) -> KneserNey:
-        """Count the training stream: raw counts at the top order, continuation counts N1+(. w_1..w_k) below it.
-
-        Each k-gram's id is its rank among the training's k-grams; its key is (id of its first k-1 tokens) V + its
-        last token, below (training tokens) V, so no two k-grams share a key at any order.
-        """
+        """Count the training stream: raw counts at the top order, continuation counts N1+(. w_1..w_k) below it
+        (keys and ids as in the module docstring)."""
         ids, v, n = _as_ids(train_ids, self.vocab_size), self.vocab_size, self.order
         if ids.size < n:
             raise ValueError(f"need at least {n} training tokens, got {ids.size}")
