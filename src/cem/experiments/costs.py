@@ -11,6 +11,7 @@ from functools import cached_property
 from pathlib import Path
 
 from ..training.rundir import RunDir
+from .records import runs_in
 from .scales import Scale
 from .sweep import run_config
 
@@ -22,7 +23,7 @@ COMMITTED = Path(__file__).resolve().parents[3] / "docs" / "results"  # the resu
 
 
 def _results_in(runs: Path) -> list[dict]:
-    return [r for r in (RunDir(d).results() for d in sorted(runs.glob("*"))) if r is not None] if runs.is_dir() else []
+    return [r for r in (run.results() for run in runs_in(runs)) if r is not None]
 
 
 def _run_flops(res: dict, gpu: bool) -> float | None:
@@ -65,8 +66,7 @@ class Costs:
         """(results, recorded product times) of every finished run here."""
         from .products import recorded_times
 
-        dirs = sorted(self.runs.glob("*")) if self.runs.is_dir() else []
-        return [(r, recorded_times(d)) for r, d in ((RunDir(d).results(), d) for d in dirs) if r is not None]
+        return [(r, recorded_times(run.path)) for r, run in ((run.results(), run) for run in runs_in(self.runs)) if r is not None]
 
     @cached_property
     def sources(self) -> dict[str, list[dict]]:

@@ -15,12 +15,12 @@ import torch
 from ..checks import check_positive_int
 from ..device import cpu_model
 from ..io import atomic_write_json
-from ..training import RunDir
 from . import lr, seeds
 from .findings import Context
 from .launchers import Launcher, ProcessLauncher
 from .costs import Costs, DeadlineReached
 from .products import missing
+from .records import Run
 from .registry import ALL_IDS, EXPERIMENTS, RATE_RULES, SUITE_ORDER, own_templates, variants_under
 from .scales import Scale, get_scale
 from .sweep import RunSpec, run_sweep, summarize
@@ -359,7 +359,7 @@ def analyse_finished(scale: str = "cpu", results_dir: str | Path | None = None, 
         pending = f"the own-rate sweep{'s' if len(sweeps) > 1 else ''} of {' and '.join(sweeps)}" if sweeps else None
         if sc.own_rates and pending is None and (todo := unfinished(_specs(i, at, ("own",)), at)):
             pending = f"{_n_runs(len(todo))} at the CEM variants' own rates to train"
-        results = {s: RunDir(at.runs(root) / s.slug).results() for s in _specs(i, at, ("paper",) if pending else at.rate_rules)}
+        results = {s: Run(at.runs(root) / s.slug).results() for s in _specs(i, at, ("paper",) if pending else at.rate_rules)}
         print(f"== {i}" + (f" (own-rate rule waiting for {pending})" if pending else ""), file=sys.stderr, flush=True)
         summaries.append(_analyse(i, at, root, results, data_dir, device, {"own": pending} if pending else None))
     return summaries, waiting
