@@ -285,11 +285,11 @@ def test_plan_says_what_would_be_trained_without_training(corpus, tmp_path, monk
 
     monkeypatch.setattr(costs, "COMMITTED", tmp_path / "docs" / "results")  # these runs' tables, as if committed beside the code
     done = RunTable(root / "runs")
-    assert len(done.add()) == 10  # the finished runs, into the tables (`python -m cem.experiments.records add`)
+    assert len(done.add()) == 12  # fig2c's finished runs, into the tables (`python -m cem.experiments.records add`)
     committed = done.copy(done.rows(), tmp_path / "docs" / "results" / "smoke" / "runs")
-    assert len(committed.rows()) == 10 and not committed.runs.exists()  # the tables only, no run folder
+    assert len(committed.rows()) == 12 and not committed.runs.exists()  # the tables only, no run folder
     fresh = plan("smoke", tmp_path / "fresh", ("fig2c", "test-time"), **smoke(corpus))
-    assert fresh["bases"] == {"the committed runs in docs/results/smoke/runs": fresh["total"]["train"]}
+    assert fresh["bases"] == {"the committed runs in docs/results/smoke/runs.jsonl": fresh["total"]["train"]}
     # the committed runs twice as slow
     committed.set_results({slug: {**row["results"], "wall_time_s": 2 * row["results"]["wall_time_s"]} for slug, row in committed.rows().items()})
     slower = plan("smoke", tmp_path / "fresh", ("fig2c", "test-time"), **smoke(corpus))

@@ -11,7 +11,7 @@ from functools import cached_property
 from pathlib import Path
 
 from ..training.rundir import RunDir
-from .records import runs_in
+from .records import RunTable, runs_in
 from .scales import Scale
 from .sweep import run_config
 
@@ -47,7 +47,7 @@ class Costs:
 
     scale: Scale
     root: Path
-    committed: Path = field(default=None)  # the runs committed beside the code for this scale (default: docs/results)
+    committed: Path = field(default=None)  # the runs folder whose tables beside the code hold this scale's runs (default: docs/results)
 
     def __post_init__(self) -> None:
         if self.committed is None:
@@ -72,7 +72,7 @@ class Costs:
     def sources(self) -> dict[str, list[dict]]:
         """Finished runs' results by the name a plan gives them: here, then committed."""
         return {"here": [r for r, _ in self.finished],
-                f"the committed runs in {self.committed.relative_to(self.committed.parents[3])}": _results_in(self.committed)}
+                f"the committed runs in {RunTable(self.committed).path.relative_to(self.committed.parents[3])}": _results_in(self.committed)}
 
     @cached_property
     def rate(self) -> tuple[float, str]:
@@ -82,7 +82,7 @@ class Costs:
         rates, where = [r for r in (_run_flops(res, self.gpu) for res in here) if r], "the finished runs here"
         if not rates:
             rates, where = [r for r in (_run_flops(res, self.gpu) for res in committed) if r], \
-                f"the committed runs in docs/results/{self.committed.parent.name}/runs"
+                f"the committed runs in docs/results/{self.committed.parent.name}/{RunTable(self.committed).path.name}"
         if rates:
             return statistics.median(rates), f"{statistics.median(rates) / 1e9:,.0f} GFLOP/s per {'GPU' if self.gpu else 'core'}, measured on {where} ({len(rates)})"
         if self.gpu:

@@ -293,16 +293,14 @@ class Run(RunDir):
         return self.live() and super().started_only()
 
     def metrics(self) -> list[dict] | None:
-        """The metrics rows the run logged (`read_metrics`), None where none are recorded."""
+        """The metrics rows the run logged (`read_metrics`: its folder's, else its row's), None where none are recorded."""
         row = self.row
-        if self.live():
-            if not self.metrics_jsonl.is_file():
-                return None
+        if self.metrics_jsonl.is_file():
             rows = read_metrics(self.path)
             if row is not None and rows != self.table.steps(self.slug):
                 raise self._differ("metrics.jsonl")
             return rows
-        return self.table.steps(self.slug) if row is not None and self.table.steps(self.slug) else None
+        return (self.table.steps(self.slug) or None) if row is not None else None
 
     def has_eval(self, name: str) -> bool:
         return (self.evals_dir / name).is_file() or name in (self.row or {}).get("evals", {})

@@ -356,8 +356,6 @@ def _rates(summaries: list[dict], record: dict | None = None) -> list[str]:
 def _runs_of(root: Path, sc: dict, summaries: list[dict]) -> list[dict]:
     """The results of the runs the experiments read (their summaries name them), in the scale's runs folder or
     its tables (`cem.experiments.records`); every run there for summaries written before they named their runs."""
-    from .records import Run, runs_in
-
     runs_dir = root.parent / sc["runs_from"] / "runs" if sc.get("runs_from") else root / "runs"
     named = sorted({slug for s in summaries for slug in s.get("runs", [])})
     runs = [Run(runs_dir / slug) for slug in named] if named else runs_in(runs_dir)

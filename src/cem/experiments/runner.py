@@ -1,6 +1,6 @@
 """`run_experiment(ID, scale)` and `run_suite(scale)`: train what the experiments need (finished runs are
 skipped, interrupted ones resume), then analyse, judge the findings and plot; everything lands in
-RESULTS/ID/ (summary.json, ID.png) and the runs in RESULTS/runs/."""
+RESULTS/ID/ (summary.json, ID.png) and the runs in RESULTS/runs/ (finished ones also in its tables, `records`)."""
 
 from __future__ import annotations
 
@@ -276,7 +276,7 @@ def _analyse(exp_id: str, sc: Scale, root: Path, results: dict, data_dir: str | 
         "machine": machine(),
         "analysis_time_s": time.perf_counter() - started,
         "train_time_s": sum(r["wall_time_s"] for r in results.values()),
-        "runs": sorted(spec.slug for spec in results),  # the run folders (in the scale's runs folder) this experiment read
+        "runs": sorted(spec.slug for spec in results),  # the runs (the scale's runs folder or its tables) this experiment read
     }
     exp.plot(summary, f"{exp_id}: {exp.question} ({sc.name} scale, {sc.data})", out / f"{exp_id}.png")
     atomic_write_json(out / "summary.json", summary)
