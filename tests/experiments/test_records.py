@@ -94,6 +94,9 @@ def test_a_folder_and_a_row_that_differ_are_an_error_naming_both(tmp_path):
         Run(d).eval("depth.json")
     with pytest.raises(ValueError, match="no finished run"):
         RunTable(runs).add(["missing"])
+    RunTable(runs).path.write_text(RunTable(runs).path.read_text() + '{"slug": "b-run", "results": \n')
+    with pytest.raises(ValueError, match=f"{runs.parent / 'runs.jsonl'} is corrupted: line 2 is not JSON"):
+        Run(d).results()
 
 
 @pytest.fixture(scope="module")

@@ -98,19 +98,28 @@ def _cached(path: Path, parse):
     return hit[1]
 
 
-def _parse_runs(path: Path) -> dict[str, dict]:
+def _lines(path: Path):
+    """The JSON objects of a table's lines, each with a "slug"; a ValueError naming the file and line otherwise."""
     with open(path, encoding="utf-8") as f:
-        rows = [json.loads(line) for line in f if line.strip()]
-    return {r["slug"]: r for r in rows}
+        for n, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    value = json.loads(line)
+                except ValueError as e:
+                    raise ValueError(f"{path} is corrupted: line {n} is not JSON ({str(e).split(';')[0]})") from None
+                if not isinstance(value, dict) or not isinstance(value.get("slug"), str):
+                    raise ValueError(f"{path} is corrupted: line {n} is not a row with a slug")
+                yield value
+
+
+def _parse_runs(path: Path) -> dict[str, dict]:
+    return {r["slug"]: r for r in _lines(path)}
 
 
 def _parse_steps(path: Path) -> dict[str, list[dict]]:
     out: dict[str, list[dict]] = {}
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                step = json.loads(line)
-                out.setdefault(step.pop("slug"), []).append(step)
+    for step in _lines(path):
+        out.setdefault(step.pop("slug"), []).append(step)
     return out
 
 
