@@ -281,12 +281,17 @@ def test_plan_says_what_would_be_trained_without_training(corpus, tmp_path, monk
     assert after["experiments"]["test-time"]["train"] > 0 and set(after["bases"]) == {"here"} and after["core_hours"] > 0
     from cem.experiments import costs, runner
 
-    monkeypatch.setattr(costs, "COMMITTED", tmp_path / "docs" / "results")  # these runs, as if committed beside the code
-    shutil.copytree(root / "runs", tmp_path / "docs" / "results" / "smoke" / "runs")
+    from cem.experiments.records import RunTable
+
+    monkeypatch.setattr(costs, "COMMITTED", tmp_path / "docs" / "results")  # these runs' tables, as if committed beside the code
+    done = RunTable(root / "runs")
+    assert len(done.add()) == 12  # fig2c's finished runs, into the tables (`python -m cem.experiments.records add`)
+    committed = done.copy(done.rows(), tmp_path / "docs" / "results" / "smoke" / "runs")
+    assert len(committed.rows()) == 12 and not committed.runs.exists()  # the tables only, no run folder
     fresh = plan("smoke", tmp_path / "fresh", ("fig2c", "test-time"), **smoke(corpus))
-    assert fresh["bases"] == {"the committed runs in docs/results/smoke/runs": fresh["total"]["train"]}
-    for res in (tmp_path / "docs" / "results" / "smoke" / "runs").glob("*/results.json"):  # committed runs twice as slow
-        res.write_text(json.dumps({**json.loads(res.read_text()), "wall_time_s": 2 * json.loads(res.read_text())["wall_time_s"]}))
+    assert fresh["bases"] == {"the committed runs in docs/results/smoke/runs.jsonl": fresh["total"]["train"]}
+    # the committed runs twice as slow
+    committed.set_results({slug: {**row["results"], "wall_time_s": 2 * row["results"]["wall_time_s"]} for slug, row in committed.rows().items()})
     slower = plan("smoke", tmp_path / "fresh", ("fig2c", "test-time"), **smoke(corpus))
     assert slower["core_hours"] == pytest.approx(2 * fresh["core_hours"])  # the estimate is read from them (no timing here)
     monkeypatch.undo()

@@ -10,6 +10,7 @@ import pytest
 
 from cem.experiments import RunSpec, get_scale, run_experiment
 from cem.experiments.lr import pick, sweep_key
+from cem.experiments.records import RunTable
 from cem.experiments.registry import EXPERIMENTS, RATE_RULES, own_template, own_templates, variants_under
 from cem.experiments.runner import analyse_finished, plan
 from cem.experiments.report import write_report
@@ -200,16 +201,15 @@ CAMPAIGN_CPU = re.search(r"PROC=\$\{PROC:-(.+)\}", (REPO / "docs/results/cpu128/
 
 def _campaign_of(tmp_path: Path, prefixes: tuple[str, ...]) -> Path:
     """A cpu128 results folder in `tmp_path` holding the committed Llama rate choice (no own-rate sweep's: the
-    campaign before them, however far it has gone since) and, read only, the committed cpu128 runs whose names
-    start with `prefixes`, at Llama's rate (no own-rate sweep's run)."""
+    campaign before them, however far it has gone since) and, in the tables of its runs folder, the committed cpu128
+    runs whose names start with `prefixes`, at Llama's rate (no own-rate sweep's run)."""
     root = tmp_path / "cpu128"
     (root / "lr").mkdir(parents=True)
     choices = json.loads((REPO / "docs/results/cpu128/lr/choices.json").read_text())
     (root / "lr" / "choices.json").write_text(json.dumps({"cpu128-llama": choices["cpu128-llama"]}))
-    (tmp_path / "cpu" / "runs").mkdir(parents=True)
-    for run in (REPO / "docs/results/cpu/runs").glob("cpu128-*"):
-        if run.name.startswith(prefixes) and "-lr=" not in run.name.replace("cpu128-llama-lr=", ""):
-            (tmp_path / "cpu" / "runs" / run.name).symlink_to(run)
+    committed = RunTable(REPO / "docs/results/cpu/runs")
+    committed.copy([s for s in committed.rows() if s.startswith(prefixes) and "-lr=" not in s.replace("cpu128-llama-lr=", "")],
+                   tmp_path / "cpu" / "runs")
     return root
 
 
@@ -220,7 +220,7 @@ def test_analyse_only_judges_what_has_finished(tmp_path):
     whose runs have not, is not analysed. Nothing is trained or written outside the results folder."""
     # the committed cpu128 runs of the Llamas and of full CEM at Llama's rate, none of the CEM MLP's
     root = _campaign_of(tmp_path, ("cpu128-llama", "cpu128-cem-t2"))
-    runs = {p.name: p.stat().st_mtime_ns for p in (REPO / "docs/results/cpu/runs").iterdir()}
+    tables = {p: p.read_bytes() for p in (tmp_path / "cpu").glob("*.jsonl")}
     summaries, waiting = analyse_finished("cpu128", root, ids=("fig3a", "fig2d"))
     assert [s["experiment"] for s in summaries] == ["fig3a"] and set(waiting) == {"fig2d"}
     assert "runs to train" in waiting["fig2d"]
@@ -234,7 +234,7 @@ def test_analyse_only_judges_what_has_finished(tmp_path):
 
     claim = next(f for f in fig3a["findings"] if f["claim"] == "full CEM (T=2, preconditioners) matches or beats Llama")
     assert _own_cell(fig3a, claim).startswith("waiting for the own-rate sweep of cpu128-cem-t2 (")
-    assert {p.name: p.stat().st_mtime_ns for p in (REPO / "docs/results/cpu/runs").iterdir()} == runs
+    assert {p: p.read_bytes() for p in (tmp_path / "cpu").glob("*.jsonl")} == tables and not (tmp_path / "cpu" / "runs").exists()
 
 
 @pytest.mark.slow

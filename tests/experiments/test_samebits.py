@@ -3,8 +3,10 @@ only where checks on one processor vouch for every one of their sessions' commit
 
 import importlib.util
 import json
+import shutil
 from pathlib import Path
 
+from cem.experiments.records import RunTable
 from cem.provenance import recorded_processors
 
 SCRIPT = Path(__file__).resolve().parents[2] / "docs" / "results" / "cpu128" / "samebits.py"
@@ -41,8 +43,14 @@ def test_infer_names_only_runs_whose_every_commit_is_vouched_for_on_one_processo
     _run(tmp_path, "cpu128-z", "e" * 40, cpu_id="AuthenticAMD family 23 model 49 stepping 0")  # recorded its CPU
     mod.CHECKS.write_text(json.dumps({ZEN4: {"same": ["cpu128-a", "cpu128-b", "cpu128-old"], "differs": ["cpu128-d", "cpu128-old3"]},
                                       ZEN2: {"same": [], "differs": ["cpu128-a"]}}))
+    table = RunTable(tmp_path / "runs")
+    table.add()  # the runs' rows, as committed; one run also keeps its finished folder
+    for d in (tmp_path / "runs").iterdir():
+        if d.is_dir() and d.name != "cpu128-a":
+            shutil.rmtree(d)
     assert mod.infer() == 0
-    got = {d.name: json.loads((d / "results.json").read_text()) for d in (tmp_path / "runs").iterdir()}
+    got = {slug: row["results"] for slug, row in table.rows().items()}
+    assert json.loads((tmp_path / "runs" / "cpu128-a" / "results.json").read_text()) == got["cpu128-a"]  # the folder too
     named = {slug: recorded_processors(r) for slug, r in got.items() if "processor_inferred" in r}
     assert named == {"cpu128-a": [ZEN4], "cpu128-b": [ZEN4], "cpu128-ab": [ZEN4], "cpu128-old": [ZEN4]}
     assert got["cpu128-a"]["processor_inferred"]["by"].startswith("this run's first 50 steps were reproduced to the bit")

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from cem.experiments import get_scale, seeds
+from cem.experiments.records import RunTable
 from cem.experiments.registry import EXPERIMENTS
 from cem.experiments.runner import _runs, plan
 from cem.io import atomic_write_json
@@ -87,12 +88,8 @@ def test_the_committed_cpu128_pairs_add_seeds_on_validation_as_they_did_on_test(
     """fig2c's and fig2d's pairs trained seeds 3-4 after a decision read on test loss; on validation, the rule's
     split, the committed runs give the same decision (fig2c: -0.0018 observed, 0.0019 resolved; fig2d: -0.0013, 0.0229)."""
     sc = replace(get_scale("cpu128"), chosen_lrs=(("cpu128", 2e-3),))
-    (tmp_path / "cpu" / "runs").mkdir(parents=True)
-    for exp_id in ("fig2c", "fig2d"):
-        for v in EXPERIMENTS[exp_id].variants(sc):
-            for s in (0, 1, 2):
-                if v.paired:
-                    (tmp_path / "cpu" / "runs" / v.spec.with_seed(s).slug).symlink_to(REPO / "docs/results/cpu/runs" / v.spec.with_seed(s).slug)
+    pairs = [v.spec.with_seed(s).slug for exp_id in ("fig2c", "fig2d") for v in EXPERIMENTS[exp_id].variants(sc) for s in (0, 1, 2) if v.paired]
+    RunTable(REPO / "docs/results/cpu/runs").copy(pairs, tmp_path / "cpu" / "runs")  # the committed runs' rows
     root = tmp_path / "cpu128"
     fig2c, fig2d = (seeds.decide(sc, i, root) for i in ("fig2c", "fig2d"))
     assert fig2c.more == fig2d.more == (3, 4)

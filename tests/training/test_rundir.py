@@ -174,7 +174,7 @@ def test_loads_what_a_run_left(tiny_args, tmp_path):
 
 
 def test_sweep_folder_names_are_unchanged():
-    """Committed results (docs/results/micro/runs/, docs/results/cpu/runs/) are found by these names: `run_name` must keep them."""
+    """Committed results (the rows of docs/results/micro/runs.jsonl, docs/results/cpu/runs.jsonl) are found by these names: `run_name` must keep them."""
     from cem.experiments.sweep import RunSpec
 
     for spec, slug in [

@@ -7,15 +7,15 @@
 # so a run counts only if it finishes there: this script trains whole experiments (EXPERIMENTS, default the Llama
 # rate sweep, fig2a, fig2c and fig2d) in LANES commands of JOBS processes each, all sharing the one GPU and one runs folder
 # (a run one lane holds is left to it, as in lanes.sh on the CPU; every run but the Llama sweep waits for Llama's rate,
-# so until that is chosen the other lanes wait: 3.5 of the first call's 9 minutes), for at most BUDGET seconds, then brings back
-# every finished run folder (results.json, run.json, metrics.jsonl; no checkpoints) as OUTDIR/runs.tgz with a
-# summary of what finished and how fast (OUTDIR/summary.txt). A cpu run on that machine's 16 cores would take
+# so until that is chosen the other lanes wait: 3.5 of the first call's 9 minutes), for at most BUDGET seconds, then adds
+# every finished run folder to the tables (cpu/runs.jsonl, cpu/steps.jsonl: `python -m cem.experiments.records add`) and
+# brings them back with the scale's folder as OUTDIR/runs.tgz (no run folder, no checkpoint), with a summary of what finished and how fast (OUTDIR/summary.txt). A cpu run on that machine's 16 cores would take
 # 0.7-1.3 h, so none is started there.
 #
 # Runs trained here form their own campaign: they record the GPU as their processor, are never paired with the
 # local lanes' CPU runs, and are unpacked into their own results folder, one per GPU model (docs/results/h200/ for an
-# "NVIDIA H200": `tar xzf OUTDIR/runs.tgz -C docs/results/h200`, its cpu128/ and cpu/runs/ beside each other as in
-# docs/results/). Every run of a comparison must come from one device kind (an H100 and an H200 are two devices): the
+# "NVIDIA H200": `tar xzf OUTDIR/runs.tgz -C docs/results/h200`, its cpu128/ and cpu/runs.jsonl beside each other as
+# in docs/results/). Every run of a comparison must come from one device kind (an H100 and an H200 are two devices): the
 # experiments train with --processor set to the GPU's name, and the call starts from that GPU's committed folder
 # (FROM, default docs/results/<gpu>/), so its finished runs and chosen rates are not trained again.
 #
@@ -47,7 +47,7 @@ if [ -n "$from" ] && [ -d "$from" ]; then cp -r "$from/." "$root/"; fi
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null || echo "no nvidia-smi"
   $py -c "import torch, platform; print('python', platform.python_version(), 'torch', torch.__version__, 'cuda', torch.version.cuda)"
   echo "scale=$scale${rehearse:+ (rehearsal)} device=$device processor=$proc experiments=$exps lanes=$lanes jobs=$jobs (each lane) budget=${budget}s"
-  echo "started from ${from:-nothing}: $(ls "$root"/cpu/runs 2>/dev/null | wc -l) runs"
+  echo "started from ${from:-nothing}: $(cat "$root"/cpu/runs.jsonl 2>/dev/null | wc -l) runs"
 } > "$out/env.txt" 2>&1
 cat "$out/env.txt"
 start=$(date +%s)
@@ -77,9 +77,9 @@ for p in done:
           f"{r.get('wall_time_s', float('nan')):.0f} s, {s.get('processor')}, torch {s.get('torch')}")
 PY
 cat "$out/summary.txt"
-# the finished runs (an unfinished one cannot resume without its checkpoint) and the scale's folder (chosen rates, report)
-(cd "$root" && { ls -d "$scale" 2>/dev/null; ls -d cpu/runs/*/results.json 2>/dev/null | xargs -r -n1 dirname; } |
-  tar czf "$out/runs.tgz" --exclude=ckpt --exclude=tokenizer --exclude='*.lock' --exclude=.lock -T -)
+# the finished runs' tables (an unfinished run cannot resume without its checkpoint) and the scale's folder (chosen rates, report)
+[ -d "$root/cpu/runs" ] && $py -m cem.experiments.records add "$root/cpu/runs"
+(cd "$root" && { ls -d "$scale" cpu/runs.jsonl cpu/steps.jsonl 2>/dev/null; } | tar czf "$out/runs.tgz" --exclude='*.lock' --exclude=.lock -T -)
 cp "$out/experiment.log" "$out/experiment.log.txt" 2>/dev/null; rm -f "$out/experiment.log"
 tail -n 5 "$out/experiment.log.txt"
 ls -la "$out"

@@ -3,8 +3,8 @@ named committed run again, with this checkout's code (whose bits parity.sh ties 
 logged losses and gradient norms to the bit. A VM names several CPUs "AMD EPYC" (docs/LOG.md, 2026-11-28): run it
 when a session starts on a new machine, and say in the stop note which runs' arithmetic it shares.
 
-    python docs/results/cpu128/samebits.py RUN [RUN ...]     # run folders in docs/results/cpu/runs, e.g. cpu128-llama-fd4535-s0
-    python docs/results/cpu128/samebits.py --infer           # write what the checks so far infer into the runs
+    python docs/results/cpu128/samebits.py RUN [RUN ...]     # runs of docs/results/cpu (runs.jsonl), e.g. cpu128-llama-fd4535-s0
+    python docs/results/cpu128/samebits.py --infer           # write what the checks so far infer into the runs' results
 
 Prints one line per run (same to the bit, or the first step that differs); exit status 1 if any differs. About a
 minute per run on one thread; a run whose first session predates the record of compilation (666f30a) and differs is
@@ -12,7 +12,7 @@ tried eagerly too (until then a lane past dynamo's recompile limit trained its l
 processor (`cem.provenance.processor`). `--infer` gives each run whose sessions predate the CPU's family record
 (2026-11-28) the processor of its sessions' code commits, where runs first trained at each of those commits were found
 the same to the bit on one processor and none different (a lane trains from a fixed commit, made and used in one
-session on one machine): `processor_inferred` in its results.json, which `cem.provenance.recorded_processors` reads.
+session on one machine): `processor_inferred` in its results (its row in runs.jsonl, and its folder's results.json where one holds it), which `cem.provenance.recorded_processors` reads.
 """
 
 import json
@@ -25,12 +25,13 @@ import torch
 
 from cem.device import cpu_id
 from cem.experiments import get_scale
+from cem.experiments.records import Run, RunTable, runs_in
 from cem.experiments.sweep import RunSpec, run_config
-from cem.io import atomic_write_json, atomic_write_text
+from cem.io import atomic_write_text
 from cem.provenance import processor
 from cem.training import train
 
-RUNS = Path(__file__).resolve().parents[1] / "cpu" / "runs"
+RUNS = Path(__file__).resolve().parents[1] / "cpu" / "runs"  # its runs: live folders there, finished ones in ../cpu/runs.jsonl
 CHECKS = Path(__file__).resolve().with_name("samebits.json")  # {processor: {"same": [run, ...], "differs": [run, ...]}}
 STEPS = 50
 
@@ -40,12 +41,15 @@ def main(slugs: list[str], data_dir: str = "/work/shared/data") -> int:
     scale, differs = get_scale("cpu128"), 0
     print(f"this machine: {cpu_id()}, torch {torch.__version__} ({torch.backends.cpu.get_cpu_capability()})")
     for slug in slugs:
-        res = json.loads((RUNS / slug / "results.json").read_text())
+        run = Run(RUNS / slug)
+        res = run.results()
+        if res is None:
+            raise SystemExit(f"{slug}: no finished run of that name in {RUNS} or {run.table.path}")
         t = res["config"]["train"]
         spec = RunSpec.make(t["preset"], t["arch"], seed=t["seed"], train={"lr": t["lr"]}, **(res["config"].get("model_overrides") or {}))
         if spec.slug != slug:
             raise SystemExit(f"{slug}: not a cpu128 campaign run (its settings make {spec.slug})")
-        theirs = {r["step"]: r for r in map(json.loads, (RUNS / slug / "metrics.jsonl").read_text().splitlines())}
+        theirs = {r["step"]: r for r in run.metrics()}
         first, how = _first_difference(run_config(spec, scale, data_dir), theirs), ""
         if first is not None and "compiled" not in ((res.get("sessions") or [{}])[0]):
             # its first session predates the record of compilation: before 666f30a a lane past dynamo's recompile limit
@@ -86,14 +90,14 @@ def infer() -> int:
     """Writes `processor_inferred` into each run whose sessions predate `cpu_id` and whose every session's commit is
     vouched for by the checks: runs first trained at that commit were the same to the bit on one processor only."""
     checks = json.loads(CHECKS.read_text())
-    runs = {d.name: json.loads((d / "results.json").read_text()) for d in sorted(RUNS.glob("cpu128-*")) if (d / "results.json").exists()}
+    runs = {r.slug: res for r in runs_in(RUNS) if r.slug.startswith("cpu128-") and (res := r.results()) is not None}
     vouch: dict[str, set] = {}  # commit -> the processors on which a run first trained at it was the same to the bit
     refuted: dict[str, set] = {}
     for proc, outcome in checks.items():
         for key, into in (("same", vouch), ("differs", refuted)):
             for slug in outcome[key]:
                 into.setdefault(_commits(runs[slug])[0], set()).add(proc)
-    written = 0
+    written = {}
     for slug, res in runs.items():
         if any(s.get("cpu_id") for s in res.get("sessions") or []) or "processor_inferred" in res:
             continue
@@ -110,9 +114,9 @@ def infer() -> int:
             how = (f"runs first trained at its sessions' commits ({', '.join(c[:7] or 'none recorded' for c in dict.fromkeys(_commits(res)))}) "
                    "had their first 50 steps reproduced to the bit")
         res["processor_inferred"] = {"processor": proc, "by": f"{how} on it (docs/results/cpu128/samebits.py)"}
-        atomic_write_json(RUNS / slug / "results.json", res)  # as the trainer writes it
-        written += 1
-    print(f"{written} runs given the processor their checks infer")
+        written[slug] = res
+    RunTable(RUNS).set_results(written)
+    print(f"{len(written)} runs given the processor their checks infer")
     return 0
 
 

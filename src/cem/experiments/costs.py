@@ -11,6 +11,7 @@ from functools import cached_property
 from pathlib import Path
 
 from ..training.rundir import RunDir
+from .records import RunTable, runs_in
 from .scales import Scale
 from .sweep import run_config
 
@@ -22,7 +23,7 @@ COMMITTED = Path(__file__).resolve().parents[3] / "docs" / "results"  # the resu
 
 
 def _results_in(runs: Path) -> list[dict]:
-    return [r for r in (RunDir(d).results() for d in sorted(runs.glob("*"))) if r is not None] if runs.is_dir() else []
+    return [r for r in (run.results() for run in runs_in(runs)) if r is not None]
 
 
 def _run_flops(res: dict, gpu: bool) -> float | None:
@@ -46,7 +47,7 @@ class Costs:
 
     scale: Scale
     root: Path
-    committed: Path = field(default=None)  # the runs committed beside the code for this scale (default: docs/results)
+    committed: Path = field(default=None)  # the runs folder whose tables beside the code hold this scale's runs (default: docs/results)
 
     def __post_init__(self) -> None:
         if self.committed is None:
@@ -65,14 +66,13 @@ class Costs:
         """(results, recorded product times) of every finished run here."""
         from .products import recorded_times
 
-        dirs = sorted(self.runs.glob("*")) if self.runs.is_dir() else []
-        return [(r, recorded_times(d)) for r, d in ((RunDir(d).results(), d) for d in dirs) if r is not None]
+        return [(r, recorded_times(run.path)) for r, run in ((run.results(), run) for run in runs_in(self.runs)) if r is not None]
 
     @cached_property
     def sources(self) -> dict[str, list[dict]]:
         """Finished runs' results by the name a plan gives them: here, then committed."""
         return {"here": [r for r, _ in self.finished],
-                f"the committed runs in {self.committed.relative_to(self.committed.parents[3])}": _results_in(self.committed)}
+                f"the committed runs in {RunTable(self.committed).path.relative_to(self.committed.parents[3])}": _results_in(self.committed)}
 
     @cached_property
     def rate(self) -> tuple[float, str]:
@@ -82,7 +82,7 @@ class Costs:
         rates, where = [r for r in (_run_flops(res, self.gpu) for res in here) if r], "the finished runs here"
         if not rates:
             rates, where = [r for r in (_run_flops(res, self.gpu) for res in committed) if r], \
-                f"the committed runs in docs/results/{self.committed.parent.name}/runs"
+                f"the committed runs in docs/results/{self.committed.parent.name}/{RunTable(self.committed).path.name}"
         if rates:
             return statistics.median(rates), f"{statistics.median(rates) / 1e9:,.0f} GFLOP/s per {'GPU' if self.gpu else 'core'}, measured on {where} ({len(rates)})"
         if self.gpu:

@@ -205,8 +205,8 @@ def training_gap(c: Context, a: str, b: str, stretches: int = 6) -> dict | None:
     """The training loss of `a` minus `b` through training, paired by seed (the same seed trains on the same batches
     in the same order, so each logged step is one paired difference): per stretch of steps, the mean over the
     stretch's logged steps and then over the seeds, with the seeds' lowest and highest. Whether a gap at the end is
-    closing, steady or opening, and how it started. None where a run's metrics.jsonl is missing."""
-    from ..training.metrics import read_metrics
+    closing, steady or opening, and how it started. None where a run's metrics are missing."""
+    from .records import Run
 
     spec = {v.label: v.spec for v in c.variants}
     seeds = [s for s in row(c.rows, a)["seeds"] if s in row(c.rows, b)["seeds"]]
@@ -215,10 +215,10 @@ def training_gap(c: Context, a: str, b: str, stretches: int = 6) -> dict | None:
     for s in seeds:
         pair = []
         for label in (a, b):
-            path = runs / spec[label].with_seed(s).slug
-            if not (path / "metrics.jsonl").is_file():
+            metrics = Run(runs / spec[label].with_seed(s).slug).metrics()
+            if metrics is None:
                 return None
-            pair.append({r["step"]: r["loss"] for r in read_metrics(path) if "loss" in r})
+            pair.append({r["step"]: r["loss"] for r in metrics if "loss" in r})
         curves.append({t: pair[0][t] - pair[1][t] for t in pair[0].keys() & pair[1].keys()})
     if not curves or not all(curves):
         return None

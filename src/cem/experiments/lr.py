@@ -29,7 +29,7 @@ from pathlib import Path
 
 from ..io import LockedError, atomic_write_json, lock_folder, read_json
 from ..provenance import recorded_processors
-from ..training.rundir import RunDir
+from .records import Run
 from .scales import Scale
 from .sweep import RunSpec, other_processor, run_sweep
 
@@ -125,7 +125,7 @@ def decided_elsewhere(scale: Scale, template: RunSpec, root: Path, done: dict) -
     procs = done.get("processors")
     if procs is None:
         seeds = scale.sweep_seeds(template.size)
-        results = {lr: [RunDir(scale.runs(root) / at_rate(template, lr, s).slug).results() for s in seeds] for lr in done["grid"]}
+        results = {lr: [Run(scale.runs(root) / at_rate(template, lr, s).slug).results() for s in seeds] for lr in done["grid"]}
         if any(r is None for rs in results.values() for r in rs) or any(
                 mean_valid_loss(rs) != done["valid_loss"].get(lr) for lr, rs in results.items()):
             return []
@@ -170,7 +170,7 @@ def sweep(scale: Scale, template: RunSpec, root: Path, data_dir: str | None = No
     while True:
         specs = sweep_specs(scale, template, grid)
         if dry:  # a run of another processor than the scale's is one to train again
-            results = {s: RunDir(scale.runs(root) / s.slug).results() for s in specs}
+            results = {s: Run(scale.runs(root) / s.slug).results() for s in specs}
             results = {s: None if r is not None and scale.processor and other_processor(r, scale.processor) else r for s, r in results.items()}
         else:
             print(f"== learning-rate sweep: {key}, rates {', '.join(f'{lr:g}' for lr in grid)}", file=sys.stderr, flush=True)

@@ -16,6 +16,7 @@ from pathlib import Path
 from ..io import read_json
 from .analysis import GUARD_STUDIED
 from .findings import KINDS, Finding, adjust
+from .records import Run, runs_in
 from .registry import LR_GROUPS, SUITE_ORDER
 from .stats import Interval
 
@@ -353,12 +354,12 @@ def _rates(summaries: list[dict], record: dict | None = None) -> list[str]:
 
 
 def _runs_of(root: Path, sc: dict, summaries: list[dict]) -> list[dict]:
-    """The results of the runs the experiments read (their summaries name them), in the scale's runs folder;
-    every run folder under RESULTS/runs for summaries written before they named their runs."""
+    """The results of the runs the experiments read (their summaries name them), in the scale's runs folder or
+    its tables (`cem.experiments.records`); every run there for summaries written before they named their runs."""
     runs_dir = root.parent / sc["runs_from"] / "runs" if sc.get("runs_from") else root / "runs"
     named = sorted({slug for s in summaries for slug in s.get("runs", [])})
-    paths = [runs_dir / slug / "results.json" for slug in named] if named else sorted(runs_dir.glob("*/results.json"))
-    return [read_json(p) for p in paths if p.exists()]
+    runs = [Run(runs_dir / slug) for slug in named] if named else runs_in(runs_dir)
+    return [r for r in (run.results() for run in runs) if r is not None]
 
 
 def _provenance(runs: list[dict]) -> str:

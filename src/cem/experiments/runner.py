@@ -1,6 +1,6 @@
 """`run_experiment(ID, scale)` and `run_suite(scale)`: train what the experiments need (finished runs are
 skipped, interrupted ones resume), then analyse, judge the findings and plot; everything lands in
-RESULTS/ID/ (summary.json, ID.png) and the runs in RESULTS/runs/."""
+RESULTS/ID/ (summary.json, ID.png) and the runs in RESULTS/runs/ (finished ones also in its tables, `records`)."""
 
 from __future__ import annotations
 
@@ -15,12 +15,12 @@ import torch
 from ..checks import check_positive_int
 from ..device import cpu_model
 from ..io import atomic_write_json
-from ..training import RunDir
 from . import lr, seeds
 from .findings import Context
 from .launchers import Launcher, ProcessLauncher
 from .costs import Costs, DeadlineReached
 from .products import missing
+from .records import Run
 from .registry import ALL_IDS, EXPERIMENTS, RATE_RULES, SUITE_ORDER, own_templates, variants_under
 from .scales import Scale, get_scale
 from .sweep import RunSpec, run_sweep, summarize
@@ -276,7 +276,7 @@ def _analyse(exp_id: str, sc: Scale, root: Path, results: dict, data_dir: str | 
         "machine": machine(),
         "analysis_time_s": time.perf_counter() - started,
         "train_time_s": sum(r["wall_time_s"] for r in results.values()),
-        "runs": sorted(spec.slug for spec in results),  # the run folders (in the scale's runs folder) this experiment read
+        "runs": sorted(spec.slug for spec in results),  # the runs (the scale's runs folder or its tables) this experiment read
     }
     exp.plot(summary, f"{exp_id}: {exp.question} ({sc.name} scale, {sc.data})", out / f"{exp_id}.png")
     atomic_write_json(out / "summary.json", summary)
@@ -359,7 +359,7 @@ def analyse_finished(scale: str = "cpu", results_dir: str | Path | None = None, 
         pending = f"the own-rate sweep{'s' if len(sweeps) > 1 else ''} of {' and '.join(sweeps)}" if sweeps else None
         if sc.own_rates and pending is None and (todo := unfinished(_specs(i, at, ("own",)), at)):
             pending = f"{_n_runs(len(todo))} at the CEM variants' own rates to train"
-        results = {s: RunDir(at.runs(root) / s.slug).results() for s in _specs(i, at, ("paper",) if pending else at.rate_rules)}
+        results = {s: Run(at.runs(root) / s.slug).results() for s in _specs(i, at, ("paper",) if pending else at.rate_rules)}
         print(f"== {i}" + (f" (own-rate rule waiting for {pending})" if pending else ""), file=sys.stderr, flush=True)
         summaries.append(_analyse(i, at, root, results, data_dir, device, {"own": pending} if pending else None))
     return summaries, waiting

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..training.rundir import RunDir
+from .records import Run
 from .registry import EXPERIMENTS
 from .scales import Scale
 from .stats import Interval
@@ -60,7 +60,7 @@ def decide(scale: Scale, exp_id: str, root: str | Path) -> PairSeeds | None:
         raise ValueError(f"{exp_id} has {len(pair)} paired variants, not a T=1/T=2 pair: it cannot add seeds to its pair")
     losses = []
     for v in pair:
-        results = [RunDir(scale.runs(root) / v.spec.with_seed(s).slug).results() for s in first]
+        results = [Run(scale.runs(root) / v.spec.with_seed(s).slug).results() for s in first]
         if any(r is None or (scale.processor and other_processor(r, scale.processor)) for r in results):
             return None
         losses.append([r["valid_loss"] for r in results])

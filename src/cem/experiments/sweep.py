@@ -1,5 +1,6 @@
 """Runs of a sweep: a spec per (size, architecture, settings, seed), one directory each, skipped when
-finished and resumed when interrupted; several seeds reduced to mean ± std."""
+finished (in its folder or its campaign's tables: `cem.experiments.records`) and resumed when interrupted;
+several seeds reduced to mean ± std."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 from . import launchers
 from ..provenance import recorded_processors, session_processor
 from ..training.rundir import RunDir, RunLockedError, run_identity, run_name
+from .records import Run, RunTable
 from .scales import Scale
 from .stats import mean_std
 
@@ -110,6 +112,7 @@ def _run_one(args) -> dict | str | None:
     if again:  # cleared only now that it starts: a run a deadline leaves unstarted keeps its earlier results
         with contextlib.suppress(RunLockedError), RunDir(scale.runs(root) / spec.slug).lock():  # locked: another sweep is at it
             if run_status(spec, scale, Path(root), products) == "again":  # not trained here by another sweep meanwhile
+                RunTable(scale.runs(root)).drop([spec.slug])  # its earlier row stays in git history
                 RunDir(scale.runs(root) / spec.slug).clear()
     import torch
 
@@ -122,7 +125,7 @@ def _run_one(args) -> dict | str | None:
     waiting = False
     while True:
         try:
-            res = RunDir(out).results()
+            res = Run(out).results()
             if res is None and scale.processor:
                 _start_over_if_elsewhere(RunDir(out), scale.processor)
             if res is None:
@@ -198,7 +201,7 @@ def run_status(spec: RunSpec, scale: Scale, root: Path, products=()) -> str:
     another: trained again)."""
     from .products import missing
 
-    run = RunDir(scale.runs(root) / spec.slug)
+    run = Run(scale.runs(root) / spec.slug)
     res = run.results()
     if res is None:
         return "train"
@@ -233,7 +236,7 @@ def run_sweep(specs: list[RunSpec], scale: Scale, root: Path, data_dir: str | No
     unique = list(dict.fromkeys(specs))
     for s in unique:
         _check_finished(s, scale, root, data_dir, launcher.nproc_per_run)
-    runs = {s: RunDir(scale.runs(root) / s.slug) for s in unique}
+    runs = {s: Run(scale.runs(root) / s.slug) for s in unique}
     status = {s: run_status(s, scale, root, products.get(s, ())) for s in unique}
     fresh = [s for s in unique if status[s] == "train"]
     evaluate = [s for s in unique if status[s] in ("evaluate", "again")]
@@ -302,12 +305,12 @@ class _Progress:
 def _check_finished(spec: RunSpec, scale: Scale, root: Path, data_dir: str | None, nproc: int = 1) -> None:
     """A finished run is reused only if it is the same run (`run_identity`: this scale's settings, on any number
     of processes with the same global batch); an interrupted one resumes on the processes it started on."""
-    run = RunDir(scale.runs(root) / spec.slug)
-    recorded = recorded_nproc(run, spec, scale, data_dir)
-    diff = run.differences(run_identity(run_config(spec, scale, data_dir, recorded))) if run.results_json.exists() else []
+    run = Run(scale.runs(root) / spec.slug)
+    recorded, finished = recorded_nproc(run, spec, scale, data_dir), run.results() is not None
+    diff = run.differences(run_identity(run_config(spec, scale, data_dir, recorded))) if finished else []
     if diff:
-        raise ValueError(f"{run.path} was trained with other settings ({', '.join(diff)} differ); use another --results directory")
-    if recorded != nproc and run.checkpoint() is not None and not run.results_json.exists():
+        raise ValueError(f"{run.where()} was trained with other settings ({', '.join(diff)} differ); use another --results directory")
+    if recorded != nproc and run.checkpoint() is not None and not finished:
         raise ValueError(f"{run.path} was started on {recorded} processes per run; resume it with --nproc-per-run {recorded}")
 
 
