@@ -29,7 +29,7 @@ def test_a_deadline_is_the_next_such_time_or_a_date_and_time():
         with pytest.raises(ValueError, match="--until .*HH:MM"):
             Deadline.parse(bad, NOW)
     assert DEADLINE_MARGIN > 1
-    assert f"stretched by {DEADLINE_MARGIN:g} " in " ".join((REPO / "docs" / "experiments.md").read_text().split())  # as documented
+    assert f"stretched by {DEADLINE_MARGIN:g} " in " ".join((REPO / "study" / "docs" / "experiments.md").read_text().split())  # as documented
 
 
 def test_a_sweep_with_a_deadline_trains_what_fits_and_names_what_is_left(corpus, tmp_path, monkeypatch):

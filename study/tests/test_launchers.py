@@ -146,7 +146,7 @@ def test_local_submitit_jobs_resume_and_skip_finished_runs(corpus, tmp_path, mon
 
 
 def test_the_documented_commands_build_their_launchers(tmp_path, monkeypatch, capsys):
-    """docs/experiments.md's commands: a job per device group (DDP runs of 2), and SLURM jobs with their settings;
+    """study/docs/experiments.md's commands: a job per device group (DDP runs of 2), and SLURM jobs with their settings;
     settings that do not apply are refused before anything runs."""
     import cem_study as ex
     from cem_study.cli import main

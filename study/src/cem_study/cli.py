@@ -93,26 +93,15 @@ def cmd_report(args) -> int:
     return 0
 
 
-def _version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return f"cem-study {version('cem-study')}"
-    except Exception:  # not installed (run from a source tree)
-        from . import __version__
-
-        return f"cem-study {__version__}"
-
-
 def build_parser() -> Parser:
     from cem.training import TrainConfig
 
-    from . import ALL_IDS, LAUNCHERS, SCALES
+    from . import ALL_IDS, LAUNCHERS, SCALES, __version__
     from .costs import DEADLINE_MARGIN
 
     docs = field_docs(TrainConfig)
     parser = Parser(prog=PROG, description="The paper's experiments on cem: sweeps, analyses, findings and their report")
-    parser.add_argument("--version", action="version", version=_version())
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)  # subcommands are Parser too
 
     p = sub.add_parser("experiment", help="run the paper's experiments (one, several, or 'all') at a scale, then write the report")
