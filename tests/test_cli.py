@@ -431,7 +431,6 @@ CASES = [
     ("--tokenizer empty", [*TRAIN, *STEP, "--tokenizer", " "], None, "tokenizer must name something"),
     ("activation checkpointing unknown", [*TRAIN, *STEP, "activation_checkpointing=block"], None, "unknown activation_checkpointing 'block'"),
     ("--out empty", [*TRAIN, *STEP, "--out", ""], None, "--out is empty"),
-    ("experiment --jobs 0", ["experiment", "fig2a", "--scale", "smoke", "--jobs", "0", "--results", "{tmp}/r"], None, "jobs must be an integer >= 1"),
     # -- damaged run files and odd values (issue 20: messages that name the problem)
     ("eval run.json unreadable", ["eval", "--ckpt", "{tmp}/run2"], damaged_run("run.json", "{"), "run.json"),
     ("eval run.json a list", ["eval", "--ckpt", "{tmp}/run2"], damaged_run("run.json", "[1]"), "run.json"),
@@ -445,9 +444,6 @@ CASES = [
     ("train device unknown", [*TRAIN, *STEP, "--device", "tpu"], None, "device"),
     ("train device index not a number", [*TRAIN, *STEP, "--device", "cuda:x"], None, "device"),
     ("train device empty", [*TRAIN, *STEP, "--device", ""], None, "device"),
-    ("experiment seeds not numbers", ["experiment", "fig2a", "--scale", "smoke", "--seeds", "a,b", "--results", "{tmp}/r"], None, "seeds"),
-    ("experiment seeds negative", ["experiment", "fig2a", "--scale", "smoke", "--seeds", "-1", "--results", "{tmp}/r"], None, "seed"),
-    ("experiment seeds empty", ["experiment", "fig2a", "--scale", "smoke", "--seeds", ",", "--results", "{tmp}/r"], None, "seeds"),
     ("generate prompt not UTF-8", ["generate", "--ckpt", "{run}", "--prompt", "\udcff", "--max-new-tokens", "2"], None, "prompt"),
     ("generate seed negative", ["generate", "--ckpt", "{run}", "--seed", "-1", "--max-new-tokens", "2"], None, "seed"),
     ("generate too many tokens", ["generate", "--ckpt", "{run}", "--max-new-tokens", str(10**12)], None, "max_new_tokens"),
@@ -481,8 +477,7 @@ CASES = [
     ("info memory vocabulary zero", ["info", "--memory", "--vocab", "0"], None, "--vocab must be an integer >= 1"),
     ("info memory several gpus, no parallelism", ["info", "--memory", "--gpus", "2", "--parallel", "none"], None, "parallel"),
     ("info memory zero gpus", ["info", "--memory", "--gpus", "0"], None, "gpus"),
-    ("report of nothing", ["report", "{tmp}/no-results"], None, None),
-    # -- 2026-11-24: lm-eval, the memory planner, export, generate, report, data, experiment (issue 20's wider table)
+    # -- 2026-11-24: lm-eval, the memory planner, export, generate, data (issue 20's wider table)
     ("lm-eval a folder that holds no run", ["lm-eval", "{tmp}/nope", "--tasks", "cem_local_text"], None, "nope"),
     ("lm-eval no tasks", ["lm-eval", "{run}", "--tasks", ","], None, "--tasks is empty"),
     ("lm-eval unknown task", ["lm-eval", "{run}", "--tasks", "no_such_task", "--device", "cpu"], None, "unknown lm-eval task(s) no_such_task"),
@@ -501,18 +496,12 @@ CASES = [
     ("generate top_k negative", ["generate", "--ckpt", "{run}", "--top-k", "-3", "--max-new-tokens", "2"], None, "top_k"),
     ("generate a folder that holds no run", ["generate", "--ckpt", "{tmp}/nope", "--max-new-tokens", "2"], None, "nope"),
     ("eval a folder that holds no run", ["eval", "--ckpt", "{tmp}/nope"], None, "nope"),
-    ("report of a file", ["report", "{tmp}/afile"], write("afile", "x"), "afile"),
-    ("report with a damaged summary", ["report", "{tmp}/res"], write("res/fig2a/summary.json", "{"), "summary.json"),
-    ("report with a summary that is a list", ["report", "{tmp}/res"], write("res/fig2a/summary.json", "[1, 2]"), "summary.json"),
     ("data prepare unknown corpus", ["data", "prepare", "no-such-corpus", "--data-dir", "{tmp}/dd"], None, "no-such-corpus"),
     ("data prepare --from a missing folder", ["data", "prepare", "tinyshakespeare", "--from", "{tmp}/nowhere", "--data-dir", "{tmp}/dd"], None, "nowhere"),
     ("data prepare --from a folder without the file", ["data", "prepare", "tinyshakespeare", "--from", "{tmp}/emptydir", "--data-dir", "{tmp}/dd"],
      write("emptydir/readme.txt", "x"), "input.txt"),
     ("data prepare shards of zero tokens", ["data", "prepare", "{tmp}/c.txt", "--tokenizer", "byte", "--tokens", "0", "--out", "{tmp}/sh"],
      write("c.txt", "hello world\n" * 100), "--tokens must be positive"),
-    ("experiment unknown id", ["experiment", "fig9", "--scale", "smoke", "--results", "{tmp}/r"], None, "fig9"),
-    ("experiment seeds repeated", ["experiment", "fig2a", "--scale", "smoke", "--seeds", "1,1", "--results", "{tmp}/r"], None, "seeds"),
-    ("experiment results in a file", ["experiment", "fig2a", "--scale", "smoke", "--results", "{tmp}/afile"], write("afile", "x"), "afile"),
     ("eval split unknown", ["eval", "--ckpt", "{run}", "--split", "dev"], None, "split"),
     ("eval batch size zero", ["eval", "--ckpt", "{run}", "--batch-size", "0"], None, "batch"),
     ("eval max batches zero", ["eval", "--ckpt", "{run}", "--max-batches", "0"], None, "max"),
@@ -541,10 +530,6 @@ CASES = [
     ("data prepare shards from a missing file", ["data", "prepare", "{tmp}/none.txt", "--tokenizer", "byte", "--tokens", "100", "--out", "{tmp}/sh"], None, "none.txt"),
     ("data prepare shards with a broken tokenizer", ["data", "prepare", "{tmp}/c.txt", "--tokenizer", "{tmp}/tok/tokenizer.json", "--tokens", "100", "--out", "{tmp}/sh"],
      lambda t, r, m: [write("c.txt", "hello world\n" * 100)(t, r, m), write("tok/tokenizer.json", "{not json")(t, r, m)], "tokenizer.json"),
-    ("experiment unknown scale", ["experiment", "fig2a", "--scale", "huge", "--results", "{tmp}/r"], None, "scale"),
-    ("experiment empty id list", ["experiment", ",", "--scale", "smoke", "--results", "{tmp}/r"], None, None),
-    ("experiment device unknown", ["experiment", "fig2a", "--scale", "smoke", "--device", "gpu9", "--results", "{tmp}/r"], None, "device"),
-    ("report of a results folder with only runs", ["report", "{tmp}/res"], write("res/runs/x/results.json", "{}"), "no experiment results"),
     ("train with a config that is a folder", [*TRAIN, *STEP, "--config", "{tmp}/cfgdir"], write("cfgdir/a.yaml", "lr: 1\n"), "cfgdir"),
     ("train with a config of one scalar", [*TRAIN, *STEP, "--config", "{tmp}/s.yaml"], write("s.yaml", "3\n"), "mapping"),
     ("train with an empty config", [*TRAIN, *STEP, "--config", "{tmp}/e.yaml", "bogus=1"], write("e.yaml", ""), "bogus"),
@@ -599,7 +584,6 @@ CASES = [
     ("info memory seq of two million", ["info", "--memory", "--seq", "2000000"], None, "--seq must be at most 1,048,576"),
     ("info memory device of inf GB", ["info", "--memory", "--device-gb", "inf"], None, "--device-gib (--device-gb) must be a finite number"),
     ("info memory device of 1e400 GB", ["info", "--memory", "--device-gb", "1e400"], None, "--device-gib (--device-gb) must be a finite number"),
-    ("experiment --results empty", ["experiment", "fig2a", "--scale", "smoke", "--results", ""], None, "--results is empty"),
     ("train_depth_max=1 under the default depth mean", [*TRAIN, *STEP, "train_depth_max=1"], None, "set train_depth_mean=1 (or less) as well"),
     # -- interruptions and limits
     ("Ctrl-C while the command line loads", ["info"], patch("cem.cli.build_parser", SimulatedCtrlC), "cem: error: interrupted (Ctrl-C)"),
@@ -668,16 +652,9 @@ CASES = [
     ("step_decay zero", [*TRAIN, *STEP, "step_schedule=geometric", "step_decay=0"], None, "step_decay must be > 0"),
     ("step_schedule unknown", [*TRAIN, *STEP, "step_schedule=cosine"], None, "unknown step_schedule 'cosine'"),
     ("start unknown", [*TRAIN, *STEP, "start=zero"], None, "unknown start 'zero'"),
-    # -- experiment plans
-    ("experiment plan unknown id", ["experiment", "fig9", "--plan", "--scale", "smoke", "--results", "{tmp}/r"], None, "unknown experiment 'fig9'"),
-    ("experiment plan empty id", ["experiment", "", "--plan", "--scale", "smoke", "--results", "{tmp}/r"], None, "unknown experiment ''"),
-    ("experiment plan unknown scale", ["experiment", "fig2a", "--plan", "--scale", "huge"], None, "argument --scale: invalid choice"),
-    ("experiment plan --jobs 0", ["experiment", "fig2a", "--plan", "--scale", "smoke", "--jobs", "0", "--results", "{tmp}/r"], None, "--jobs must be an integer >= 1"),
-    ("experiment plan --jobs negative", ["experiment", "fig2a", "--plan", "--scale", "smoke", "--jobs", "-3", "--results", "{tmp}/r"], None, "--jobs must be an integer >= 1"),
-    ("experiment plan --results empty", ["experiment", "fig2a", "--plan", "--scale", "smoke", "--results", " "], None, "--results is empty"),
-    ("experiment plan --results a file", ["experiment", "fig2a", "--plan", "--scale", "smoke", "--results", "{tmp}/afile"], write("afile", "x"), "afile is a file"),
-    ("experiment plan --processor empty", ["experiment", "fig2a", "--plan", "--scale", "smoke", "--processor", "", "--results", "{tmp}/r"], None, "--processor is empty"),
-    ("experiment plan seeds not numbers", ["experiment", "fig2a", "--plan", "--scale", "smoke", "--seeds", "x", "--results", "{tmp}/r"], None, "--seeds must be"),
+    # -- the study's commands, moved to the cem-study package
+    ("experiment moved", ["experiment", "fig2a", "--scale", "smoke"], None, "`cem experiment` moved to its own package: `cem-study experiment`"),
+    ("report moved", ["report", "{tmp}/res"], None, "`cem report` moved to its own package: `cem-study report`"),
 ]
 
 
@@ -875,45 +852,6 @@ def test_long_run_names_are_cut_with_a_digest():
     assert a.name != b.name  # the digest keeps cut names apart
 
 
-def test_smoke_experiment_ends_with_its_report_and_exit_0(corpus_dir, tmp_path, monkeypatch, capsys):
-    """The smoke scale's runs are a few steps by design: `cem experiment ... --scale smoke` writes the report
-    (first line: not the paper's protocol) and exits 0, instead of exit 2 and 'not trained to the budget'."""
-    monkeypatch.setenv("CEM_CACHE_DIR", str(tmp_path / "cache"))
-    (tmp_path / "data" / "tinyshakespeare").mkdir(parents=True)  # the smoke scale's corpus, made of the test corpus
-    (tmp_path / "data" / "tinyshakespeare" / "input.txt").write_text("".join((corpus_dir / f"{s}.txt").read_text() for s in ("train", "valid", "test")))
-    monkeypatch.setenv("CEM_DATA_DIR", str(tmp_path / "data"))
-    res = tmp_path / "res"
-    assert main(["experiment", "fig2c", "--scale", "smoke", "--results", str(res), "--seeds", "0"]) == 0
-    report, out = (res / "report.md").read_text(), capsys.readouterr().out
-    assert report.startswith("> **Not the paper's protocol: a pipeline check") and "report:" in out
-    assert "fig2c: pipeline check: " in out and not any(w in out for w in ("[held]", "[not held]", "[inconclusive]", "paired seeds would detect"))
-
-
-@pytest.mark.slow
-def test_rehearse_runs_a_scales_suite_in_shape_at_a_few_steps(corpus_dir, tmp_path, monkeypatch, capsys):
-    """--rehearse keeps the cpu scale's corpus, sizes, learning-rate sweep and analyses but trains each run 3
-    steps (and the GP study at its tiny setting), into results/cpu-rehearsal, and writes the report marked
-    short (exit 0)."""
-    monkeypatch.setenv("CEM_CACHE_DIR", str(tmp_path / "cache"))
-    (tmp_path / "data" / "wikitext-2").mkdir(parents=True)  # the cpu scale's corpus, made of the test corpus
-    for split in ("train", "valid", "test"):
-        (tmp_path / "data" / "wikitext-2" / f"{split}.txt").write_text((corpus_dir / f"{split}.txt").read_text())
-    monkeypatch.setenv("CEM_DATA_DIR", str(tmp_path / "data"))
-    monkeypatch.chdir(tmp_path)
-    assert main(["experiment", "lr,fig4,table3", "--scale", "cpu", "--rehearse", "--seeds", "0"]) == 0
-    res = tmp_path / "results" / "cpu-rehearsal"
-    report = (res / "report.md").read_text()
-    assert report.startswith("> **Not the paper's protocol") and "3 steps per run" in report
-    runs = [json.loads((d / "results.json").read_text()) for d in (res / "runs").iterdir()]
-    assert {r["config"]["train"]["preset"] for r in runs} == {"cpu64", "cpu96", "cpu128"}  # every size's sweep
-    assert {r["steps"] for r in runs} == {3} and {r["config"]["train"]["seq_len"] for r in runs} == {32}
-    assert {r["config"]["train"]["final_eval_tokens"] for r in runs} == {4096}  # not the whole splits
-    assert (res / "fig4" / "fig4.png").is_file() and "regime" in json.loads((res / "lr" / "summary.json").read_text())
-    assert not (tmp_path / "results" / "cpu").exists()
-    gp = [json.loads(line) for line in (res / "table3" / "rows.jsonl").read_text().splitlines()]
-    assert {r["scale"] for r in gp} == {"tiny"}  # the GP study scaled down too
-
-
 def test_stop_at_says_so_and_a_failed_start_leaves_no_folder(tiny_args, tmp_path, capsys):
     """--stop-at ends with a line saying where the checkpoint is; a run that fails before writing anything
     leaves no folder holding only `.lock` behind."""
@@ -1027,13 +965,3 @@ def test_generate_static_flag_gives_the_eager_text(monkeypatch, capsys):
         assert main(["generate", "--ckpt", "run", "--prompt", "ab", "--max-new-tokens", "6", "--temperature", "0", *extra]) == 0
         texts.append(capsys.readouterr().out)
     assert texts[0] == texts[1] and len(texts[0]) > 2
-
-
-def test_analyse_only_trains_nothing_and_says_what_each_experiment_waits_for(tmp_path, capsys):
-    """`cem experiment ... --analyse-only` on a campaign that has not started: no run, no report, and for each
-    experiment one line naming what it waits for."""
-    assert main(["experiment", "fig2c,fig2d", "--scale", "cpu128", "--results", str(tmp_path / "cpu128"), "--analyse-only"]) == 0
-    out = capsys.readouterr().out
-    assert "fig2c: not analysed, waiting for the Llama rate sweep at cpu128 (3 runs to train)" in out
-    assert "fig2d: not analysed" in out and "no report written" in out
-    assert not (tmp_path / "cpu").exists() and not (tmp_path / "cpu128" / "report.md").exists()

@@ -116,3 +116,10 @@ def test_the_log_cites_only_paths_that_exist():
     assert links and bare
     missing = [p for p in links if not (ROOT / "docs" / p).exists()] + [p for p in bare if not (ROOT / p).exists()]
     assert not missing, f"docs/LOG.md names paths that do not exist: {missing}"
+
+
+def test_the_readme_names_the_paper_first():
+    text = (ROOT / "README.md").read_text()
+    first_screen = text[: text.index("## Get it and set it up")]
+    assert "arxiv.org/abs/2605.07588" in first_screen and "Causal Energy Minimization" in first_screen
+    assert "pip install cem-transformers" not in text  # not on the package index

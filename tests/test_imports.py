@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-MODULES = ["cem.kernels", "cem.layers", "cem.model", "cem.data", "cem.training", "cem.experiments", "cem.cli"]
+MODULES = ["cem.kernels", "cem.layers", "cem.model", "cem.data", "cem.training", "cem.cli"]
 
 
 @pytest.mark.slow

@@ -16,6 +16,7 @@ from dataclasses import fields
 from pathlib import Path
 
 USER_ERRORS = (ValueError, FileNotFoundError)
+MOVED = {"experiment": "cem-study experiment", "report": "cem-study report"}  # commands that left cem, and where they went
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -28,7 +29,7 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
-class _Parser(argparse.ArgumentParser):
+class Parser(argparse.ArgumentParser):
     """argparse with defaults in the help and usage errors on one line (`cem train: error: ...`, exit 2)."""
 
     def __init__(self, *args, **kwargs) -> None:
@@ -60,7 +61,7 @@ def _one_line(e: BaseException) -> str:
     return " ".join(text.split())
 
 
-def _field_docs(cls) -> dict[str, str]:
+def field_docs(cls) -> dict[str, str]:
     """The docstring under each field of the dataclass `cls` (as litgpt's jsonargparse reads them), by name."""
     body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
     return {
@@ -76,7 +77,7 @@ def _add_field_flags(p, cls, names: tuple[str, ...] | None = None, defaults: dic
     followed by the default it does not state itself (`defaults[name]`, else the field's). A flag not given
     is None: only what is given changes a setting; the dataclass checks the value (one message for a flag
     and a key=value setting)."""
-    docs, hints, choices = _field_docs(cls), typing.get_type_hints(cls), getattr(cls, "CHOICES", {})
+    docs, hints, choices = field_docs(cls), typing.get_type_hints(cls), getattr(cls, "CHOICES", {})
     for f in fields(cls):
         if names is not None and f.name not in names:
             continue
@@ -119,21 +120,10 @@ def _recorded_config(out: Path):
     return RunDir(out).recorded_config() if out.is_dir() else None
 
 
-def _check_named(flag: str, value: str | None, instead: str) -> None:
+def check_named(flag: str, value: str | None, instead: str) -> None:
     """ValueError for a path or name given as empty text (`--out ''`), which would mean the current folder or a default."""
     if value is not None and not value.strip():
         raise ValueError(f"{flag} is empty: {instead}")
-
-
-def _seeds(text: str) -> tuple[int, ...]:
-    """--seeds "0,1,2": distinct integers >= 0."""
-    try:
-        seeds = tuple(int(s) for s in text.split(","))
-    except ValueError:
-        raise ValueError(f"--seeds must be comma-separated integers, e.g. 0,1,2; got {text!r}") from None
-    if not seeds or min(seeds) < 0 or max(seeds) >= 2**63 or len(set(seeds)) != len(seeds):
-        raise ValueError(f"--seeds must be distinct integers in [0, 2**63), got {text!r}")
-    return seeds
 
 
 def cmd_train(args) -> int:
@@ -141,7 +131,7 @@ def cmd_train(args) -> int:
     from .training.budget import with_default_steps
     from .training.rundir import default_run_dir
 
-    _check_named("--out", args.out, "give a folder, or leave --out out for the default runs/NAME")
+    check_named("--out", args.out, "give a folder, or leave --out out for the default runs/NAME")
     if args.resume and args.overwrite:
         raise ValueError("--resume continues a run and --overwrite deletes it: give one of them")
     out = Path(args.out) if args.out else None
@@ -291,7 +281,7 @@ def cmd_export(args) -> int:
     except ImportError as e:
         raise ValueError(str(e)) from None
 
-    _check_named("OUT", args.out, "name the folder to export into")
+    check_named("OUT", args.out, "name the folder to export into")
     model, tokenizer, run = _load_run(args.run)
     _check_tokenizer(model, tokenizer, run, "export")
     if run.holds(args.out) is not None:
@@ -399,9 +389,9 @@ def cmd_data_prepare(args) -> int:
     from .checks import check_nonnegative_int
     from .data.tokenizers import check_spec
 
-    _check_named("--tokenizer", args.tokenizer, "give byte, bpe:N or a tokenizer")
+    check_named("--tokenizer", args.tokenizer, "give byte, bpe:N or a tokenizer")
     check_spec(args.tokenizer)
-    _check_named("--out", args.out, "give a folder, or leave --out out for the default under the data directory")
+    check_named("--out", args.out, "give a folder, or leave --out out for the default under the data directory")
     if args.out and Path(args.out).exists() and not Path(args.out).is_dir() and not Path(args.out).is_symlink():  # a link: refused as one
         raise ValueError(f"--out {args.out} is a file; name a folder for the token shards")
     if args.workers is not None:
@@ -448,85 +438,6 @@ def cmd_data_verify(args) -> int:
     return 0
 
 
-def _experiments():
-    try:
-        import cem.experiments as experiments
-    except ImportError as e:
-        raise ValueError(f"experiments need the experiments extra ({e.name} is missing): pip install -e '.[experiments]' in the cem clone") from None
-    return experiments
-
-
-def cmd_experiment(args) -> int:
-    ex = _experiments()
-    run_suite, write_report = ex.run_suite, ex.write_report
-    from .checks import check_positive_int
-
-    _check_named("--results", args.results, "give a folder, or leave --results out for the default results/SCALE")
-    _check_named("--processor", args.processor, "give a processor's name as its runs record it, or leave --processor out")
-    if args.jobs is not None:
-        check_positive_int("--jobs", args.jobs)
-    ids = None if args.id == "all" else tuple(args.id.split(","))  # all: the scale's suite
-    overrides = {}
-    if args.seeds:
-        seeds = _seeds(args.seeds)
-        overrides.update(seeds=seeds, recursion_seeds=seeds)
-    if args.rehearse:
-        overrides.update(ex.rehearsal(ex.get_scale(args.scale)))
-    if args.processor:
-        overrides.update(processor=args.processor)
-    results = args.results or f"results/{args.scale}" + ("-rehearsal" if args.rehearse else "")
-    if args.device not in (None, "auto"):
-        from .device import pick_device
-
-        pick_device(args.device)  # an unknown device is refused before any run starts
-    if Path(results).exists() and not Path(results).is_dir():
-        raise ValueError(f"--results {results} is a file; name a folder for the results")
-    if args.plan:
-        print(ex.format_plan(ex.plan(args.scale, results, ids, **overrides)))
-        return 0
-    if args.analyse_only:
-        summaries, waiting = ex.analyse_finished(args.scale, results, args.data_dir, ids, args.device, **overrides)
-        for i, what in waiting.items():
-            print(f"{i}: not analysed, waiting for {what}")
-        _print_findings(ex, args.scale, summaries)
-        if not summaries:
-            print(f"no experiment has all its runs finished in {results}: no report written")
-            return 0
-        print(f"report: {write_report(results, allow_short=args.allow_short or args.rehearse)}")
-        return 0
-    options = {k: v for k, v in (("slurm_partition", args.partition), ("timeout_min", args.time_min), ("gpus_per_node", args.gpus_per_run),
-                                 ("cpus_per_task", args.cpus_per_run)) if v is not None}
-    from .experiments.costs import Deadline, DeadlineReached
-
-    until = Deadline.parse(args.until) if args.until else None
-    launcher = ex.make_launcher(args.launcher, args.jobs, args.devices, args.nproc_per_run, Path(results) / ".submitit", until,
-                                **options, **ex.slurm_options(args.slurm_option))
-    try:
-        summaries = run_suite(args.scale, results, args.data_dir, launcher.jobs, ids, args.device, launcher, **overrides)
-    except DeadlineReached as e:  # the runs that fitted have finished: an orderly stop, no report until all are in
-        print(e)
-        return 0
-    _print_findings(ex, args.scale, summaries)
-    # the smoke scale's and a rehearsal's runs are short by design (a few steps): the report says so in its first line
-    short = args.allow_short or args.rehearse or not ex.get_scale(args.scale).findings
-    print(f"report: {write_report(results, allow_short=short)}")
-    return 0
-
-
-def _print_findings(ex, scale: str, summaries: list[dict]) -> None:
-    from .experiments.report import pipeline_check
-
-    for summary in summaries:
-        for f in summary["findings"]:  # a scale that never speaks (smoke): differences as pipeline checks, no verdicts
-            print(f"{summary['experiment']}: [{f['verdict']}] {f['claim']} -- {f['evidence']}" if ex.get_scale(scale).findings
-                  else f"{summary['experiment']}: pipeline check: {pipeline_check(f)}")
-
-
-def cmd_report(args) -> int:
-    print(_experiments().write_report(args.results_dir, allow_short=args.allow_short))
-    return 0
-
-
 def _version() -> str:
     try:
         from importlib.metadata import version
@@ -545,12 +456,12 @@ def build_parser() -> argparse.ArgumentParser:
     from .training import TrainConfig
     from .training.budget import DEFAULT_STEPS
 
-    docs = _field_docs(TrainConfig)
+    docs = field_docs(TrainConfig)
     device_help = docs["device"]
 
-    parser = _Parser(prog="cem", description="Causal Energy Minimization language models")
+    parser = Parser(prog="cem", description="Causal Energy Minimization language models")
     parser.add_argument("--version", action="version", version=_version())
-    sub = parser.add_subparsers(dest="command", required=True)  # subcommands are _Parser too
+    sub = parser.add_subparsers(dest="command", required=True)  # subcommands are Parser too
 
     p = sub.add_parser("train", help="train a model (no arguments: a small CEM model on the embedded shakespeare corpus, minutes on a CPU)",
                        description="Train a model. Running the same command again: an unfinished run needs --resume, "
@@ -640,61 +551,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("folders", nargs="+", metavar="DIR", help="a token-shard folder (cem data prepare --tokenizer), a run folder or a checkpoint folder")
     p.set_defaults(func=cmd_data_verify)
 
-    try:
-        from .experiments import ALL_IDS, LAUNCHERS, SCALES
-        from .experiments.costs import DEADLINE_MARGIN
-
-        margin = f"times {DEADLINE_MARGIN:g}"
-    except ImportError:  # the experiments extra (scipy, matplotlib) is not installed
-        ALL_IDS, SCALES, LAUNCHERS = ("see docs/experiments.md",), ("smoke", "cpu", "gpu", "paper"), ("process", "local", "slurm")
-        margin = "with a margin"
-
-    p = sub.add_parser("experiment", help="run the paper's experiments (one, several, or 'all') at a scale, then write the report")
-    p.add_argument("id", help=f"an experiment, a comma-separated list, or all: {', '.join(ALL_IDS)}")
-    p.add_argument("--scale", default="cpu", choices=tuple(SCALES), help="cpu, gpu and paper follow the paper's budget; smoke is a few steps (default cpu)")
-    p.add_argument("--results", help="results directory (default results/SCALE); finished runs there are skipped")
-    p.add_argument("--data-dir", dest="data_dir", help=docs["data_dir"])
-    p.add_argument("--jobs", type=int, help="runs trained at once (CPU: processes sharing the cores; default: one per device group "
-                                            "with --devices, else 1); with --launcher slurm, the jobs in the queue at once")
-    p.add_argument("--devices", help="device ids shared out to the jobs, --nproc-per-run to a group, e.g. 0,1,2,3 (default with --jobs "
-                                     "or --nproc-per-run above 1 on a CUDA machine: its visible devices; each job sees only its group)")
-    p.add_argument("--nproc-per-run", dest="nproc_per_run", type=int, default=1,
-                   help="processes per run, under torchrun's launcher (DDP, the same global batch; default 1)")
-    p.add_argument("--launcher", default="process", choices=tuple(LAUNCHERS),
-                   help="where runs train: process (this machine, default), local or slurm (each run a submitit job, needs "
-                        "the cluster extra; job files in RESULTS/.submitit)")
-    p.add_argument("--partition", help="slurm: the partition")
-    p.add_argument("--time-min", dest="time_min", type=int, help="local, slurm: a job's time limit in minutes (default 1440; a job "
-                                                                   "timed out is requeued and resumes from its checkpoint)")
-    p.add_argument("--gpus-per-run", dest="gpus_per_run", type=int, help="slurm: GPUs per job (default --nproc-per-run; 0 on a CPU cluster)")
-    p.add_argument("--cpus-per-run", dest="cpus_per_run", type=int, help="local, slurm: CPUs per job")
-    p.add_argument("--slurm-option", dest="slurm_option", action="append", default=[], metavar="KEY=VALUE",
-                   help="slurm: another sbatch setting, as submitit names it (e.g. account=ABC, qos=high, constraint=h100); repeatable")
-    p.add_argument("--seeds", help="comma-separated seeds for every experiment (default: the scale's)")
-    p.add_argument("--until", metavar="WHEN", help="start no run that would not finish by WHEN (HH:MM, the next such time, or an ISO date and "
-                                                   f"time), its time estimated as --plan's, {margin}; the runs that fit train, then "
-                                                   "the command stops and says what is left (run it again to go on)")
-    p.add_argument("--device", default="auto", help="device of the analyses that evaluate trained models: " + device_help)
-    p.add_argument("--allow-short", action="store_true", dest="allow_short",
-                   help="write the report even if runs are short of the Chinchilla budget (its first line says so)")
-    p.add_argument("--plan", action="store_true", help="only say what would be trained and evaluated, per experiment, and an estimate of the time")
-    p.add_argument("--analyse-only", action="store_true", dest="analyse_only",
-                   help="train and evaluate nothing: analyse the experiments whose runs have all finished (under the paper's rate rule "
-                        "at least; a rule still waiting is named in the report) and write the report; say what the others wait for")
-    p.add_argument("--processor", help="train only on this processor, named as its runs record it (a GPU's name; a CPU's model name with its family, "
-                                       "e.g. 'AMD EPYC (AuthenticAMD family 25 model 17 stepping 1)': elsewhere the refusal names the machine's): "
-                                       "refuse elsewhere, and train again any finished run recorded on another, so that no pair of runs crosses processors")
-    p.add_argument("--rehearse", action="store_true",
-                   help="the suite in shape (corpus, sizes, learning-rate sweeps, seeds, analyses, report) at 3 steps per run, into "
-                        "results/SCALE-rehearsal unless --results: finds a pipeline error in minutes, before a suite of hours; never findings")
-    p.set_defaults(func=cmd_experiment)
-
-    p = sub.add_parser("report", help="write RESULTS_DIR/report.md from experiment results")
-    p.add_argument("results_dir", help="a results directory written by `cem experiment`")
-    p.add_argument("--allow-short", action="store_true", dest="allow_short", help="accept runs short of the Chinchilla budget (the report's first line says so); the smoke scale's "
-                   "report needs none: a pipeline check, without verdicts")
-    p.set_defaults(func=cmd_report)
-
     p = sub.add_parser("info", help="print the resolved config and the parameter breakdown")
     _add_run_args(p)
     p.add_argument("--keys", action="store_true", help="list every setting with its default")
@@ -717,6 +573,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in MOVED:
+        print(f"cem: error: `cem {argv[0]}` moved to its own package: `{MOVED[argv[0]]}`", file=sys.stderr)
+        return 2
     try:
         parser = build_parser()  # imports torch: seconds in which a Ctrl-C is one line too
         args, extra = parser.parse_known_args(argv)
@@ -725,23 +585,23 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"unrecognized arguments: {' '.join(stray or extra)}")
         if extra:  # key=value settings written among the options
             args.overrides = [*args.overrides, *extra]
-        return _run(args)
-    except KeyboardInterrupt:  # before a command runs (`_run` says it for the command itself)
+        return run_command(args)
+    except KeyboardInterrupt:  # before a command runs (`run_command` says it for the command itself)
         print("cem: error: interrupted (Ctrl-C)", file=sys.stderr)
         return 130
 
 
-def _run(args) -> int:
-    """Run a command; every expected failure is one line on stderr and a non-zero exit code: 2 for bad
-    input, 1 for a failed run, 130 / 143 for Ctrl-C / SIGTERM. Anything else is also one line, unless
-    $CEM_DEBUG is set (then the traceback)."""
+def run_command(args, prog: str = "cem") -> int:
+    """Run the command `args.func` of the program `prog`; every expected failure is one line on stderr and a
+    non-zero exit code: 2 for bad input, 1 for a failed run, 130 / 143 for Ctrl-C / SIGTERM. Anything else is
+    also one line, unless $CEM_DEBUG is set (then the traceback)."""
     import torch
     import yaml
 
     from .training import TrainingError
 
     def fail(message: str, code: int) -> int:
-        print(f"cem {args.command}: error: {message}", file=sys.stderr)
+        print(f"{prog} {args.command}: error: {message}", file=sys.stderr)
         return code
 
     previous = signal.getsignal(signal.SIGTERM)

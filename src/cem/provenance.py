@@ -78,7 +78,7 @@ def recorded_processors(results: dict) -> list[str]:
     """The processors a finished run (its results.json) was trained on, as `processor` names them: each session's,
     or, for a run that predates provenance, the one its `device` names ("AMD EPYC (1 thread)" -> "AMD EPYC").
     Sessions that predate the CPU's family record (`cpu_id`, 2026-11-28) take the one the run's
-    `processor_inferred` gives, with how it was inferred (docs/results/cpu128/samebits.py), where it has one."""
+    `processor_inferred` gives, with how it was inferred (a same-bits check of its first steps), where it has one."""
     inferred = (results.get("processor_inferred") or {}).get("processor")
     found = [session_processor(s, inferred) for s in results.get("sessions") or [] if isinstance(s, dict) and s.get("processor")]
     if found:

@@ -71,12 +71,13 @@ def test_eval_of_a_run_on_shards_reads_them(tiny_args, shards, tmp_path, capsys)
     assert main(["eval", "--ckpt", str(tmp_path / "r"), "--split", "test", "--json", "--device", "cpu"]) == 0
     metrics = json.loads(capsys.readouterr().out)
     assert metrics["loss"] == pytest.approx(json.loads((tmp_path / "r" / "results.json").read_text())["test_loss"], rel=1e-6)
-    from cem.data.tokenshards import load_shards
-    from cem.experiments.analysis import run_split
+    from cem.data import load_tokenizer
+    from cem.data.tokenshards import load_shards, token_split
     from cem.training import RunDir
 
     run = RunDir(tmp_path / "r")
-    split = run_split(run, run.train_settings(), "valid")  # what the analyses of a run read
+    t = run.train_settings()
+    split = token_split(t["data"], load_tokenizer(run.tokenizer_dir), t["tokenizer"], "valid", t.get("data_dir"))  # a split of the run's corpus
     assert split.tokens.tolist() == load_shards(shards)[2]["valid"].tokens.tolist()
 
 

@@ -10,7 +10,7 @@ Step-size schedules (η_t for step t = 0..T-1 of T):
   grows, and each step is the same whatever T, so steps added at test time are ever smaller.
 `learn_step_size=True` multiplies every step by one more learned scalar gain (any schedule).
 
-Training options of the recursion (test-time compute that keeps helping, docs/experiments.md):
+Training options of the recursion (test-time compute that keeps helping):
 - `backprop_steps` = k (None = all): truncated backpropagation, as in recurrent-depth models (Huginn):
   while recording gradients, the first T - k steps run without a graph and only the last k steps are
   differentiated, so the activation memory is that of k steps whatever the (drawn) T. The skipped steps are
@@ -465,7 +465,7 @@ def set_steps(module: nn.Module, steps: int | None = None, *, attn_steps: int | 
     checked before any layer changes. Returns how many layers were set.
 
     This changes the test-time compute, not what the layers learned: a layer trained at T = 2 is usually worse
-    at T = 4 or 8 (docs/experiments.md, the test-time experiment), unless trained for it (random depths)."""
+    at T = 4 or 8, unless trained for it (random depths)."""
     inference = Inference(steps=steps, attn_steps=attn_steps, mlp_steps=mlp_steps)  # every value checked first
     layers = [m for m in module.modules() if isinstance(m, DescentLayer) and inference.depth(m.sublayer) is not None]
     for m in layers:

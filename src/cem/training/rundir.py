@@ -9,7 +9,7 @@ what a run left behind.
     metrics.jsonl   one record per logged step (`metrics.read_metrics`; also tensorboard/; runs started before
                     2026-11-27 also hold metrics.csv, `metrics.drop_duplicate_csv`)
     results.json    the final results; its presence means the run is finished
-    evals/          what analyses computed from the final weights (`cem.experiments.products`)
+    evals/          what analyses of the run computed from its final weights (written by whoever analyses it)
 
 One rule decides whether two runs are the same: `run_identity` (the model, the tokenizer, the corpus, and
 every training setting except the `RUNTIME_KEYS`, which may change between a run and its resumption); one

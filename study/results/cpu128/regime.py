@@ -1,0 +1,176 @@
+"""The stricter regime check (issue 62): each cpu size's Llama at its chosen rate against modified Kneser-Ney n-grams of
+orders 5-8 on WikiText-2 bytes, each n-gram scored on the unbroken text and as the transformer is scored (disjoint
+windows of its context, `cem_study.ngram.scored_positions`).
+
+    python study/results/cpu128/regime.py [--data-dir /work/shared/data] [--refit]
+
+Writes regime.json (the data) and regime.md (the tables) beside this script. The n-grams are fit on the first
+min(the size's Chinchilla budget, the train split) training bytes (the regime check's convention,
+`cem_study.analysis.regime_check`) and, for the sizes trained on fewer, on the whole train split too; n-grams
+already in regime.json are reused unless --refit. Llama's losses are those of every seed committed at its chosen rate
+(study/results/cpu/runs/<slug>/results.json, the rate from lr/choices.json). A size speaks when Llama minus the best
+order (on validation) has its 95% t interval over the seeds below zero.
+"""
+
+import argparse
+import json
+import math
+import resource
+import sys
+import time
+from pathlib import Path
+
+from cem_study.ngram import _splits, ngram_baseline
+from cem_study.stats import Interval
+from cem_study.sweep import RunSpec, budget_tokens
+from cem.io import atomic_write_json, atomic_write_text
+from cem.provenance import processor
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE.parent  # study/results
+SIZES = ("cpu64", "cpu96", "cpu128")
+ORDERS = (5, 6, 7, 8)
+SCORINGS = {"unbroken": "", "windowed": "_windowed"}  # the suffix of each scoring's keys in ngram_baseline's record
+
+
+def llama(size: str) -> dict:
+    """The size's Llama at its chosen rate: the rate, and per seed its validation and test losses and context length."""
+    choices = HERE / "lr" / "choices.json" if size == "cpu128" else RESULTS / "cpu" / "lr" / "choices.json"
+    lr = json.loads(choices.read_text())[f"{size}-llama"]["lr"]
+    spec, seeds = RunSpec.make(size, "llama", train={"lr": lr}), {}
+    for seed in range(10):
+        run = RESULTS / "cpu" / "runs" / spec.with_seed(seed).slug
+        if (run / "results.json").is_file():
+            r, config = json.loads((run / "results.json").read_text()), json.loads((run / "run.json").read_text())
+            seeds[seed] = {"slug": run.name, "valid_loss": r["valid_loss"], "test_loss": r["test_loss"],
+                           "budget_tokens": budget_tokens(r), "seq_len": config["train"]["seq_len"]}
+    if not seeds:
+        sys.exit(f"regime.py: no finished Llama run of {size} at lr {lr:g} under {RESULTS / 'cpu' / 'runs'}")
+    return {"lr": lr, "seeds": seeds}
+
+
+def differences(runs: dict, ngram: dict, scoring: str) -> dict:
+    """Llama minus the n-gram per seed, on valid and test, with the 95% t interval over the seeds."""
+    out = {}
+    for split in ("valid", "test"):
+        per_seed = [r[f"{split}_loss"] - ngram[f"{split}_loss{SCORINGS[scoring]}"] for r in runs.values()]
+        out[split] = {"per_seed": per_seed, **Interval.of(per_seed).to_dict()}
+    return out
+
+
+def main(data_dir: str, refit: bool) -> None:
+    out_json = HERE / "regime.json"
+    old = json.loads(out_json.read_text()) if out_json.is_file() and not refit else {}
+    cached = {(g["train_tokens"], g["order"], g["window"]): g for g in old.get("ngrams", [])}
+    splits, vocab = _splits("wikitext-2", "byte", data_dir)
+    sizes = {size: llama(size) for size in SIZES}
+    windows = {r["seq_len"] for s in sizes.values() for r in s["seeds"].values()}
+    if len(windows) != 1:
+        sys.exit(f"regime.py: the Llama runs have several context lengths {sorted(windows)}; one window per table")
+    window = windows.pop()
+    ngrams = {}
+    for size, s in sizes.items():
+        budget = min(min(r["budget_tokens"] for r in s["seeds"].values()), len(splits["train"]))
+        s["train_tokens"] = sorted({budget, len(splits["train"])})  # the budget's prefix, and the whole split
+        for tokens in s["train_tokens"]:
+            for order in ORDERS:
+                if (tokens, order, window) not in cached:
+                    part = {"train": splits["train"][:tokens], "valid": splits["valid"], "test": splits["test"]}
+                    cached[tokens, order, window] = ngram_baseline(part, vocab, order, window=window) | {"processor": processor(), "peak_rss_mib": peak_mib()}
+                    g = cached[tokens, order, window]
+                    print(f"{tokens:,} bytes, order {order}: valid {g['valid_loss']:.5f} ({g['valid_loss_windowed']:.5f} windowed), "
+                          f"{g['seconds']:.0f} s", flush=True)
+                ngrams[tokens, order] = cached[tokens, order, window]
+    table = {}
+    for size, s in sizes.items():
+        table[size] = {"lr": s["lr"], "seeds": s["seeds"], "against": {}}
+        for tokens in s["train_tokens"]:
+            row = {}
+            for scoring, suffix in SCORINGS.items():
+                best = min(ORDERS, key=lambda o: ngrams[tokens, o][f"valid_loss{suffix}"])
+                by_order = {o: differences(s["seeds"], ngrams[tokens, o], scoring) for o in ORDERS}
+                row[scoring] = {"best_order": best, "minus_best": by_order[best], "minus": by_order,
+                                "speaks": by_order[best]["valid"]["n"] > 1 and by_order[best]["valid"]["hi"] < 0,
+                                "orders_beating_llama": [o for o in ORDERS if by_order[o]["valid"]["mean"] > 0],
+                                "orders_beating_llama_on_the_interval": [o for o in ORDERS if by_order[o]["valid"]["lo"] > 0]}
+            table[size]["against"][tokens] = row
+    record = {"window": window, "orders": list(ORDERS), "ngrams": list(cached.values()), "sizes": table}
+    atomic_write_json(out_json, record)
+    atomic_write_text(HERE / "regime.md", render(record, ngrams, len(splits["train"])))
+
+
+def render(record: dict, ngrams: dict, n_train: int) -> str:
+    """regime.md: the n-gram losses, Llama per seed, Llama minus each order under both scorings."""
+    w = record["window"]
+    lines = [
+        "# Regime check: n-grams of orders 5-8 against each cpu size's Llama (WikiText-2 bytes, nats per byte)",
+        "",
+        f"Written by `regime.py` (issue 62). Modified Kneser-Ney (`cem_study.ngram`) fit on the first N training bytes; "
+        f"scored **unbroken** (every byte after the up to n - 1 bytes before it) and **windowed**, as the transformer is "
+        f"scored: disjoint windows of {w} bytes, the context reset at each window's start, every byte but the split's first "
+        f"a target once (`cem.data.iter_eval_batches`). The transformer is scored on those disjoint windows only; a "
+        f"sliding-window transformer score (full context at every byte) needs the trained weights, which are not committed. "
+        f"Llama: every seed committed at the size's chosen rate; difference = Llama - n-gram per seed, mean [95% t interval "
+        f"over seeds]; the best order is the one lowest on validation under that scoring. A size speaks when Llama - best "
+        f"order has its validation interval below zero.",
+        "",
+        "## Which orders beat each size's Llama (validation, mean over seeds)",
+        "",
+        "Orders whose validation loss is below Llama's mean over its seeds; in brackets those with the interval of Llama - "
+        "n-gram entirely above zero.",
+        "",
+        "| size | seeds | n-gram fit on | unbroken | windowed | speaks (Llama below the best order; unbroken / windowed) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for size, s in record["sizes"].items():
+        for tokens, row in s["against"].items():
+            cells = [f"{', '.join(map(str, r['orders_beating_llama'])) or 'none'} "
+                     f"({', '.join(map(str, r['orders_beating_llama_on_the_interval'])) or 'none'})" for r in row.values()]
+            lines.append(f"| {size} | {len(s['seeds'])} | {int(tokens):,} bytes | {cells[0]} | {cells[1]} | "
+                         f"{'yes' if row['unbroken']['speaks'] else 'no'} / {'yes' if row['windowed']['speaks'] else 'no'} |")
+    lines += ["", "## n-gram losses", "", "| train bytes | order | valid unbroken | valid windowed | test unbroken | test windowed | fit + score (wall s, shared VM) |",
+              "|---|---|---|---|---|---|---|"]
+    for (tokens, order), g in sorted(ngrams.items()):
+        lines.append(f"| {tokens:,} | {order} | {g['valid_loss']:.5f} | {g['valid_loss_windowed']:.5f} | {g['test_loss']:.5f} | "
+                     f"{g['test_loss_windowed']:.5f} | {g['seconds']:.0f} |")
+    lines += ["", "## Llama at its chosen rate", "", "| size | lr | seed | run | valid | test |", "|---|---|---|---|---|---|"]
+    for size, s in record["sizes"].items():
+        for seed, r in s["seeds"].items():
+            lines.append(f"| {size} | {s['lr']:g} | {seed} | `{r['slug']}` | {r['valid_loss']:.5f} | {r['test_loss']:.5f} |")
+    for split in ("valid", "test"):
+        lines += ["", f"## Llama - n-gram, {'validation' if split == 'valid' else 'test'} (nats per byte; * the best order on validation)", "",
+                  "| size | n-gram fit on | scoring | " + " | ".join(f"order {o}" for o in record["orders"]) + " | per seed, minus the best order |",
+                  "|---|---|---|" + "---|" * len(record["orders"]) + "---|"]
+        for size, s in record["sizes"].items():
+            for tokens, row in s["against"].items():
+                for scoring, r in row.items():
+                    cells = [interval(r["minus"][o][split]) + (" *" if o == r["best_order"] else "") for o in record["orders"]]
+                    seeds = ", ".join(f"s{seed} {d:+.4f}" for seed, d in zip(s["seeds"], r["minus_best"][split]["per_seed"]))
+                    lines.append(f"| {size} | {int(tokens):,} | {scoring} | " + " | ".join(cells) + f" | {seeds} |")
+    fits = record["ngrams"]
+    lines += ["", f"The whole train split is {n_train:,} bytes. Peak memory of the process that fit the n-grams "
+              f"{max(g['peak_rss_mib'] for g in fits):,.0f} MiB (its resident set after each fit is in regime.json); "
+              f"processor {', '.join(sorted({g['processor'] for g in fits}))}.", ""]
+    return "\n".join(lines)
+
+
+def peak_mib() -> float:
+    """This process's peak resident memory so far, in MiB."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def interval(d: dict) -> str:
+    """A mean with its 95% interval (the mean alone for one seed)."""
+    if d["n"] < 2 or math.isnan(d["lo"]):
+        return f"{d['mean']:+.4f}"
+    return f"{d['mean']:+.4f} [{d['lo']:+.4f}, {d['hi']:+.4f}]"
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data-dir", default="/work/shared/data", help="the folder holding wikitext-2/ (default %(default)s)")
+    parser.add_argument("--refit", action="store_true", help="fit every n-gram again instead of reusing those in regime.json")
+    args = parser.parse_args()
+    start = time.perf_counter()
+    main(args.data_dir, args.refit)
+    print(f"regime.py: {time.perf_counter() - start:.0f} s, peak {peak_mib():,.0f} MiB")

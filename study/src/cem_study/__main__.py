@@ -1,0 +1,8 @@
+"""`python -m cem_study` and the `cem-study` command."""
+
+import sys
+
+from .cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,165 @@
+"""The `cem-study` command line: experiment and report (also `python -m cem_study`)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from cem.cli import Parser, check_named, field_docs, run_command
+
+PROG = "cem-study"
+
+
+def _seeds(text: str) -> tuple[int, ...]:
+    """--seeds "0,1,2": distinct integers >= 0."""
+    try:
+        seeds = tuple(int(s) for s in text.split(","))
+    except ValueError:
+        raise ValueError(f"--seeds must be comma-separated integers, e.g. 0,1,2; got {text!r}") from None
+    if not seeds or min(seeds) < 0 or max(seeds) >= 2**63 or len(set(seeds)) != len(seeds):
+        raise ValueError(f"--seeds must be distinct integers in [0, 2**63), got {text!r}")
+    return seeds
+
+
+def cmd_experiment(args) -> int:
+    import cem_study as ex
+    from cem.checks import check_positive_int
+
+    from .costs import Deadline, DeadlineReached
+
+    check_named("--results", args.results, "give a folder, or leave --results out for the default results/SCALE")
+    check_named("--processor", args.processor, "give a processor's name as its runs record it, or leave --processor out")
+    if args.jobs is not None:
+        check_positive_int("--jobs", args.jobs)
+    ids = None if args.id == "all" else tuple(args.id.split(","))  # all: the scale's suite
+    overrides = {}
+    if args.seeds:
+        seeds = _seeds(args.seeds)
+        overrides.update(seeds=seeds, recursion_seeds=seeds)
+    if args.rehearse:
+        overrides.update(ex.rehearsal(ex.get_scale(args.scale)))
+    if args.processor:
+        overrides.update(processor=args.processor)
+    results = args.results or f"results/{args.scale}" + ("-rehearsal" if args.rehearse else "")
+    if args.device not in (None, "auto"):
+        from cem.device import pick_device
+
+        pick_device(args.device)  # an unknown device is refused before any run starts
+    if Path(results).exists() and not Path(results).is_dir():
+        raise ValueError(f"--results {results} is a file; name a folder for the results")
+    if args.plan:
+        print(ex.format_plan(ex.plan(args.scale, results, ids, **overrides)))
+        return 0
+    if args.analyse_only:
+        summaries, waiting = ex.analyse_finished(args.scale, results, args.data_dir, ids, args.device, **overrides)
+        for i, what in waiting.items():
+            print(f"{i}: not analysed, waiting for {what}")
+        _print_findings(ex, args.scale, summaries)
+        if not summaries:
+            print(f"no experiment has all its runs finished in {results}: no report written")
+            return 0
+        print(f"report: {ex.write_report(results, allow_short=args.allow_short or args.rehearse)}")
+        return 0
+    options = {k: v for k, v in (("slurm_partition", args.partition), ("timeout_min", args.time_min), ("gpus_per_node", args.gpus_per_run),
+                                 ("cpus_per_task", args.cpus_per_run)) if v is not None}
+    until = Deadline.parse(args.until) if args.until else None
+    launcher = ex.make_launcher(args.launcher, args.jobs, args.devices, args.nproc_per_run, Path(results) / ".submitit", until,
+                                **options, **ex.slurm_options(args.slurm_option))
+    try:
+        summaries = ex.run_suite(args.scale, results, args.data_dir, launcher.jobs, ids, args.device, launcher, **overrides)
+    except DeadlineReached as e:  # the runs that fitted have finished: an orderly stop, no report until all are in
+        print(e)
+        return 0
+    _print_findings(ex, args.scale, summaries)
+    # the smoke scale's and a rehearsal's runs are short by design (a few steps): the report says so in its first line
+    short = args.allow_short or args.rehearse or not ex.get_scale(args.scale).findings
+    print(f"report: {ex.write_report(results, allow_short=short)}")
+    return 0
+
+
+def _print_findings(ex, scale: str, summaries: list[dict]) -> None:
+    from .report import pipeline_check
+
+    for summary in summaries:
+        for f in summary["findings"]:  # a scale that never speaks (smoke): differences as pipeline checks, no verdicts
+            print(f"{summary['experiment']}: [{f['verdict']}] {f['claim']} -- {f['evidence']}" if ex.get_scale(scale).findings
+                  else f"{summary['experiment']}: pipeline check: {pipeline_check(f)}")
+
+
+def cmd_report(args) -> int:
+    import cem_study as ex
+
+    print(ex.write_report(args.results_dir, allow_short=args.allow_short))
+    return 0
+
+
+def build_parser() -> Parser:
+    from cem.training import TrainConfig
+
+    from . import ALL_IDS, LAUNCHERS, SCALES, __version__
+    from .costs import DEADLINE_MARGIN
+
+    docs = field_docs(TrainConfig)
+    parser = Parser(prog=PROG, description="The paper's experiments on cem: sweeps, analyses, findings and their report")
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)  # subcommands are Parser too
+
+    p = sub.add_parser("experiment", help="run the paper's experiments (one, several, or 'all') at a scale, then write the report")
+    p.add_argument("id", help=f"an experiment, a comma-separated list, or all: {', '.join(ALL_IDS)}")
+    p.add_argument("--scale", default="cpu", choices=tuple(SCALES), help="cpu, gpu and paper follow the paper's budget; smoke is a few steps (default cpu)")
+    p.add_argument("--results", help="results directory (default results/SCALE); finished runs there are skipped")
+    p.add_argument("--data-dir", dest="data_dir", help=docs["data_dir"])
+    p.add_argument("--jobs", type=int, help="runs trained at once (CPU: processes sharing the cores; default: one per device group "
+                                            "with --devices, else 1); with --launcher slurm, the jobs in the queue at once")
+    p.add_argument("--devices", help="device ids shared out to the jobs, --nproc-per-run to a group, e.g. 0,1,2,3 (default with --jobs "
+                                     "or --nproc-per-run above 1 on a CUDA machine: its visible devices; each job sees only its group)")
+    p.add_argument("--nproc-per-run", dest="nproc_per_run", type=int, default=1,
+                   help="processes per run, under torchrun's launcher (DDP, the same global batch; default 1)")
+    p.add_argument("--launcher", default="process", choices=tuple(LAUNCHERS),
+                   help="where runs train: process (this machine, default), local or slurm (each run a submitit job, needs "
+                        "submitit; job files in RESULTS/.submitit)")
+    p.add_argument("--partition", help="slurm: the partition")
+    p.add_argument("--time-min", dest="time_min", type=int, help="local, slurm: a job's time limit in minutes (default 1440; a job "
+                                                                   "timed out is requeued and resumes from its checkpoint)")
+    p.add_argument("--gpus-per-run", dest="gpus_per_run", type=int, help="slurm: GPUs per job (default --nproc-per-run; 0 on a CPU cluster)")
+    p.add_argument("--cpus-per-run", dest="cpus_per_run", type=int, help="local, slurm: CPUs per job")
+    p.add_argument("--slurm-option", dest="slurm_option", action="append", default=[], metavar="KEY=VALUE",
+                   help="slurm: another sbatch setting, as submitit names it (e.g. account=ABC, qos=high, constraint=h100); repeatable")
+    p.add_argument("--seeds", help="comma-separated seeds for every experiment (default: the scale's)")
+    p.add_argument("--until", metavar="WHEN", help="start no run that would not finish by WHEN (HH:MM, the next such time, or an ISO date and "
+                                                   f"time), its time estimated as --plan's, times {DEADLINE_MARGIN:g}; the runs that fit train, "
+                                                   "then the command stops and says what is left (run it again to go on)")
+    p.add_argument("--device", default="auto", help="device of the analyses that evaluate trained models: " + docs["device"])
+    p.add_argument("--allow-short", action="store_true", dest="allow_short",
+                   help="write the report even if runs are short of the Chinchilla budget (its first line says so)")
+    p.add_argument("--plan", action="store_true", help="only say what would be trained and evaluated, per experiment, and an estimate of the time")
+    p.add_argument("--analyse-only", action="store_true", dest="analyse_only",
+                   help="train and evaluate nothing: analyse the experiments whose runs have all finished (under the paper's rate rule "
+                        "at least; a rule still waiting is named in the report) and write the report; say what the others wait for")
+    p.add_argument("--processor", help="train only on this processor, named as its runs record it (a GPU's name; a CPU's model name with its family, "
+                                       "e.g. 'AMD EPYC (AuthenticAMD family 25 model 17 stepping 1)': elsewhere the refusal names the machine's): "
+                                       "refuse elsewhere, and train again any finished run recorded on another, so that no pair of runs crosses processors")
+    p.add_argument("--rehearse", action="store_true",
+                   help="the suite in shape (corpus, sizes, learning-rate sweeps, seeds, analyses, report) at 3 steps per run, into "
+                        "results/SCALE-rehearsal unless --results: finds a pipeline error in minutes, before a suite of hours; never findings")
+    p.set_defaults(func=cmd_experiment)
+
+    p = sub.add_parser("report", help="write RESULTS_DIR/report.md from experiment results")
+    p.add_argument("results_dir", help=f"a results directory written by `{PROG} experiment`")
+    p.add_argument("--allow-short", action="store_true", dest="allow_short", help="accept runs short of the Chinchilla budget (the report's first line says so); the smoke scale's "
+                   "report needs none: a pipeline check, without verdicts")
+    p.set_defaults(func=cmd_report)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)  # imports torch: seconds in which a Ctrl-C is one line too
+        return run_command(args, PROG)
+    except KeyboardInterrupt:  # before a command runs (`run_command` says it for the command itself)
+        print(f"{PROG}: error: interrupted (Ctrl-C)", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""The `cem-study` command line (`cem_study.cli`): experiment and report end to end at the smoke scale, and bad
+input: each case of the table runs `main()` in-process and must end with a non-zero exit code and exactly one
+line on stderr (`cem-study COMMAND: error: ...`), never a traceback."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from cem_study.cli import main
+
+
+def write(rel, content):
+    def setup(tmp):
+        path = tmp / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(content)
+
+    return setup
+
+
+CASES = [
+    ("experiment --jobs 0", ["experiment", "fig2a", "--scale", "smoke", "--jobs", "0", "--results", "{tmp}/r"], None, "jobs must be an integer >= 1"),
+    ("experiment seeds not numbers", ["experiment", "fig2a", "--scale", "smoke", "--seeds", "a,b", "--results", "{tmp}/r"], None, "seeds"),
+    ("experiment seeds negative", ["experiment", "fig2a", "--scale", "smoke", "--seeds", "-1", "--results", "{tmp}/r"], None, "seed"),
+    ("experiment seeds empty", ["experiment", "fig2a", "--scale", "smoke", "--seeds", ",", "--results", "{tmp}/r"], None, "seeds"),
+    ("report of nothing", ["report", "{tmp}/no-results"], None, None),
+    ("report of a file", ["report", "{tmp}/afile"], write("afile", "x"), "afile"),
+    ("report with a damaged summary", ["report", "{tmp}/res"], write("res/fig2a/summary.json", "{"), "summary.json"),
+    ("report with a summary that is a list", ["report", "{tmp}/res"], write("res/fig2a/summary.json", "[1, 2]"), "summary.json"),
+    ("experiment unknown id", ["experiment", "fig9", "--scale", "smoke", "--results", "{tmp}/r"], None, "fig9"),
+    ("experiment seeds repeated", ["experiment", "fig2a", "--scale", "smoke", "--seeds", "1,1", "--results", "{tmp}/r"], None, "seeds"),
+    ("experiment results in a file", ["experiment", "fig2a", "--scale", "smoke", "--results", "{tmp}/afile"], write("afile", "x"), "afile"),
+    ("experiment unknown scale", ["experiment", "fig2a", "--scale", "huge", "--results", "{tmp}/r"], None, "scale"),
+    ("experiment empty id list", ["experiment", ",", "--scale", "smoke", "--results", "{tmp}/r"], None, None),
+    ("experiment device unknown", ["experiment", "fig2a", "--scale", "smoke", "--device", "gpu9", "--results", "{tmp}/r"], None, "device"),
+    ("report of a results folder with only runs", ["report", "{tmp}/res"], write("res/runs/x/results.json", "{}"), "no experiment results"),
+    ("experiment --results empty", ["experiment", "fig2a", "--scale", "smoke", "--results", ""], None, "--results is empty"),
+    ("experiment plan unknown id", ["experiment", "fig9", "--plan", "--scale", "smoke", "--results", "{tmp}/r"], None, "unknown experiment 'fig9'"),
+    ("experiment plan empty id", ["experiment", "", "--plan", "--scale", "smoke", "--results", "{tmp}/r"], None, "unknown experiment ''"),
+    ("experiment plan unknown scale", ["experiment", "fig2a", "--plan", "--scale", "huge"], None, "argument --scale: invalid choice"),
+    ("experiment plan --jobs 0", ["experiment", "fig2a", "--plan", "--scale", "smoke", "--jobs", "0", "--results", "{tmp}/r"], None, "--jobs must be an integer >= 1"),
+    ("experiment plan --jobs negative", ["experiment", "fig2a", "--plan", "--scale", "smoke", "--jobs", "-3", "--results", "{tmp}/r"], None, "--jobs must be an integer >= 1"),
+    ("experiment plan --results empty", ["experiment", "fig2a", "--plan", "--scale", "smoke", "--results", " "], None, "--results is empty"),
+    ("experiment plan --results a file", ["experiment", "fig2a", "--plan", "--scale", "smoke", "--results", "{tmp}/afile"], write("afile", "x"), "afile is a file"),
+    ("experiment plan --processor empty", ["experiment", "fig2a", "--plan", "--scale", "smoke", "--processor", "", "--results", "{tmp}/r"], None, "--processor is empty"),
+    ("experiment plan seeds not numbers", ["experiment", "fig2a", "--plan", "--scale", "smoke", "--seeds", "x", "--results", "{tmp}/r"], None, "--seeds must be"),
+]
+
+
+@pytest.mark.parametrize("name,argv,setup,expect", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_is_one_line(name, argv, setup, expect, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    if setup is not None:
+        setup(tmp_path)
+    args = [a.format(tmp=tmp_path) for a in argv]
+    try:
+        code = main(args)
+    except SystemExit as e:  # argparse
+        code = e.code
+    err = capsys.readouterr().err
+    assert code not in (0, None), f"{name}: accepted: {err}"
+    assert "Traceback" not in err and err.count("\n") == 1 and err.endswith("\n"), f"{name}: {err!r}"
+    assert err.startswith(f"cem-study {argv[0]}: error: ") or err.startswith("cem-study: error: "), f"{name}: {err!r}"
+    if expect is not None:
+        assert expect.format(tmp=tmp_path) in err, f"{name}: {err!r}"
+
+
+@pytest.mark.parametrize("launch", [["-m", "cem_study"], ["-c", "import sys; from cem_study.cli import main; sys.exit(main())"]],
+                         ids=["python -m cem_study", "the cem-study script"])
+def test_the_command_runs_as_a_module_and_as_its_script(launch, tmp_path):
+    """`python -m cem_study` and the console script (`cem_study.cli:main`) are the same command: its help and its errors."""
+    done = subprocess.run([sys.executable, *launch, "experiment", "--help"], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert done.returncode == 0 and done.stdout.startswith("usage: cem-study experiment") and "--until" in done.stdout
+    done = subprocess.run([sys.executable, *launch, "report", str(tmp_path / "nothing")], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert done.returncode == 2 and done.stderr.startswith("cem-study report: error: ") and done.stderr.count("\n") == 1
+
+
+def test_smoke_experiment_ends_with_its_report_and_exit_0(corpus, tmp_path, monkeypatch, capsys):
+    """The smoke scale's runs are a few steps by design: `cem-study experiment ... --scale smoke` writes the report
+    (first line: not the paper's protocol) and exits 0, instead of exit 2 and 'not trained to the budget'."""
+    monkeypatch.setenv("CEM_CACHE_DIR", str(tmp_path / "cache"))
+    (tmp_path / "data" / "tinyshakespeare").mkdir(parents=True)  # the smoke scale's corpus, made of the test corpus
+    (tmp_path / "data" / "tinyshakespeare" / "input.txt").write_text("".join((corpus / f"{s}.txt").read_text() for s in ("train", "valid", "test")))
+    monkeypatch.setenv("CEM_DATA_DIR", str(tmp_path / "data"))
+    res = tmp_path / "res"
+    assert main(["experiment", "fig2c", "--scale", "smoke", "--results", str(res), "--seeds", "0"]) == 0
+    report, out = (res / "report.md").read_text(), capsys.readouterr().out
+    assert report.startswith("> **Not the paper's protocol: a pipeline check") and "report:" in out
+    assert "fig2c: pipeline check: " in out and not any(w in out for w in ("[held]", "[not held]", "[inconclusive]", "paired seeds would detect"))
+
+
+@pytest.mark.slow
+def test_rehearse_runs_a_scales_suite_in_shape_at_a_few_steps(corpus, tmp_path, monkeypatch, capsys):
+    """--rehearse keeps the cpu scale's corpus, sizes, learning-rate sweep and analyses but trains each run 3
+    steps (and the GP study at its tiny setting), into results/cpu-rehearsal, and writes the report marked
+    short (exit 0)."""
+    monkeypatch.setenv("CEM_CACHE_DIR", str(tmp_path / "cache"))
+    (tmp_path / "data" / "wikitext-2").mkdir(parents=True)  # the cpu scale's corpus, made of the test corpus
+    for split in ("train", "valid", "test"):
+        (tmp_path / "data" / "wikitext-2" / f"{split}.txt").write_text((corpus / f"{split}.txt").read_text())
+    monkeypatch.setenv("CEM_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.chdir(tmp_path)
+    assert main(["experiment", "lr,fig4,table3", "--scale", "cpu", "--rehearse", "--seeds", "0"]) == 0
+    res = tmp_path / "results" / "cpu-rehearsal"
+    report = (res / "report.md").read_text()
+    assert report.startswith("> **Not the paper's protocol") and "3 steps per run" in report
+    runs = [json.loads((d / "results.json").read_text()) for d in (res / "runs").iterdir()]
+    assert {r["config"]["train"]["preset"] for r in runs} == {"cpu64", "cpu96", "cpu128"}  # every size's sweep
+    assert {r["steps"] for r in runs} == {3} and {r["config"]["train"]["seq_len"] for r in runs} == {32}
+    assert {r["config"]["train"]["final_eval_tokens"] for r in runs} == {4096}  # not the whole splits
+    assert (res / "fig4" / "fig4.png").is_file() and "regime" in json.loads((res / "lr" / "summary.json").read_text())
+    assert not (tmp_path / "results" / "cpu").exists()
+    gp = [json.loads(line) for line in (res / "table3" / "rows.jsonl").read_text().splitlines()]
+    assert {r["scale"] for r in gp} == {"tiny"}  # the GP study scaled down too
+
+
+def test_analyse_only_trains_nothing_and_says_what_each_experiment_waits_for(tmp_path, capsys):
+    """`cem-study experiment ... --analyse-only` on a campaign that has not started: no run, no report, and for each
+    experiment one line naming what it waits for."""
+    assert main(["experiment", "fig2c,fig2d", "--scale", "cpu128", "--results", str(tmp_path / "cpu128"), "--analyse-only"]) == 0
+    out = capsys.readouterr().out
+    assert "fig2c: not analysed, waiting for the Llama rate sweep at cpu128 (3 runs to train)" in out
+    assert "fig2d: not analysed" in out and "no report written" in out
+    assert not (tmp_path / "cpu").exists() and not (tmp_path / "cpu128" / "report.md").exists()
