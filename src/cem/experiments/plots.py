@@ -391,9 +391,11 @@ def plot_verdicts(entries: list[tuple[str, dict, dict | None]], title: str, path
     ax.set_yticks(range(len(entries) - 1, -1, -1), labels, fontsize=6)
     ax.set_ylim(-0.6, len(entries) - 0.4)
     ax.set_xlim(pct(lo), pct(hi))
-    ax.set_xlabel("seed-paired difference of test loss Δ, as a perplexity ratio exp(Δ) − 1 (%)")
+    ax.set_xlabel("← better      Δ of test loss as a perplexity ratio, exp(Δ) − 1 (%)      worse →")
     _finish(fig, ax, title, path, (
-        "Each row: a finding's difference Δ of test loss (nats, the contrast under its claim), paired by seed, shown as exp(Δ) − 1 in %. "
+        "Each row: a finding's difference Δ of test loss (nats, the contrast under its claim), paired by seed, shown as exp(Δ) − 1 in %, "
+        "read one way: left of zero is CEM better where the row compares CEM with another model, else the side the claim favours "
+        "better. "
         "Point: the mean over the paired seeds; error bar: its 95% confidence interval (Student t over those seeds; none with one seed). "
         "Shaded: where the claim holds (held: the whole interval inside it). Filled circle: the paper's rate rule (every run at its "
         "Llama's best rate); open square: each CEM variant at its own best rate, where that reads other runs. Colour: the raw verdict "
