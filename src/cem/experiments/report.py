@@ -196,6 +196,12 @@ def _scale(sc: dict) -> Scale | None:
         return None
 
 
+def _suite(sc: dict, summaries: list[dict]) -> list[str]:
+    """The experiments of the scale's suite (all of them where it names none); for summaries written before scales
+    recorded their suite, the experiments analysed."""
+    return (sc["suite"] or list(SUITE_ORDER)) if "suite" in sc else [s["experiment"] for s in summaries]
+
+
 def _family_sizes(summaries: list[dict], sc: dict) -> tuple[dict[str, int], list[str]]:
     """Each Holm family's size, fixed before the data: the directional findings of every experiment of the scale's
     suite, as its summary has them (the paper's rule judges every claim of an analysed experiment) or, not analysed
@@ -204,7 +210,7 @@ def _family_sizes(summaries: list[dict], sc: dict) -> tuple[dict[str, int], list
     analysed = {s["experiment"]: s["findings"] for s in summaries}
     scale = _scale(sc)
     sizes, uncounted = dict.fromkeys(FAMILIES, 0), []
-    for i in sc.get("suite") or SUITE_ORDER:
+    for i in _suite(sc, summaries):
         found = analysed.get(i)
         if found is None:
             plan = planned(EXPERIMENTS[i], scale) if scale else None
@@ -431,7 +437,7 @@ def _sweep_runs(root: Path, sc: dict, summaries: list[dict], runs: list[dict]) -
         return 0
     choices, named = read_json(record), {slug for s in summaries for slug in s.get("runs", [])}
     runs_dir = root.parent / sc["runs_from"] / "runs" if sc.get("runs_from") else root / "runs"
-    templates = dict.fromkeys(t for i in sc.get("suite") or SUITE_ORDER for t in own_templates(EXPERIMENTS[i], scale))
+    templates = dict.fromkeys(t for i in _suite(sc, summaries) for t in own_templates(EXPERIMENTS[i], scale))
     seeds = {*scale.seeds, *scale.recursion_seeds, *(x for _, more in scale.more_pair_seeds or () for x in more)}
     slugs = {at_rate(t, lr, seed).slug for t in templates if (e := choices.get(sweep_key(t))) for lr in e["grid"] for seed in e["seeds"]}
     slugs |= {at_rate(t, old["lr"], seed).slug for t in templates if (old := choices.get(sweep_key(t), {}).get("superseded"))
@@ -594,7 +600,7 @@ def write_report(results_dir: str | Path, allow_short: bool = False) -> Path:
     elif short:
         lines += [f"> **Not the paper's protocol: {len(short)} result(s) below were trained short of the Chinchilla budget "
                   f"(e.g. {short[0]}). Nothing here is a finding.**", ""]
-    suite = sc.get("suite") or SUITE_ORDER
+    suite = _suite(sc, summaries)
     missing = [i for i in suite if not (root / i / "summary.json").exists()]
     if missing:
         lines += [f"> **Interim report: {len(missing)} of the {len(suite)} experiments of the scale's suite are not analysed yet "
@@ -603,7 +609,7 @@ def write_report(results_dir: str | Path, allow_short: bool = False) -> Path:
     if waiting:
         lines += [f"> **Interim report: {len(waiting)} experiment(s) judged under the paper's rate rule alone**, the second rule (each "
                   "CEM variant at its own best rate) waiting for its runs: " + "; ".join(f"{i}: {what}" for i, what in waiting) + ".", ""]
-    if (missing or waiting) and not pipeline:
+    if (missing or waiting) and not pipeline and any(sizes.values()):
         lines += ["> **The Holm verdicts are provisional.** Each family is fixed by the scale's suite, not by the findings in so far: "
                   + ", ".join(f"{n} {family}" for family, n in sizes.items() if n) + " directional findings under the paper's rate rule, "
                   f"the {sizes['paper']} of the paper's under the second; a finding not measured yet counts as p = 1"
