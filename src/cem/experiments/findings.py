@@ -202,7 +202,7 @@ def adjust(findings: list[Finding], sizes: dict[str, int] | None = None) -> None
     """Holm-Bonferroni over each family's directional findings: sets `p_adjusted` and `verdict_adjusted` (held / not
     held when the adjusted p < 0.05, by the claim's sign) of those with a p-value. A family has the size `sizes` gives
     (the directional claims of the scale's suite, fixed before the data), its members without a p-value (not measured
-    yet, or one seed) counting as p = 1; without `sizes`, the findings given are the family."""
+    yet) counting as p = 1; without `sizes`, the findings given are the family."""
     from .stats import holm
 
     for family in FAMILIES:
