@@ -365,7 +365,8 @@ def held_region(f: dict) -> tuple[float, float]:
 def plot_verdicts(entries: list[tuple[str, dict, dict | None]], title: str, path: Path) -> None:
     """The seed-paired differences the verdicts rest on, one row per finding of test loss (experiment, finding at
     the paper's rate rule, the same finding at each CEM variant's own rate or None): its mean and 95% interval as a
-    perplexity ratio, over the region where the claim holds, coloured by the raw verdict."""
+    perplexity ratio, over the region where the claim holds, coloured by the raw verdict; each Δ as its finding reads it
+    (`findings.oriented`: left of zero CEM, or the side the claim favours, better)."""
     pct = lambda x: 100 * math.expm1(x)  # noqa: E731
     fig, ax = plt.subplots(figsize=(8.5, 1.2 + 0.62 * len(entries)))
     ends = [x for _, f, g in entries for h in (f, g) if h for x in (h["difference"]["lo"], h["difference"]["hi"], h["difference"]["mean"])]
