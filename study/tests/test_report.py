@@ -2,6 +2,7 @@
 its differences printed without verdicts, p-values or power lines."""
 
 import json
+from dataclasses import replace
 import math
 
 import pytest
@@ -160,7 +161,7 @@ def test_the_report_draws_the_differences_behind_its_verdicts(tmp_path, monkeypa
              {"claim": "(ours) attention: the trained steps descend the layer's energy", "verdict": "held", "evidence": "4/4", "family": "ours", "kind": "count"}]
     own = [lower(rows(0.004), "CEM attention T=2", "CEM attention T=1", "T=2 improves on T=1").to_dict()]
     assert [f["kind"] for f in paper] == ["directional", "equivalence", "non-inferiority", "count"]
-    assert paper[0]["contrast"] == "CEM attention T=1 - CEM attention T=2" and paper[1]["margin"] == pytest.approx(math.log1p(0.02))
+    assert paper[0]["contrast"] == "CEM attention T=2 - CEM attention T=1" and paper[1]["margin"] == pytest.approx(math.log1p(0.02))
     root = _suite(tmp_path / "res", findings=True)
     path = root / "fig2c" / "summary.json"
     summary = json.loads(path.read_text())
@@ -172,14 +173,16 @@ def test_the_report_draws_the_differences_behind_its_verdicts(tmp_path, monkeypa
     monkeypatch.setattr(matplotlib.axes.Axes, "errorbar", lambda self, x, y, **k: drawn.append((x, k.get("mfc"))) or real(self, x, y, **k))
     report = write_report(root, allow_short=True).read_text()
     assert "![verdicts](verdicts.png)" in report and (root / "verdicts.png").stat().st_size > 10_000
-    assert len(drawn) == 4  # three findings of test loss, and the first one's second-rule interval (open marker)
-    assert sum(mfc == "white" for _, mfc in drawn) == 1
+    # three findings of test loss, and the first one's second-rule interval (open marker), in verdicts.png and again in
+    # verdicts_paper.png (the paper's findings alone: here all three)
+    assert len(drawn) == 8 and (root / "verdicts_paper.png").exists()
+    assert sum(mfc == "white" for _, mfc in drawn) == 2
     # a second-rule finding with no pair of runs on one processor (n = 0, mean nan) draws nothing and moves no axis
     unpaired = {**own[0], "difference": {"mean": float("nan"), "lo": float("nan"), "hi": float("nan"), "n": 0, "p": float("nan")}}
     path.write_text(json.dumps({**json.loads(path.read_text()), "rules": {"own": {"rule": "own", "rows": own_rows, "findings": [unpaired]}}}))
     drawn.clear()
     write_report(root, allow_short=True)
-    assert len(drawn) == 3 and all(math.isfinite(x) for x, _ in drawn)
+    assert len(drawn) == 6 and all(math.isfinite(x) for x, _ in drawn)
 
 
 def test_a_verdict_row_names_its_family_once(tmp_path, monkeypatch):
@@ -231,3 +234,103 @@ def test_the_report_names_each_cpu_with_its_family_recorded_or_inferred():
     assert (f"Processors: AMD EPYC (AuthenticAMD family 23 model 49 stepping 0) (2 runs), {zen4} (2 runs), AMD EPYC (1 run). "
             "1 of them predates the record") in text
     assert "predate the record" not in _provenance(runs[:3])
+
+
+def test_every_difference_reads_one_way():
+    """Every finding of test loss the cpu128 suite plans (`registry.planned`) reads its Δ one way: CEM minus the other
+    model where one side only is CEM, else the side the claim favours minus the other (negative: that side better);
+    recursion against reuse is the change of loss of recursion minus that of reuse."""
+    from cem_study import EXPERIMENTS, get_scale
+    from cem_study.registry import planned
+
+    s = replace(get_scale("cpu128"), chosen_lrs=(("cpu128", 2e-3),))
+    seen = 0
+    for exp_id in s.suite:
+        exp = EXPERIMENTS[exp_id]
+        arch = {v.label: v.spec.arch for v in exp.variants(s)} if exp.variants else {}
+        for f in planned(exp, s) or []:
+            if not f.contrast:
+                continue
+            seen += 1
+            if f.contrast.startswith("("):  # a difference of loss changes: recursion's first, the claim's side
+                assert f.sign == -1 and f.kind == "directional", f.claim
+                continue
+            a, b = f.contrast.split(" - ")
+            if arch[a].startswith("cem") != arch[b].startswith("cem"):
+                assert arch[a].startswith("cem"), f.claim
+            elif f.kind == "directional":
+                assert f.sign == -1, f.claim  # the side the claim favours first
+    assert seen >= 20
+
+
+def _family_suite(root, pending_fig2b: bool):
+    """fig2c analysed under both rules, fig3b (no own-rate variant) and fig2b (its own rule waiting, or not) at a scale
+    whose suite also holds fig3c, not analysed yet."""
+    from cem_study import get_scale
+
+    scale = replace(get_scale("cpu128"), chosen_lrs=(("cpu128", 2e-3),), suite=("fig2c", "fig3b", "fig2b", "fig3c")).to_dict()
+    mk = lambda claim, p, mean=-0.01: {"claim": claim, "verdict": "held", "family": "paper", "p": p, "sign": -1, "kind": "directional",  # noqa: E731
+                                        "difference": {"mean": mean, "lo": mean - 0.005, "hi": mean + 0.005, "n": 3, "p": p},
+                                        "evidence": "e", "contrast": "CEM attention T=2 - CEM attention T=1"}
+    rows = [{**ROW, "label": "CEM attention T=1", "lr": 2e-3, "seeds": [0, 1, 2]}]
+    own = {"rule": "own", "rows": rows, "findings": [mk("c T=2 improves", 0.001)]}
+    for exp_id, findings, rules, pending in (
+            ("fig2c", [mk("c T=2 improves", 0.001)], {"own": own}, {}),
+            ("fig3b", [mk("a diagonal is needed", 0.002),  # and a finding measured on one seed by design: no p-value, no family member
+                       {**mk("one seed", float("nan")), "difference": {"mean": -0.01, "lo": -0.01, "hi": -0.01, "n": 1, "p": float("nan")}}], {}, {}),
+            ("fig2b", [mk("CEM MLP worse", 0.003)], {} if pending_fig2b else {"own": {**own, "findings": [mk("CEM MLP worse", 0.003)]}},
+             {"own": "the own-rate sweep of cpu128-cem-mlp-matched (2 runs to train)"} if pending_fig2b else {})):
+        (root / exp_id).mkdir(parents=True)
+        (root / exp_id / "summary.json").write_text(json.dumps({"experiment": exp_id, "question": exp_id, "scale": scale, "rows": rows,
+                                                                "findings": findings, "rules": rules, "pending": pending}))
+    return root
+
+
+def test_holm_families_are_the_suites_and_the_second_rule_judges_the_same_claims(tmp_path):
+    """The paper's family at this suite has 1 (fig2c) + 1 (fig3b; its one-seed finding has no p-value to correct) + 1 (fig2b)
+    directional findings in so far and the
+    2 of fig3c, not analysed (its registry's): 5, each one not measured counting as p = 1; the second rule's family is
+    the same 5, fig3b judged there on its paper-rule runs, fig2b's waiting finding and fig3c's counted unmeasured; the
+    report says the Holm verdicts are provisional."""
+    from cem_study.findings import Finding, adjust
+
+    fs = [Finding("a", "held", "", {"mean": 1.0, "lo": 0, "hi": 0, "n": 3}, "paper", 0.01)]
+    adjust(fs, {"paper": 3})
+    assert fs[0].p_adjusted == pytest.approx(0.03)  # a family of three, two of its members not measured yet
+    report = write_report(_family_suite(tmp_path / "res", pending_fig2b=True)).read_text()
+    assert "(Holm: held, p_adj = 0.005)" in report  # fig2c's 0.001 times the 5 claims (3 measured), not times 3
+    assert "5 paper, 2 control directional findings under the paper's rate rule, the 5 of the paper's under the second" in report
+    own_line = next(x for x in report.splitlines() if x.startswith("| fig2c | c T=2 improves"))
+    assert own_line.count("p_adj = 0.005") == 2  # the second rule: the same family of 5 (fig3b on the same runs; fig2b waiting)
+    fig3b = next(x for x in report.splitlines() if x.startswith("| fig3b |"))
+    assert "(the same runs: no variant here has an own rate)" in fig3b and fig3b.count("p_adj = 0.008") == 2
+    assert "The Holm verdicts are provisional" in report
+
+
+def test_the_first_screen_is_a_table_and_the_figure(tmp_path):
+    """The report opens (after its interim notes) with one line per finding: the claim, the paper's figure, Δ as a
+    perplexity ratio with its interval, the verdicts; then the forest plot; the details follow."""
+    report = write_report(_family_suite(tmp_path / "res", pending_fig2b=True)).read_text()
+    body = report[report.index("# CEM experiments"):]
+    first = body[:body.index("## How the findings were made and judged")]
+    assert "| claim | paper | Δ test perplexity [95% CI] | verdict | at each CEM variant's own rate |" in first
+    assert "| c T=2 improves | Fig. 2c | -1.00% [-1.49%, -0.50%] | ✅ held; Holm: held |" in first
+    assert "| CEM MLP worse | Fig. 2b | -1.00% [-1.49%, -0.50%] | ✅ held; Holm: held | waiting |" in first
+    assert "![verdicts](verdicts.png)" in first and "negative is CEM better" in first
+    assert (tmp_path / "res" / "verdicts_paper.png").stat().st_size > 10_000
+
+
+def test_a_summary_waiting_for_a_sweep_already_decided_is_refused(tmp_path, capsys):
+    """fig2b's summary, analysed before its plain CEM MLP's sweep landed, still waits for it: `cem report` refuses
+    to call the sweep waiting and says to analyse fig2b again; a sweep another key only begins with does not count."""
+    root = _family_suite(tmp_path / "res", pending_fig2b=True)
+    path = root / "fig2b" / "summary.json"
+    summary = json.loads(path.read_text())
+    (root / "lr").mkdir()
+    (root / "lr" / "choices.json").write_text(json.dumps({"cpu128-cem-mlp": {"lr": 2e-3, "grid": [1e-3, 2e-3, 4e-3], "seeds": [0]}}))
+    assert "cpu128-cem-mlp-matched (2 runs" in summary["pending"]["own"]
+    write_report(root)  # waiting for the wider one's sweep only: not decided
+    summary["pending"]["own"] = "the own-rate sweeps of cpu128-cem-mlp (2 runs to train) and cpu128-cem-mlp-matched (2 runs to train)"
+    path.write_text(json.dumps(summary))
+    assert main(["report", str(root)]) == 2
+    assert "waits for the own-rate sweep of cpu128-cem-mlp, which" in capsys.readouterr().err

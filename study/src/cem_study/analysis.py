@@ -656,7 +656,7 @@ def regime_check(c: Context, chosen: dict) -> tuple[list, dict]:
             d.verdict(-1) if d.n > 1 else "inconclusive",  # a size speaks only when the interval over its seeds excludes zero
             f"validation perplexity: Llama {math.exp(every['valid_loss']):.3f} (lr {pick['lr']:g}, seeds {every['seeds']}); "
             + ", ".join(f"{g['order']}-gram {math.exp(g['valid_loss']):.3f}" for g in ngrams)
-            + f"; Llama - {REGIME_ORDER}-gram: {d.text('+.4f', 'nats')}; Llama - {REGIME_ORDER + 1}-gram: {d6.text('+.4f', 'nats')}",
+            + f"; Llama - {REGIME_ORDER}-gram: {d.text('+.4f', 'nats', 'seeds')}; Llama - {REGIME_ORDER + 1}-gram: {d6.text('+.4f', 'nats', 'seeds')}",  # a deterministic n-gram: nothing paired
             d.to_dict(), family="ours", p=d.p, sign=-1,
         ))
         a, b = SHORT_CONTEXT

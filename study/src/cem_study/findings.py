@@ -2,13 +2,17 @@
 on), the `Context` of an analysis, and the finding helpers on seed-paired differences (`cem_study.stats`).
 
 Every difference is of test loss in nats per token (log-perplexity), paired by seed, and also shown as a
-perplexity ratio in % (exp(Δ) - 1). A directional claim is *held* when the 95% interval excludes zero with
+perplexity ratio in % (exp(Δ) - 1), read one way (`oriented`): CEM minus the other model where a comparison has
+CEM on one side only, else the side the claim favours minus the other, so that a negative Δ is always the first
+side better. A directional claim is *held* when the 95% interval excludes zero with
 the claim's sign; a "close" claim is an equivalence test (the whole interval within ±log(1 + tolerance));
 "matches or beats" is a non-inferiority test (the interval's upper end below log(1 + margin)).
 
 Families (for the Holm correction in the report): `paper` (the paper's own directional claims), `control`
 (the same claims against the controls this project adds: the position-matched Llama, the learned step
-gain), `ours` (beyond the paper). Equivalence and non-inferiority findings carry no p-value in a family.
+gain), `ours` (beyond the paper), each fixed before the data: every directional claim the scale's suite judges
+(`registry.planned`), a claim not measured yet counting as p = 1. Equivalence and non-inferiority findings are
+outside the multiplicity correction.
 """
 
 from __future__ import annotations
@@ -107,14 +111,6 @@ def _side(d: Interval, a: str, b: str) -> str:
     return f"; the interval excludes zero: {a} is measurably {'worse' if d.lo > 0 else 'better'} than {b}"
 
 
-def _planning(d: Interval, verdict: str, sign: int = 1) -> str:
-    """For an inconclusive directional finding: the paired seeds that would detect its observed difference
-    (which may lie on the other side of the claim)."""
-    n = d.seeds_for_power() if verdict == "inconclusive" else None
-    side = "" if d.mean * sign > 0 else ", against the claim"
-    return f"; at the observed mean and spread, about {n} paired seeds would detect it{side} (80% power)" if n else ""
-
-
 def by_seed(rs: list[dict], key: str = "test_loss") -> tuple[list[tuple[float, ...]], int]:
     """The rows' per-seed values of `key`, one tuple per seed they all have (paired by seed, not by position: a
     variant may have more seeds than another), leaving out a seed whose runs ran on different processors
@@ -139,17 +135,32 @@ def _paired(rows, a: str, b: str) -> tuple[Interval, int]:
     return Interval.of([x - y for x, y in pairs]), dropped
 
 
+def _is_cem(rows, label: str) -> bool:
+    return row(rows, label).get("arch", "").startswith("cem")
+
+
+def oriented(rows, favoured: str, other: str) -> tuple[str, str]:
+    """The sides of a contrast in the order every difference is read (a - b, negative: a better): CEM first where
+    exactly one side is a CEM model, else the side the claim favours first."""
+    if _is_cem(rows, other) and not _is_cem(rows, favoured):
+        return other, favoured
+    return favoured, other
+
+
 def lower(rows, better: str, worse: str, claim: str, family: str = "paper") -> Finding:
-    """Claim: `better` has a lower test loss than `worse` (paired difference worse - better > 0)."""
-    d, dropped = _paired(rows, worse, better)
-    verdict = d.verdict(+1)
-    return Finding(claim, verdict, f"{_means(rows, better, worse)}; {worse} - {better}: {_nats(d, dropped)}{_planning(d, verdict)}{_power(d)}",
-                   d.to_dict(), family, d.p, contrast=f"{worse} - {better}")
+    """Claim: `better` has a lower test loss than `worse`, on the paired difference a - b of `oriented` sides (the
+    claim's sign: negative where `better` is a, positive where it is b)."""
+    a, b = oriented(rows, better, worse)
+    sign = -1 if a == better else 1
+    d, dropped = _paired(rows, a, b)
+    return Finding(claim, d.verdict(sign), f"{_means(rows, better, worse)}; {a} - {b}: {_nats(d, dropped)}{_power(d)}",
+                   d.to_dict(), family, d.p, sign, contrast=f"{a} - {b}")
 
 
 def close(rows, a: str, b: str, claim: str, tolerance: float, family: str = "paper") -> Finding:
     """Claim: `a` is within ±`tolerance` of `b` in perplexity: the interval of loss(a) - loss(b) lies inside
-    ±log(1 + tolerance) (an equivalence test)."""
+    ±log(1 + tolerance) (an equivalence test), its sides `oriented` (the test is symmetric)."""
+    a, b = oriented(rows, a, b)
     d, dropped = _paired(rows, a, b)
     m = math.log1p(tolerance)
     verdict = d.within(m)
@@ -173,27 +184,31 @@ def not_worse(rows, a: str, b: str, claim: str, margin: float, note: str = "", f
 
 
 def gains_more(rows, reuse: tuple[str, str], cem: tuple[str, str], claim: str, family: str = "paper") -> Finding:
-    """Claim: going from `cem[0]` to `cem[1]` lowers the loss more than going from `reuse[0]` to `reuse[1]`."""
+    """Claim: going from `cem[0]` to `cem[1]` lowers the loss more than going from `reuse[0]` to `reuse[1]`: the
+    paired difference of the loss changes, (cem[1] - cem[0]) - (reuse[1] - reuse[0]), is below zero."""
     quads, dropped = by_seed([row(rows, label) for label in (*cem, *reuse)])
-    g_cem = [c0 - c1 for c0, c1, _, _ in quads]
-    g_reuse = [r0 - r1 for _, _, r0, r1 in quads]
-    d = Interval.of([c - r for c, r in zip(g_cem, g_reuse)])
+    c_cem = [c1 - c0 for c0, c1, _, _ in quads]
+    c_reuse = [r1 - r0 for _, _, r0, r1 in quads]
+    d = Interval.of([c - r for c, r in zip(c_cem, c_reuse)])
     evidence = (
-        f"loss gain {cem[0]} → {cem[1]}: {Interval.of(g_cem).mean:+.4f} nats; plain reuse {reuse[0]} → {reuse[1]}: "
-        f"{Interval.of(g_reuse).mean:+.4f} nats; difference of gains {_nats(d, dropped)}{_planning(d, d.verdict(+1))}{_power(d)}"
+        f"loss change {cem[0]} → {cem[1]}: {Interval.of(c_cem).mean:+.4f} nats; plain reuse {reuse[0]} → {reuse[1]}: "
+        f"{Interval.of(c_reuse).mean:+.4f} nats; difference of changes {_nats(d, dropped)}{_power(d)}"
     )
-    return Finding(claim, d.verdict(+1), evidence, d.to_dict(), family, d.p,
-                   contrast=f"({cem[0]} - {cem[1]}) - ({reuse[0]} - {reuse[1]})")
+    return Finding(claim, d.verdict(-1), evidence, d.to_dict(), family, d.p, -1,
+                   contrast=f"({cem[1]} - {cem[0]}) - ({reuse[1]} - {reuse[0]})")
 
 
-def adjust(findings: list[Finding]) -> None:
-    """Holm-Bonferroni over each family's directional findings (those with a p-value): sets `p_adjusted`
-    and `verdict_adjusted` (held / not held when the adjusted p < 0.05, by the sign of the mean)."""
+def adjust(findings: list[Finding], sizes: dict[str, int] | None = None) -> None:
+    """Holm-Bonferroni over each family's directional findings: sets `p_adjusted` and `verdict_adjusted` (held / not
+    held when the adjusted p < 0.05, by the claim's sign) of those with a p-value. A family has the size `sizes` gives
+    (the directional claims of the scale's suite, fixed before the data), its members without a p-value (not measured
+    yet) counting as p = 1; without `sizes`, the findings given are the family."""
     from .stats import holm
 
     for family in FAMILIES:
         group = [f for f in findings if f.family == family and f.p is not None and f.p == f.p]
-        for f, p in zip(group, holm([f.p for f in group])):
+        unmeasured = max(0, (sizes or {}).get(family, 0) - len(group))
+        for f, p in zip(group, holm([f.p for f in group] + [1.0] * unmeasured)):
             f.p_adjusted = p
             if p >= 0.05:
                 f.verdict_adjusted = "inconclusive"

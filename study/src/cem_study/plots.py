@@ -365,7 +365,8 @@ def held_region(f: dict) -> tuple[float, float]:
 def plot_verdicts(entries: list[tuple[str, dict, dict | None]], title: str, path: Path) -> None:
     """The seed-paired differences the verdicts rest on, one row per finding of test loss (experiment, finding at
     the paper's rate rule, the same finding at each CEM variant's own rate or None): its mean and 95% interval as a
-    perplexity ratio, over the region where the claim holds, coloured by the raw verdict."""
+    perplexity ratio, over the region where the claim holds, coloured by the raw verdict; each Δ as its finding reads it
+    (`findings.oriented`: left of zero CEM, or the side the claim favours, better)."""
     pct = lambda x: 100 * math.expm1(x)  # noqa: E731
     fig, ax = plt.subplots(figsize=(8.5, 1.2 + 0.62 * len(entries)))
     ends = [x for _, f, g in entries for h in (f, g) if h for x in (h["difference"]["lo"], h["difference"]["hi"], h["difference"]["mean"])]
@@ -391,9 +392,11 @@ def plot_verdicts(entries: list[tuple[str, dict, dict | None]], title: str, path
     ax.set_yticks(range(len(entries) - 1, -1, -1), labels, fontsize=6)
     ax.set_ylim(-0.6, len(entries) - 0.4)
     ax.set_xlim(pct(lo), pct(hi))
-    ax.set_xlabel("seed-paired difference of test loss Δ, as a perplexity ratio exp(Δ) − 1 (%)")
+    ax.set_xlabel("← better      Δ of test loss as a perplexity ratio, exp(Δ) − 1 (%)      worse →")
     _finish(fig, ax, title, path, (
-        "Each row: a finding's difference Δ of test loss (nats, the contrast under its claim), paired by seed, shown as exp(Δ) − 1 in %. "
+        "Each row: a finding's difference Δ of test loss (nats, the contrast under its claim), paired by seed, shown as exp(Δ) − 1 in %, "
+        "read one way: left of zero is CEM better where the row compares CEM with another model, else the side the claim favours "
+        "better. "
         "Point: the mean over the paired seeds; error bar: its 95% confidence interval (Student t over those seeds; none with one seed). "
         "Shaded: where the claim holds (held: the whole interval inside it). Filled circle: the paper's rate rule (every run at its "
         "Llama's best rate); open square: each CEM variant at its own best rate, where that reads other runs. Colour: the raw verdict "

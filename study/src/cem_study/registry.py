@@ -32,6 +32,8 @@ class Experiment:
     # what the analysis reads from a variant's run at a seed beyond its results (`cem_study.products`),
     # computed by the sweep as soon as the run finishes
     products: Callable[[Scale, Variant, int], list[Product]] | None = None
+    # whether the analysis reads its rows alone at a scale (then `planned` gives its findings before any run)
+    rows_only: Callable[[Scale], bool] = lambda s: True
 
 
 CLOSE = 0.02  # every "close" claim: within ±2% of perplexity (fixed before the runs; see docs/experiments.md)
@@ -485,16 +487,29 @@ def own_templates(exp: "Experiment", s: Scale) -> list[RunSpec]:
     return list(dict.fromkeys(own_template(v.spec) for v in exp.variants(s) if v.own_rate))
 
 
+def planned(exp: Experiment, s: Scale) -> list[Finding] | None:
+    """The findings an experiment judges at a scale, fixed before its runs (the Holm families): its analysis on rows
+    with no seed, each finding unmeasured (no difference, no p-value). None where the analysis reads more than its
+    rows (n-grams, trained weights, rate curves): such an experiment's findings are known once it is analysed."""
+    if exp.variants is None or not exp.rows_only(s):
+        return None
+    variants = exp.variants(s)
+    rows = [{"label": v.label, "arch": v.spec.arch, **v.tags, "seeds": [], "test_loss_per_seed": [], "test_perplexity": math.nan}
+            for v in variants]
+    return exp.analyze(Context(s, rows, variants, Path("/nonexistent"), Path("/nonexistent")))[0]
+
+
 EXPERIMENTS: dict[str, Experiment] = {
     e.id: e
     for e in [
         Experiment("lr", "the learning rate of each size: the Llama baseline swept, chosen on validation loss (the paper's rule)", lr_variants, lr_findings, plots.plot_lr_sweep,
-                   products=lr_products),
+                   products=lr_products, rows_only=lambda s: False),
         Experiment("fig2a", "CEM attention (T=1) vs Llama attention, per model size", fig2a_variants, fig2a_findings, plots.plot_sizes),
         Experiment("fig2b", "CEM MLP (T=1) vs gated MLP, dimension- and parameter-matched", fig2b_variants, fig2b_findings, plots.plot_sizes),
         Experiment("fig2c", "recursion and preconditioners in CEM attention", lambda s: _recursion_variants(s, "attn", "fig2c"), fig2c_findings, plots.plot_steps, "recursion"),
         Experiment("fig2d", "recursion and preconditioners in the CEM MLP", lambda s: _recursion_variants(s, "mlp", "fig2d"), fig2d_findings, plots.plot_steps, "recursion"),
-        Experiment("fig3a", "full CEM (T=2, diag+low-rank) vs Llama over learning rates", fig3a_variants, fig3a_findings, plots.plot_lr),
+        Experiment("fig3a", "full CEM (T=2, diag+low-rank) vs Llama over learning rates", fig3a_variants, fig3a_findings, plots.plot_lr,
+                   rows_only=lambda s: s.own_rates),  # elsewhere it reads both rate curves
         Experiment("fig3b", "key-query diagonal: none / shared / per head", fig3b_variants, fig3b_findings, plots.plot_points),
         Experiment("fig3c", "within-layer recursion vs plain layer reuse (MLP)", fig3c_variants, fig3c_findings, plots.plot_gains, "recursion"),
         Experiment("fig4", "within-layer recursion vs plain layer reuse (attention)", fig4_variants, fig4_findings, plots.plot_gains, "recursion"),
@@ -502,10 +517,10 @@ EXPERIMENTS: dict[str, Experiment] = {
         Experiment("positional", "position encoding (RoPE, ALiBi with both slope sets) vs energy structure", positional_variants, positional_findings, plots.plot_points, paper=False),
         Experiment("readings", "the paper's ambiguous start point x0 (its other ambiguity, the ALiBi slopes, is read in positional)", readings_variants, readings_findings, plots.plot_points, paper=False),
         Experiment("test-time", "perplexity against test-time compute: full CEM trained at T=1, T=2, random depth and with the test-time recipes, evaluated at more T (fixed, and with exit rules against the per-token oracle), against Llama with plain reuse and a Llama twice as deep", testtime_variants, analysis.test_time_study, plots.plot_test_time, "recursion", paper=False,
-                   products=analysis.test_time_products),
+                   products=analysis.test_time_products, rows_only=lambda s: False),
         Experiment("energy", "the energy of each layer at each recursion step on held-out text", lambda s: testtime_variants(s)[1:2], analysis.energy_study, plots.plot_energy, paper=False,
-                   products=lambda s, v, seed: [analysis.ENERGY] if seed == s.seeds[0] else []),
-        Experiment("size-trend", "the headline gaps at every size, and their trend in log(parameters)", size_trend_variants, size_trend_findings, plots.plot_size_trend, paper=False),
+                   products=lambda s, v, seed: [analysis.ENERGY] if seed == s.seeds[0] else [], rows_only=lambda s: False),
+        Experiment("size-trend", "the headline gaps at every size, and their trend in log(parameters)", size_trend_variants, size_trend_findings, plots.plot_size_trend, paper=False, rows_only=lambda s: False),
         Experiment("table3", "recursion on synthetic Gaussian-process regression (10 input dims)", None, analysis.gp_study, plots.plot_table3),
     ]
 }

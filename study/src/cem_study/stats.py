@@ -87,24 +87,6 @@ class Interval:
             return "not held"
         return "inconclusive"
 
-    def seeds_for_power(self, power: float = 0.8) -> int | None:
-        """Paired seeds at which a two-sided 5% t-test would detect a difference of this mean with `power`,
-        at the observed spread (statsmodels' `TTestPower`): a planning figure for an inconclusive finding,
-        as noisy as the few seeds it rests on. None with fewer than 2 seeds, or no spread or no mean."""
-        from statsmodels.stats.power import TTestPower
-
-        if self.n < 2 or self.hi == self.lo or self.mean == 0:
-            return None
-        sd = self.se * math.sqrt(self.n)  # the per-seed spread of the paired differences
-        reached = lambda n: TTestPower().power(effect_size=abs(self.mean) / sd, nobs=n, alpha=0.05, alternative="two-sided") >= power  # noqa: E731
-        lo, hi = 2, 2
-        while not reached(hi):  # the power grows with n: double, then bisect
-            lo, hi = hi + 1, hi * 2
-        while lo < hi:
-            mid = (lo + hi) // 2
-            lo, hi = (lo, mid) if reached(mid) else (mid + 1, hi)
-        return lo
-
     def detectable(self, power: float = 0.8) -> float | None:
         """The smallest true difference (nats) that these seeds would detect with `power` in a two-sided 5%
         t-test at the observed spread (statsmodels' `TTestPower`): what the seeds could have resolved. None
@@ -116,12 +98,13 @@ class Interval:
         effect = TTestPower().solve_power(effect_size=None, nobs=self.n, alpha=0.05, power=power, alternative="two-sided")
         return float(effect) * self.se * math.sqrt(self.n)
 
-    def text(self, fmt: str = "+.3f", unit: str = "") -> str:
-        """The mean with its interval (in `unit`, if given) and the seeds it rests on."""
+    def text(self, fmt: str = "+.3f", unit: str = "", seeds: str = "paired seeds") -> str:
+        """The mean with its interval (in `unit`, if given) and the seeds it rests on (`seeds`: "seeds" where each
+        value is one run's against a fixed reference, nothing to pair)."""
         unit = f" {unit}" if unit else ""
         if self.n < 2:
             return f"{self.mean:{fmt}}{unit} (one seed, no interval)"
-        return f"{self.mean:{fmt}} [95% CI {self.lo:{fmt}}, {self.hi:{fmt}}]{unit}, {self.n} paired seeds"
+        return f"{self.mean:{fmt}} [95% CI {self.lo:{fmt}}, {self.hi:{fmt}}]{unit}, {self.n} {seeds}"
 
     def to_dict(self) -> dict:
         return {"mean": self.mean, "lo": self.lo, "hi": self.hi, "n": self.n, "p": self.p}
