@@ -319,6 +319,23 @@ def test_plan_says_what_would_be_trained_without_training(corpus, tmp_path, monk
     assert "provisional rate" in runner.format_plan(sweeping)
 
 
+def test_the_plan_says_a_rate_not_chosen_yet_and_what_its_total_counts():
+    """On a fresh folder a size's rate is provisional (its Llama sweep undecided): the plan does not call it chosen,
+    and its last row says it counts the experiments asked for and their sweeps, not the whole suite."""
+    p = {"scale": "cpu128", "results": "r", "chosen_lrs": {"cpu128": 2e-3, "cpu96": 8e-3}, "provisional_lrs": ["cpu128"],
+         "own_lrs": {}, "undecided": {"cpu128-llama": 3}, "provisional": ["cpu128-llama"], "seeds_undecided": {},
+         "experiments": {"fig2a": {"finished": 0, "train": 11, "evaluate": 0, "again": 0}},
+         "total": {"finished": 0, "train": 13, "evaluate": 0, "again": 0}, "unit": "core-hours", "core_hours": 8.4,
+         "bases": {}, "eval_core_hours": 0.0, "eval_unestimated": 0}
+    from cem_study.runner import format_plan
+
+    text = format_plan(p)
+    assert "learning rates chosen: cpu96 0.008" in text and "chosen: cpu128" not in text
+    assert "learning rates not chosen yet (their Llama sweeps are undecided; counted at the provisional rate): cpu128 0.002" in text
+    total = next(x for x in text.splitlines() if x.startswith("in all"))
+    assert "13" in total and "rate sweeps they wait on" in total and "all (once)" not in text
+
+
 @pytest.mark.slow
 def test_fig2c_end_to_end_with_resume_and_the_budget_check(corpus, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("CEM_CACHE_DIR", str(tmp_path / "cache"))

@@ -210,6 +210,7 @@ def plan(scale: str = "cpu", results_dir: str | Path | None = None, ids=None, **
                 eval_hours += seconds / 3600
     return {"scale": sc.name, "results": str(root), "chosen_lrs": dict(sc.chosen_lrs), "own_lrs": dict(sc.own_lrs),
             "pair_seeds": dict(sc.pair_seeds), "seeds_undecided": {i: list(sc.more_pair_seeds_of(i)) for i in seeds.undecided(sc, ids, root)},
+            "provisional_lrs": [z for z in dict(sc.chosen_lrs) if lr.sweep_key(lr.llama(z)) in provisional],
             "undecided": undecided, "provisional": provisional, "experiments": experiments, "total": total,
             "unit": "GPU-hours" if costs.gpu else "core-hours", "core_hours": hours, "bases": bases,
             "eval_core_hours": eval_hours, "eval_unestimated": eval_unestimated}
@@ -218,8 +219,14 @@ def plan(scale: str = "cpu", results_dir: str | Path | None = None, ids=None, **
 def format_plan(p: dict) -> str:
     """A plan (`plan`) as a few lines: the learning rates, a table of the runs per experiment, the totals."""
     lines = [f"plan at the {p['scale']} scale in {p['results']} (nothing is trained or evaluated by --plan)"]
-    if p["chosen_lrs"]:
-        lines.append("learning rates chosen: " + ", ".join(f"{z} {lr:g}" for z, lr in p["chosen_lrs"].items()))
+    if p["chosen_lrs"]:  # a size whose Llama sweep is undecided has a provisional rate, not a chosen one
+        later = set(p.get("provisional_lrs") or ())
+        chosen = {z: lr for z, lr in p["chosen_lrs"].items() if z not in later}
+        if chosen:
+            lines.append("learning rates chosen: " + ", ".join(f"{z} {lr:g}" for z, lr in chosen.items()))
+        if later:
+            lines.append("learning rates not chosen yet (their Llama sweeps are undecided; counted at the provisional rate): "
+                         + ", ".join(f"{z} {lr:g}" for z, lr in p["chosen_lrs"].items() if z in later))
     if own := {k: lr for k, lr in (p.get("own_lrs") or {}).items() if k not in p["provisional"]}:  # a provisional rate is not a choice
         lines.append("own rates chosen: " + ", ".join(f"{k} {lr:g}" for k, lr in own.items()))
     for exp_id, more in (p.get("seeds_undecided") or {}).items():
@@ -233,7 +240,8 @@ def format_plan(p: dict) -> str:
     for exp_id, counts in p["experiments"].items():
         lines.append(f"{exp_id:<12}" + "".join(f"{counts[c]:>10}" for c in cols))
     if p["total"]:
-        lines.append(f"{'all (once)':<12}" + "".join(f"{p['total'][c]:>10}" for c in cols))
+        lines.append(f"{'in all':<12}" + "".join(f"{p['total'][c]:>10}" for c in cols)
+                     + "   (the experiments above and the rate sweeps they wait on, a run they share counted once)")
     lines.append(f"training left: about {p['core_hours']:.1f} {p['unit']} (one {'GPU' if p['unit'] == 'GPU-hours' else 'thread'} per run: "
                  "divide by --jobs), from the wall times of finished runs of the same size, scaled by training FLOPs where the architecture differs"
                  + "".join(f"; {n} runs of sizes with no finished run here from {by}" for by, n in p["bases"].items() if by != "here")
