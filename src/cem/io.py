@@ -19,7 +19,7 @@ from typing import BinaryIO, TextIO
 
 __all__ = [
     "atomic_write", "atomic_write_json", "atomic_write_text", "default_mode", "fix_modes", "lock_folder", "LockedError", "make_temp_dir",
-    "open_append", "staged_folder", "open_no_follow", "read_json", "refuse_link", "remove_stale_temp_files", "sha256_file",
+    "open_append", "staged_folder", "open_no_follow", "outside_folder", "read_json", "refuse_link", "remove_stale_temp_files", "sha256_file",
 ]
 
 LOCK_FILE = ".lock"  # in a locked folder (`lock_folder`): held with flock by the writing process; holds its pid
@@ -242,6 +242,18 @@ def read_json(path: str | os.PathLike, mapping: bool = True):
     if mapping and not isinstance(value, dict):
         raise ValueError(f"{path} is corrupted: expected a JSON object, got {type(value).__name__}")
     return value
+
+
+def outside_folder(manifest: str | os.PathLike, names) -> str | None:
+    """The first of `names` (the files a manifest lists) that is no file name inside the manifest's folder (absolute,
+    climbing out with `..`, a symbolic link leading out, not a string), as a problem naming the manifest and the entry;
+    None if every one is inside. A manifest lists files of its own folder: nothing elsewhere is read or hashed."""
+    folder = Path(manifest).parent.resolve()
+    for name in names:
+        if not isinstance(name, str) or not name or Path(name).is_absolute() or ".." in Path(name).parts \
+                or not (folder / name).resolve().is_relative_to(folder):
+            return f"{manifest} lists {name!r}, which is not a file in its folder {folder}"
+    return None
 
 
 def sha256_file(path: str | os.PathLike) -> str:

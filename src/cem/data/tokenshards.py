@@ -50,7 +50,7 @@ from cem.data.stream import DocumentStreams, Stream, open_streams
 from cem.data.chunking import pieces
 from cem.data.tokenizers import META_FILE, Tokenizer, bpe_from_texts, get_tokenizer, load_tokenizer
 from cem.data.local import SUFFIXES
-from cem.io import LOCK_FILE, atomic_write, atomic_write_json, lock_folder, refuse_link, remove_stale_temp_files, sha256_file
+from cem.io import LOCK_FILE, atomic_write, atomic_write_json, lock_folder, outside_folder, refuse_link, remove_stale_temp_files, sha256_file
 from cem.processes import die_with_parent, stop_pool, submit_quietly
 
 FORMAT = "cem-token-shards/1"
@@ -339,10 +339,10 @@ def _executor(workers: int, tokenizer_dir: Path, encoding: str) -> Iterator[Exec
                                initargs=(str(tokenizer_dir), encoding, os.getpid()))
     try:
         yield pool
-    except BaseException:  # Ctrl-C, SIGTERM, an error: the queues may be in any state, so wait on none of them
+        pool.shutdown(wait=True, cancel_futures=True)  # every task taken: the workers end as their queue closes
+    except BaseException:  # Ctrl-C (in the shutdown too), SIGTERM, an error: the queues may be in any state, so wait on none of them
         stop_pool(pool)
         raise
-    pool.shutdown(wait=True, cancel_futures=True)
 
 
 _worker: dict = {}
@@ -388,6 +388,9 @@ def _read_manifest(out: Path) -> dict | None:
     lacking = _manifest_lacks(manifest)
     if lacking:
         raise ValueError(f"{path} is corrupted: it has no valid {lacking}; remove the folder and prepare again")
+    outside = outside_folder(path, [shard["file"] for state in manifest["splits"].values() for shard in state["shards"]])
+    if outside:
+        raise ValueError(f"{outside}; remove the folder and prepare again")
     return manifest
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..io import atomic_write_json, make_temp_dir, sha256_file
+from ..io import atomic_write_json, make_temp_dir, outside_folder, sha256_file
 from ..model import LanguageModel, ModelConfig, load_pretrained, save_weights
 
 MANIFEST = "manifest.json"
@@ -193,6 +193,11 @@ def read_manifest(directory: Path) -> dict:
         raise ValueError(f"checkpoint {directory} is corrupted: {MANIFEST} records step {step!r} (an integer >= 0 expected)")
     if not isinstance(data["files"], dict) or not all(isinstance(m, dict) and {"bytes", "sha256"} <= m.keys() for m in data["files"].values()):
         raise ValueError(f"checkpoint {directory} is corrupted: {MANIFEST} has no valid file table")
+    if not data["files"]:  # a save lists its weights and trainer state
+        raise ValueError(f"checkpoint {directory} is corrupted: {MANIFEST} lists no files")
+    outside = outside_folder(manifest, data["files"])
+    if outside:
+        raise ValueError(f"checkpoint {directory} is corrupted: {outside}")
     return data
 
 
