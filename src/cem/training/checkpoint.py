@@ -22,6 +22,7 @@ import errno
 import json
 import os
 import random
+import reprlib
 import resource
 import shutil
 from pathlib import Path
@@ -280,6 +281,10 @@ def load_trainer_state(directory: Path) -> dict:
     version = state.get("format", 0)
     if not isinstance(version, int) or not 0 <= version <= FORMAT_VERSION:
         raise ValueError(f"{path} has format version {version!r}; this cem reads versions up to {FORMAT_VERSION}")
+    sessions = state.get("sessions", [])
+    if not isinstance(sessions, list) or not all(isinstance(s, dict) for s in sessions):
+        raise ValueError(f"refusing to load {path}: its sessions is {reprlib.repr(sessions)} (a list of objects expected, "
+                         "one per training session)")
     return state
 
 
