@@ -290,6 +290,7 @@ def cmd_export(args) -> int:
         from .hf.llama_export import is_plain_llama
     except ImportError as e:
         raise ValueError(str(e)) from None
+    from .io import half_moved
 
     _check_named("OUT", args.out, "name the folder to export into")
     model, tokenizer, run = _load_run(args.run)
@@ -302,7 +303,11 @@ def cmd_export(args) -> int:
     if out.exists() and not out.is_dir():
         raise ValueError(f"cannot export into {out}: it is a file; name a folder")
     if out.is_dir() and any(out.iterdir()) and not (out / "config.json").is_file():
-        raise ValueError(f"cannot export into {out}: it holds other files and no earlier export (no config.json); name a new or empty folder")
+        killed = half_moved(out)  # an export killed while it moved its files in: this one completes it
+        if killed is None:
+            raise ValueError(f"cannot export into {out}: it holds other files and no earlier export (no config.json); name a new or empty folder")
+        print(f"cem export: {out} holds part of an export killed while moving its files in; exporting again over it "
+              f"(its staging folder {killed} is removed)", file=sys.stderr)
     from safetensors import SafetensorError
 
     try:
