@@ -406,27 +406,34 @@ def _manifest_lacks(manifest: dict) -> str | None:
     return lacking[0] if lacking else None
 
 
-def _source_files(source: str) -> dict[str, list[int]] | None:
-    """Size and modification time (ns) of each file of a local source (a file, or a folder's corpus files
-    by relative path); None for an hf: source. A resumed prepare checks that they are unchanged."""
+def _source_files(source: str) -> dict[str, list] | None:
+    """Size, modification time (ns) and sha256 of each file of a local source (a file, or a folder's corpus files
+    by relative path); None for an hf: source. A resumed prepare checks that they are unchanged: the hash catches
+    text replaced with its size and modification time put back (`cp -p`, `rsync -t`), for one read of the source,
+    less than tokenising it takes."""
     if source.startswith("hf:"):
         return None
     path, found = Path(source), {}
     for file in sorted(p for p in path.rglob("*") if p.suffix in SUFFIXES and p.is_file()) if path.is_dir() else [path]:
         with contextlib.suppress(FileNotFoundError):  # a missing source is refused when it is opened
             st = file.stat()
-            found[file.relative_to(path).as_posix() if path.is_dir() else file.name] = [st.st_size, st.st_mtime_ns]
+            found[file.relative_to(path).as_posix() if path.is_dir() else file.name] = [st.st_size, st.st_mtime_ns, sha256_file(file)]
     return found
 
 
 def _refuse_changed_source(source: str, out: Path, recorded: dict | None, now: dict | None) -> None:
     """ValueError naming a file of `source` added, removed or changed since the unfinished prepare in `out`
-    began (`recorded`: its `_source_files`; None, for an older prepare or an hf: source, is not checked)."""
-    if recorded is None or now is None or recorded == now:
+    began (`recorded`: its `_source_files`, or their size and time alone from an older prepare; None, for an
+    older prepare or an hf: source, is not checked)."""
+    if recorded is None or now is None:
         return
     added = sorted(now.keys() - recorded.keys())
-    name = (added or [n for n in recorded if recorded[n] != now.get(n)])[0]
-    how = "added" if added else "removed" if name not in now else "changed (its size or modification time differ)"
+    changed = [n for n in recorded if n not in now or now[n][: len(recorded[n])] != recorded[n]]
+    if not added and not changed:
+        return
+    name = (added or changed)[0]
+    how = "added" if added else "removed" if name not in now else "changed (its size or modification time differ)" \
+        if now[name][:2] != recorded[name][:2] else "changed (its content differs, with the same size and modification time)"
     path = Path(source) / name if Path(source).is_dir() else Path(source)
     raise ValueError(f"{path}: {how} since the unfinished token shards in {out} were begun from {source}; "
                      f"remove {out} and prepare again to start over from the new text")
