@@ -143,7 +143,7 @@ def staged_folder(directory: str | os.PathLike, last: tuple[str, ...] = ("config
     written, and a successful write removes those of writers to `directory` killed before they finished."""
     directory = Path(directory)
     directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = make_temp_dir(directory.parent, f".{directory.name}.")
+    tmp = make_temp_dir(directory.parent, _staging_prefix(directory))
     try:
         with lock_folder(tmp, f"staging folder {tmp}"):  # while it is locked, no other writer takes it for a killed one's
             yield tmp
@@ -158,9 +158,17 @@ def staged_folder(directory: str | os.PathLike, last: tuple[str, ...] = ("config
             shutil.rmtree(entry, ignore_errors=True)
 
 
+STAGING_NAME_MAX = 200  # of the folder's name in its staging folders' (`.NAME.XXXXXXXX`): a name may have 255 bytes
+
+
+def _staging_prefix(directory: Path) -> str:
+    """The start of `staged_folder`'s temp folders' names for `directory`: its name (cut to STAGING_NAME_MAX bytes) dotted."""
+    return f".{directory.name.encode()[:STAGING_NAME_MAX].decode(errors='ignore')}."
+
+
 def _staging_folders(directory: Path) -> list[Path]:
     """The folders beside `directory` named as `staged_folder` names its temp folders for it."""
-    pattern = re.compile(rf"\.{re.escape(directory.name)}\.[a-z0-9_]{{8}}")  # `make_temp_dir`'s names for this `directory`
+    pattern = re.compile(rf"{re.escape(_staging_prefix(directory))}[a-z0-9_]{{8}}")  # `make_temp_dir`'s names for this `directory`
     return [entry for entry in directory.parent.iterdir() if pattern.fullmatch(entry.name)]
 
 

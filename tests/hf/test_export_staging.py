@@ -116,3 +116,13 @@ def test_a_folder_of_other_files_is_still_refused(tmp_path, capsys):
     (out / ".moving-in").write_text(".out.abcdefgh\n")  # a note naming no abandoned staging folder of out's
     assert main(["export", str(model), str(out)]) == 2
     assert "holds other files and no earlier export" in capsys.readouterr().err
+
+
+def test_an_export_to_a_folder_of_the_longest_name_is_staged_beside_it(tmp_path):
+    """Issue 63: a valid 250-byte folder name failed on its staging folder's name (ten bytes longer)."""
+    out = tmp_path / ("é" * 100 + "x" * 50)  # 250 bytes in UTF-8
+    model = LanguageModel(model_config("tiny", "llama", vocab_size=16, dim=8, n_heads=2, hidden_dim=16, n_layers=1, context=8))
+    stale = killed_staging(out)
+    assert len(stale.name.encode()) <= 255
+    ch.export_hf(model, out, format="llama")
+    assert (out / "config.json").is_file() and not stale.exists()
