@@ -394,7 +394,7 @@ def cmd_info(args) -> int:
 def cmd_data_prepare(args) -> int:
     from .data.prepare import prepare
     from .data.local import UndecodableText
-    from .data.tokenshards import parse_tokens, prepare_shards
+    from .data.tokenshards import WORKERS_PER_CPU, parse_tokens, prepare_shards
 
     if args.tokenizer is None:
         if args.encoding != "utf-8" or args.doc_separator is not None:
@@ -410,7 +410,9 @@ def cmd_data_prepare(args) -> int:
     if args.out and Path(args.out).exists() and not Path(args.out).is_dir() and not Path(args.out).is_symlink():  # a link: refused as one
         raise ValueError(f"--out {args.out} is a file; name a folder for the token shards")
     if args.workers is not None:
-        check_nonnegative_int("--workers", args.workers)
+        check_nonnegative_int("--workers", args.workers, high=WORKERS_PER_CPU * (os.cpu_count() or 1))
+    if args.name.startswith("hf:") and (args.encoding != "utf-8" or args.doc_separator is not None):
+        raise ValueError(f"--encoding and --doc-separator apply to local text files; {args.name} is read as the dataset gives its rows")
     tokens = {k: parse_tokens(getattr(args, k), "--" + k.replace("_", "-")) for k in ("tokens", "held_out_tokens", "shard_tokens")}
     if args.doc_separator == "":
         raise ValueError("--doc-separator is empty (leave it out for blank lines)")
@@ -435,7 +437,7 @@ def cmd_data_verify(args) -> int:
         if not folder.is_dir():
             raise FileNotFoundError(f"{folder}: no such folder (give a token-shard folder, a run folder or a checkpoint folder)")
         manifest = folder / SHARDS_MANIFEST
-        if manifest.is_file() and "settings" in read_json(manifest):  # a checkpoint's manifest has none (`verify_shards` checks the rest)
+        if manifest.is_file() and {"settings", "splits"} & read_json(manifest).keys():  # a checkpoint's has "files" (`verify_shards` checks the rest)
             checked += verify_shards(folder)
             continue
         checkpoints = [folder] if (folder / CKPT_MANIFEST).is_file() else [c for c in (folder / "ckpt", folder / "ckpt.old") if c.is_dir()]

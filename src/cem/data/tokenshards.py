@@ -59,6 +59,7 @@ RESUME = "resume.json"  # per split, where a rerun can reopen the source (remove
 TOKENIZER_DIR = "tokenizer"
 SHARD_TOKENS = 100_000_000  # tokens per shard (200 MB as uint16)
 TASK_CHARS = 2_000_000  # characters of documents handed to a worker per task
+WORKERS_PER_CPU = 4  # the most tokenising workers `cem data prepare --workers` starts per CPU (each loads the tokenizer)
 BPE_SAMPLE_CHARS = 50_000_000  # `--tokenizer bpe:N` is trained on the leading training documents up to this size
 TASKS_PER_WORKER = 2  # tasks in flight per worker: what bounds the memory
 HELD_OUT_FRACTION = 0.01  # with --tokens N, valid and test take at most this fraction of N (at least 1M) each
@@ -383,6 +384,8 @@ def _read_manifest(out: Path) -> dict | None:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, RecursionError) as e:  # not JSON, not UTF-8, nested too deeply, an integer of 5000 digits
         raise ValueError(f"{path} is corrupted ({str(e) or 'nested too deeply'}); remove the folder and prepare again") from None
+    if isinstance(manifest, dict) and "settings" not in manifest and "splits" in manifest:
+        raise ValueError(f"{path} is corrupted: it has no settings; remove the folder and prepare again")
     if not isinstance(manifest, dict) or not isinstance(manifest.get("settings"), dict) or manifest["settings"].get("format") != FORMAT:
         raise ValueError(f"{path} is not a cem token-shard manifest ({FORMAT})")
     lacking = _manifest_lacks(manifest)
