@@ -22,7 +22,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(not sys.platform.startswith("
 POINTS = 100
 AT_ONCE = 3  # prepares running together (each mostly waits on imports: two cores keep three busy)
 BOUND = 30.0  # seconds from the Ctrl-C to the exit, on a loaded two-core machine (a prompt exit takes 1-3)
-WORDS = "the cat sat on a mat and then ran to its home where café owners said naïve things".split()
 PREPARE = """
 import importlib.machinery, sys
 print("started", flush=True)  # the test counts from here: the interpreter's own start-up is Python's, not cem's
@@ -45,16 +44,8 @@ sys.exit(run())
 
 
 @pytest.fixture
-def corpus(tmp_path) -> Path:
-    """About 200 kB in two files: ten tasks, nine shards."""
-    rng = random.Random(3)
-    root = tmp_path / "corpus"
-    root.mkdir()
-    for k in range(2):
-        with open(root / f"part{k}.jsonl", "w", encoding="utf-8") as f:
-            for _ in range(600):
-                f.write(json.dumps({"text": " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 60))) + "\n"}) + "\n")
-    return root
+def corpus(jsonl_corpus) -> Path:
+    return jsonl_corpus(files=2, docs=600, seed=3)  # about 200 kB: ten tasks, nine shards
 
 
 def _lines(stderr: str) -> list[str]:

@@ -107,31 +107,29 @@ def _outside_entries(tmp_path) -> list[str]:
     return ["../../../../../../etc/hostname", str(tmp_path / "secret"), "link.bin"]
 
 
-@pytest.mark.parametrize("entry", range(3))
-def test_a_shard_manifest_entry_outside_its_folder_is_refused_naming_both(shards, tmp_path, capsys, entry):
-    """Issue 63: a shard manifest entry `../../etc/hostname` was followed out of the folder and hashed."""
-    name = _outside_entries(tmp_path)[entry]
-    (shards / "link.bin").symlink_to(tmp_path / "secret")
-    manifest = json.loads((shards / "manifest.json").read_text())
+def _list_in_shards(folder: Path, name: str) -> None:
+    manifest = json.loads((folder / "manifest.json").read_text())
     manifest["splits"]["train"]["shards"][0]["file"] = name
-    (shards / "manifest.json").write_text(json.dumps(manifest))
-    want = f"{shards / 'manifest.json'} lists {name!r}, which is not a file in its folder"
-    with pytest.raises(ValueError, match=re.escape(want)):
-        load_shards(shards)
-    assert main(["data", "verify", str(shards)]) == 2
-    assert want in capsys.readouterr().err
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+
+
+def _list_in_checkpoint(folder: Path, name: str) -> None:
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["files"][name] = {"bytes": 11, "sha256": "0" * 64}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
 
 
 @pytest.mark.parametrize("entry", range(3))
-def test_a_checkpoint_manifest_entry_outside_its_folder_is_refused_naming_both(tmp_path, capsys, entry):
-    ckpt = _checkpoint(tmp_path)
+@pytest.mark.parametrize("kind", ["shards", "checkpoint"])
+def test_a_manifest_entry_outside_its_folder_is_refused_naming_both(shards, tmp_path, capsys, entry, kind):
+    """Issue 63: a shard manifest entry `../../etc/hostname` was followed out of the folder and hashed; so for a
+    checkpoint's. Refused where the manifest is read (loading the shards, a checkpoint) and by `cem data verify`."""
+    folder, list_in, read = (shards, _list_in_shards, load_shards) if kind == "shards" else (_checkpoint(tmp_path), _list_in_checkpoint, read_manifest)
     name = _outside_entries(tmp_path)[entry]
-    (ckpt / "link.bin").symlink_to(tmp_path / "secret")
-    manifest = json.loads((ckpt / "manifest.json").read_text())
-    manifest["files"][name] = {"bytes": 11, "sha256": "0" * 64}
-    (ckpt / "manifest.json").write_text(json.dumps(manifest))
-    want = f"{ckpt / 'manifest.json'} lists {name!r}, which is not a file in its folder"
+    (folder / "link.bin").symlink_to(tmp_path / "secret")
+    list_in(folder, name)
+    want = f"{folder / 'manifest.json'} lists {name!r}, which is not a file in its folder"
     with pytest.raises(ValueError, match=re.escape(want)):
-        read_manifest(ckpt)
-    assert main(["data", "verify", str(ckpt)]) == 2
+        read(folder)
+    assert main(["data", "verify", str(folder)]) == 2
     assert want in capsys.readouterr().err
