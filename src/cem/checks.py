@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 from torch import Tensor
@@ -12,6 +13,23 @@ def check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
     """Raise ValueError unless `value` is one of `choices`."""
     if value not in choices:
         raise ValueError(f"unknown {name} {value!r}; expected one of {', '.join(map(repr, choices))}")
+
+
+BOOLEANS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
+
+
+def parse_bool(name: str, raw: str) -> bool:
+    """A boolean written as 0/1, true/false, yes/no or on/off (any case, spaces around); ValueError naming `name` else."""
+    value = BOOLEANS.get(str(raw).strip().lower())
+    if value is None:
+        raise ValueError(f"{name} must be one of {'/'.join(BOOLEANS)} (a boolean), got {raw!r}")
+    return value
+
+
+def env_flag(name: str, default: bool) -> bool:
+    """The boolean environment variable `name` (`parse_bool`), `default` where it is unset."""
+    raw = os.environ.get(name)
+    return default if raw is None else parse_bool(f"${name}", raw)
 
 
 def check_positive_int(name: str, value: int, high: int | None = None) -> None:

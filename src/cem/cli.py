@@ -280,6 +280,7 @@ def cmd_export(args) -> int:
         from .hf.llama_export import is_plain_llama
     except ImportError as e:
         raise ValueError(str(e)) from None
+    from .io import half_moved
 
     check_named("OUT", args.out, "name the folder to export into")
     model, tokenizer, run = _load_run(args.run)
@@ -292,7 +293,11 @@ def cmd_export(args) -> int:
     if out.exists() and not out.is_dir():
         raise ValueError(f"cannot export into {out}: it is a file; name a folder")
     if out.is_dir() and any(out.iterdir()) and not (out / "config.json").is_file():
-        raise ValueError(f"cannot export into {out}: it holds other files and no earlier export (no config.json); name a new or empty folder")
+        killed = half_moved(out)  # an export killed while it moved its files in: this one completes it
+        if killed is None:
+            raise ValueError(f"cannot export into {out}: it holds other files and no earlier export (no config.json); name a new or empty folder")
+        print(f"cem export: {out} holds part of an export killed while moving its files in; exporting again over it "
+              f"(its staging folder {killed} is removed)", file=sys.stderr)
     from safetensors import SafetensorError
 
     try:
@@ -379,7 +384,7 @@ def cmd_info(args) -> int:
 def cmd_data_prepare(args) -> int:
     from .data.prepare import prepare
     from .data.local import UndecodableText
-    from .data.tokenshards import parse_tokens, prepare_shards
+    from .data.tokenshards import WORKERS_PER_CPU, parse_tokens, prepare_shards
 
     if args.tokenizer is None:
         if args.encoding != "utf-8" or args.doc_separator is not None:
@@ -395,7 +400,9 @@ def cmd_data_prepare(args) -> int:
     if args.out and Path(args.out).exists() and not Path(args.out).is_dir() and not Path(args.out).is_symlink():  # a link: refused as one
         raise ValueError(f"--out {args.out} is a file; name a folder for the token shards")
     if args.workers is not None:
-        check_nonnegative_int("--workers", args.workers)
+        check_nonnegative_int("--workers", args.workers, high=WORKERS_PER_CPU * (os.cpu_count() or 1))
+    if args.name.startswith("hf:") and (args.encoding != "utf-8" or args.doc_separator is not None):
+        raise ValueError(f"--encoding and --doc-separator apply to local text files; {args.name} is read as the dataset gives its rows")
     tokens = {k: parse_tokens(getattr(args, k), "--" + k.replace("_", "-")) for k in ("tokens", "held_out_tokens", "shard_tokens")}
     if args.doc_separator == "":
         raise ValueError("--doc-separator is empty (leave it out for blank lines)")
@@ -420,7 +427,7 @@ def cmd_data_verify(args) -> int:
         if not folder.is_dir():
             raise FileNotFoundError(f"{folder}: no such folder (give a token-shard folder, a run folder or a checkpoint folder)")
         manifest = folder / SHARDS_MANIFEST
-        if manifest.is_file() and "settings" in read_json(manifest):  # a checkpoint's manifest has none (`verify_shards` checks the rest)
+        if manifest.is_file() and {"settings", "splits"} & read_json(manifest).keys():  # a checkpoint's has "files" (`verify_shards` checks the rest)
             checked += verify_shards(folder)
             continue
         checkpoints = [folder] if (folder / CKPT_MANIFEST).is_file() else [c for c in (folder / "ckpt", folder / "ckpt.old") if c.is_dir()]

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import platform
+import re
 import time
 from pathlib import Path
 
@@ -15,7 +17,7 @@ import torch
 
 from .checks import check_choice
 
-__all__ = ["PARALLEL", "PRECISIONS", "autocast_for", "cpu_id", "cpu_model", "device_name", "peak_flops", "pick_device"]
+__all__ = ["PARALLEL", "PRECISIONS", "autocast_for", "cpu_id", "cpu_model", "cuda_device_ids", "device_name", "peak_flops", "pick_device"]
 
 PRECISIONS = ("auto", "bf16", "fp32")
 PARALLEL = ("ddp", "fsdp")  # how a torchrun run shares the model among its devices (`cem.training.distributed`)
@@ -39,6 +41,29 @@ def pick_device(name: str) -> torch.device:
     if device.type == "mps" and not torch.backends.mps.is_available():
         raise ValueError(f"device {name!r}: MPS is not available on this machine")
     return device
+
+
+_CUDA_ID = re.compile(r"\d+|(?:GPU|MIG)-[0-9A-Za-z/-]+")  # what CUDA_VISIBLE_DEVICES takes: an index, or a device's UUID
+
+
+def cuda_device_ids(devices, flag: str = "--devices") -> list[str]:
+    """CUDA device ids given for CUDA_VISIBLE_DEVICES (a comma-separated string or a sequence), each a device of this
+    machine: an index below its device count (or one of its own CUDA_VISIBLE_DEVICES, where that is set), or a
+    GPU-/MIG- UUID. ValueError naming `flag` for a malformed id, and for any id on a machine without CUDA (the runs
+    would train on the CPU without a word)."""
+    ids = [d.strip() for d in devices.split(",")] if isinstance(devices, str) else [str(d).strip() for d in devices]
+    bad = next((i for i in ids if not _CUDA_ID.fullmatch(i)), None)
+    if not ids or bad is not None:
+        raise ValueError(f"{flag} {devices if isinstance(devices, str) else ','.join(ids)!r}: {'no device id' if not ids else f'{bad!r} is no device id'} "
+                         "(give CUDA device indices or UUIDs, comma-separated, e.g. 0,1)")
+    if not torch.cuda.is_available():
+        raise ValueError(f"{flag} {','.join(ids)}: this machine has no CUDA device (torch.cuda.is_available() is False)")
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    known = [v.strip() for v in visible.split(",")] if visible else [str(i) for i in range(torch.cuda.device_count())]
+    missing = [i for i in ids if i.isdigit() and i not in known]
+    if missing:
+        raise ValueError(f"{flag} {','.join(ids)}: no CUDA device {missing[0]} here (this machine's: {','.join(known)})")
+    return ids
 
 
 def uses_bf16(precision: str, device: torch.device) -> bool:

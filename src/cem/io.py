@@ -18,11 +18,12 @@ from pathlib import Path
 from typing import BinaryIO, TextIO
 
 __all__ = [
-    "atomic_write", "atomic_write_json", "atomic_write_text", "default_mode", "fix_modes", "lock_folder", "LockedError", "make_temp_dir",
-    "open_append", "staged_folder", "open_no_follow", "read_json", "refuse_link", "remove_stale_temp_files", "sha256_file",
+    "atomic_write", "atomic_write_json", "atomic_write_text", "default_mode", "fix_modes", "half_moved", "lock_folder", "LockedError", "make_temp_dir",
+    "open_append", "staged_folder", "open_no_follow", "outside_folder", "read_json", "refuse_link", "remove_stale_temp_files", "sha256_file",
 ]
 
 LOCK_FILE = ".lock"  # in a locked folder (`lock_folder`): held with flock by the writing process; holds its pid
+MOVING = ".moving-in"  # in a folder `staged_folder` moves files into, while it does: the staging folder's name
 
 
 class LockedError(ValueError):
@@ -142,17 +143,45 @@ def staged_folder(directory: str | os.PathLike, last: tuple[str, ...] = ("config
     written, and a successful write removes those of writers to `directory` killed before they finished."""
     directory = Path(directory)
     directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = make_temp_dir(directory.parent, f".{directory.name}.")
+    tmp = make_temp_dir(directory.parent, _staging_prefix(directory))
     try:
         with lock_folder(tmp, f"staging folder {tmp}"):  # while it is locked, no other writer takes it for a killed one's
             yield tmp
+            directory.mkdir(exist_ok=True)
+            atomic_write_text(directory / MOVING, f"{tmp.name}\n")  # until the last file is in: `half_moved`
             _move_into(tmp, directory, last, skip=(LOCK_FILE,))
+            (directory / MOVING).unlink()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    pattern = re.compile(rf"\.{re.escape(directory.name)}\.[a-z0-9_]{{8}}")  # `make_temp_dir`'s names for this `directory`
-    for entry in directory.parent.iterdir():  # the temp folders of writers killed before they finished (kill -9)
-        if pattern.fullmatch(entry.name) and _abandoned(entry):
+    for entry in _staging_folders(directory):  # the temp folders of writers killed before they finished (kill -9)
+        if _abandoned(entry):
             shutil.rmtree(entry, ignore_errors=True)
+
+
+STAGING_NAME_MAX = 200  # of the folder's name in its staging folders' (`.NAME.XXXXXXXX`): a name may have 255 bytes
+
+
+def _staging_prefix(directory: Path) -> str:
+    """The start of `staged_folder`'s temp folders' names for `directory`: its name (cut to STAGING_NAME_MAX bytes) dotted."""
+    return f".{directory.name.encode()[:STAGING_NAME_MAX].decode(errors='ignore')}."
+
+
+def _staging_folders(directory: Path) -> list[Path]:
+    """The folders beside `directory` named as `staged_folder` names its temp folders for it."""
+    pattern = re.compile(rf"{re.escape(_staging_prefix(directory))}[a-z0-9_]{{8}}")  # `make_temp_dir`'s names for this `directory`
+    return [entry for entry in directory.parent.iterdir() if pattern.fullmatch(entry.name)]
+
+
+def half_moved(directory: str | os.PathLike) -> Path | None:
+    """The staging folder of a `staged_folder` write killed while it moved its files into `directory`: named by the
+    MOVING note `directory` holds, and its writer gone; None otherwise (a new write then cleans both up)."""
+    directory = Path(directory)
+    try:
+        name = refuse_link(directory / MOVING).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    staging = directory.parent / name
+    return staging if staging in _staging_folders(directory) and _abandoned(staging) else None
 
 
 def _move_into(src: Path, dst: Path, last: tuple[str, ...] = (), skip: tuple[str, ...] = ()) -> None:
@@ -242,6 +271,18 @@ def read_json(path: str | os.PathLike, mapping: bool = True):
     if mapping and not isinstance(value, dict):
         raise ValueError(f"{path} is corrupted: expected a JSON object, got {type(value).__name__}")
     return value
+
+
+def outside_folder(manifest: str | os.PathLike, names) -> str | None:
+    """The first of `names` (the files a manifest lists) that is no file name inside the manifest's folder (absolute,
+    climbing out with `..`, a symbolic link leading out, not a string), as a problem naming the manifest and the entry;
+    None if every one is inside. A manifest lists files of its own folder: nothing elsewhere is read or hashed."""
+    folder = Path(manifest).parent.resolve()
+    for name in names:
+        if not isinstance(name, str) or not name or Path(name).is_absolute() or ".." in Path(name).parts \
+                or not (folder / name).resolve().is_relative_to(folder):
+            return f"{manifest} lists {name!r}, which is not a file in its folder {folder}"
+    return None
 
 
 def sha256_file(path: str | os.PathLike) -> str:

@@ -4,6 +4,7 @@ finished, resumed from their checkpoint when interrupted)."""
 
 import json
 import os
+import re
 import time
 
 import pytest
@@ -45,7 +46,35 @@ def test_device_groups():
         device_groups("0,,1")
     if not __import__("torch").cuda.is_available():
         assert device_groups(None, nproc=2, jobs=4) is None  # the CPU: nothing to share out
+
+
+def fake_cuda(monkeypatch, n: int) -> None:
+    """A machine of `n` CUDA devices, as torch reports it."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: n > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: n)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+
+
+def test_a_launcher_is_given_only_devices_of_this_machine(monkeypatch):
+    """Issue 63: `--devices 'abc;rm -rf'` on a machine without CUDA trained every run on the CPU, exit 0."""
+    fake_cuda(monkeypatch, 4)
     assert make_launcher("process", None, "0,1,2,3", 2).jobs == 2  # a job per group unless --jobs says otherwise
+    assert make_launcher("process", None, "GPU-8c1d4e2a-77aa-4b1f-9c1e-0123456789ab").jobs == 1
+    for bad, said in (("abc;rm -rf", "'abc;rm -rf' is no device id"), ("0, -1", "'-1' is no device id"), ("4", "no CUDA device 4 here")):
+        with pytest.raises(ValueError, match=re.escape(said)):
+            make_launcher("process", None, bad)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    assert make_launcher("process", None, "3").devices == (("3",),)
+    with pytest.raises(ValueError, match="no CUDA device 0 here"):
+        make_launcher("process", None, "0")
+    fake_cuda(monkeypatch, 0)
+    with pytest.raises(ValueError, match=r"--devices 0,1: this machine has no CUDA device"):
+        make_launcher("process", None, "0,1")
+    with pytest.raises(ValueError, match="is no device id"):
+        make_launcher("process", None, "abc;rm -rf")
+    assert make_launcher("process", 2).devices is None  # no --devices: nothing to check
     with pytest.raises(ValueError, match="scheduler"):
         make_launcher("slurm", devices="0,1")
     with pytest.raises(ValueError, match="jobs"):
@@ -148,6 +177,7 @@ def test_local_submitit_jobs_resume_and_skip_finished_runs(corpus, tmp_path, mon
 def test_the_documented_commands_build_their_launchers(tmp_path, monkeypatch, capsys):
     """study/docs/experiments.md's commands: a job per device group (DDP runs of 2), and SLURM jobs with their settings;
     settings that do not apply are refused before anything runs."""
+    fake_cuda(monkeypatch, 8)
     import cem_study as ex
     from cem_study.cli import main
     from cem_study.launchers import SlurmLauncher

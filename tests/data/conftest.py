@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
@@ -34,3 +35,24 @@ def tiny_corpus() -> Corpus:
     vocab = "the cat sat on a mat and then ran to its home where café owners said naïve things".split()
     docs = [" ".join(rng.choice(vocab) for _ in range(60)) + ".\n" for _ in range(40)]
     return Corpus("tiny", {"train": docs[:-4], "valid": docs[-4:-2], "test": docs[-2:]})
+
+
+WORDS = "the cat sat on a mat and then ran to its home where café owners said naïve things".split()
+
+
+@pytest.fixture
+def jsonl_corpus(tmp_path):
+    """`make(files, docs, seed)`: a folder tmp_path/corpus of `files` .jsonl files of `docs` documents each (3-60 random
+    words; about 70 bytes a document)."""
+
+    def make(files: int, docs: int, seed: int) -> Path:
+        rng = random.Random(seed)
+        root = tmp_path / "corpus"
+        root.mkdir()
+        for k in range(files):
+            with open(root / f"part{k}.jsonl", "w", encoding="utf-8") as f:
+                for _ in range(docs):
+                    f.write(json.dumps({"text": " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 60))) + "\n"}) + "\n")
+        return root
+
+    return make

@@ -206,3 +206,24 @@ def test_empty_corpus_file(tmp_path):
 def test_missing_local_path(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         load_corpus(str(tmp_path / "nope.jsonl"))
+
+
+@pytest.mark.parametrize("damage", ["cut short", "not gzip"])
+def test_a_damaged_gzip_corpus_is_one_error_naming_the_file(tmp_path, monkeypatch, damage):
+    """Issue 63: a truncated or non-gzip embedded corpus raised EOFError / "Not a gzipped file", naming nothing."""
+    import gzip
+    import types
+
+    from cem.data import named
+
+    whole = gzip.compress(b"First Citizen:\nBefore we proceed any further, hear me speak.\n\n" * 200)
+    data = whole[: len(whole) // 2] if damage == "cut short" else b"plain text, not gzip"
+    (tmp_path / "embedded").mkdir()
+    (tmp_path / "embedded" / "shakespeare.txt.gz").write_bytes(data)
+    monkeypatch.setattr(named, "resources", types.SimpleNamespace(files=lambda package: tmp_path))
+    with pytest.raises(ValueError, match=r"the embedded corpus .*shakespeare\.txt\.gz is damaged: not a whole gzip file .*reinstall cem"):
+        named.load_shakespeare()
+    (tmp_path / "enwik8").mkdir()
+    (tmp_path / "enwik8" / "enwik8.gz").write_bytes(data)
+    with pytest.raises(ValueError, match=r"enwik8\.gz is damaged: not a whole gzip file .*cem data prepare enwik8"):
+        named.load_enwik8(tmp_path)

@@ -171,3 +171,34 @@ def test_a_second_prepare_of_a_data_directory_is_refused(tmp_path):
         with pytest.raises(LockedError, match=re.escape(f"data directory {data} is in use by another process (pid {os.getpid()}, lock {data}/.lock)")):
             prep.prepare("wikitext-2", data, source=shared)
     prep.prepare("wikitext-2", data, source=shared)
+
+
+@pytest.mark.parametrize("kind", ["folder", "file"])
+def test_a_resumed_prepare_refuses_text_replaced_with_its_size_and_time_kept(tmp_path, monkeypatch, kind):
+    """Issue 63: after a killed prepare, part of the source replaced by as many other bytes and its modification time
+    put back (`cp -p`, `rsync -t`) was not noticed: the shards would mix old and new text."""
+    corpus = write_corpus(tmp_path / "corpus")
+    source = corpus if kind == "folder" else corpus / "part1.jsonl"
+    out = tmp_path / "out"
+    _interrupted(source, out, monkeypatch, after=1)
+    target = corpus / "part1.jsonl"
+    st = target.stat()
+    data = target.read_bytes()
+    middle = len(data) // 2
+    target.write_bytes(data[:middle] + data[middle:].replace(b"a", b"e"))  # the same size
+    os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert target.stat().st_size == st.st_size and target.stat().st_mtime_ns == st.st_mtime_ns
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(target))}: changed \(its content differs, with the same size and modification time\)"):
+        prepare_shards(str(source), "byte", out, **KW)
+
+
+def test_a_resumed_prepare_begun_by_an_older_cem_checks_size_and_time(tmp_path, monkeypatch):
+    """A manifest of an older cem records [size, mtime] per file: an unchanged source still continues."""
+    corpus = write_corpus(tmp_path / "corpus")
+    out = tmp_path / "out"
+    _interrupted(corpus, out, monkeypatch, after=1)
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["source_files"] = {name: entry[:2] for name, entry in manifest["source_files"].items()}
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    shards = lambda folder: {k: v for k, v in files_of(folder).items() if k.endswith(".bin")}  # noqa: E731
+    assert shards(prepare_shards(str(corpus), "byte", out, **KW)) == shards(prepare_shards(str(corpus), "byte", tmp_path / "whole", **KW))

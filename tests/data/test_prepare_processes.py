@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -19,7 +18,6 @@ from cem.data.tokenshards import prepare_shards
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")]
 
-WORDS = "the cat sat on a mat and then ran to its home where café owners said naïve things".split()
 # the command line, with small tasks so that the workers have many to do
 PREPARE = """
 import sys
@@ -31,15 +29,8 @@ sys.exit(main(["data", "prepare", sys.argv[1], "--tokenizer", "byte", "--out", s
 
 
 @pytest.fixture
-def corpus(tmp_path) -> Path:
-    rng = random.Random(2)
-    root = tmp_path / "corpus"
-    root.mkdir()
-    for k in range(4):
-        with open(root / f"part{k}.jsonl", "w", encoding="utf-8") as f:
-            for _ in range(2500):  # about 1.7 MB in all
-                f.write(json.dumps({"text": " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 60))) + "\n"}) + "\n")
-    return root
+def corpus(jsonl_corpus) -> Path:
+    return jsonl_corpus(files=4, docs=2500, seed=2)  # about 1.7 MB in all
 
 
 def _children(pid: int) -> set[int]:

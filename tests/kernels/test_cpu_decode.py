@@ -105,3 +105,33 @@ def test_cached_bf16_steps_through_the_kernels_match_the_plain_path(monkeypatch,
     scale = ref.abs().max()
     assert (fast - plain).abs().max() <= 0.02 * scale
     assert (fast - ref).abs().max() <= 1.5 * (plain - ref).abs().max() + 1e-3 * scale
+
+
+@pytest.mark.parametrize("raw, on", [("0", False), ("off", False), ("False", False), (" no ", False), (" 0", False),
+                                     ("1", True), ("ON", True), ("yes", True)])
+def test_the_switch_reads_any_boolean(monkeypatch, raw, on):
+    """CEM_CPU_DECODE_KERNEL is read as a boolean (issue 63: off, false, no and ' 0' left the kernels on)."""
+    import cem.kernels.cpu_decode as module
+
+    sentinel = object()
+    monkeypatch.setattr(module, "cpu_has_avx512_bf16", lambda: True)
+    monkeypatch.setattr(module, "_build", lambda: sentinel)
+    monkeypatch.setattr(module, "_self_check", lambda kernels: True)
+    monkeypatch.setenv(module.ENV_SWITCH, raw)
+    module.decode_kernels.cache_clear()
+    try:
+        assert (module.decode_kernels() is sentinel) is on
+    finally:
+        module.decode_kernels.cache_clear()
+
+
+def test_a_switch_that_is_no_boolean_is_an_error_naming_it(monkeypatch):
+    import cem.kernels.cpu_decode as module
+
+    monkeypatch.setenv(module.ENV_SWITCH, "disable")
+    module.decode_kernels.cache_clear()
+    try:
+        with pytest.raises(ValueError, match=r"\$CEM_CPU_DECODE_KERNEL must be one of .*'disable'"):
+            module.decode_kernels()
+    finally:
+        module.decode_kernels.cache_clear()

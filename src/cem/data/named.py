@@ -8,6 +8,7 @@ from importlib import resources
 import re
 import sysconfig
 import zipfile
+import zlib
 from pathlib import Path
 
 from cem.data.corpus import SPLITS, Corpus
@@ -57,6 +58,14 @@ def stdlib_paths(root: Path) -> list[str]:
 SHAKESPEARE_SPEECHES_PER_DOC = 10
 
 
+def _gunzip(data: bytes, what: str, fix: str) -> bytes:
+    """`data` decompressed; a ValueError naming `what` and saying `fix` when it is not a whole gzip file."""
+    try:
+        return gzip.decompress(data)
+    except (EOFError, OSError, zlib.error) as e:  # cut short; not gzip (BadGzipFile is an OSError); a damaged stream
+        raise ValueError(f"{what} is damaged: not a whole gzip file ({e or type(e).__name__}); {fix}") from None
+
+
 def load_shakespeare() -> Corpus:
     """Tiny Shakespeare, embedded (`embedded/shakespeare.txt.gz`, public domain; see `embedded/NOTICE`).
 
@@ -65,8 +74,9 @@ def load_shakespeare() -> Corpus:
     are hashed 90/5/5 by index (`hash_split`: 651 train, 36 valid, 36 test), so valid and test are
     scattered passages of the same plays, fixed for every Python version and machine.
     """
-    data = resources.files("cem.data").joinpath("embedded/shakespeare.txt.gz").read_bytes()
-    speeches = re.split(r"(?<=\n\n)", gzip.decompress(data).decode("utf-8"))
+    embedded = resources.files("cem.data").joinpath("embedded/shakespeare.txt.gz")
+    text = _gunzip(embedded.read_bytes(), f"the embedded corpus {embedded}", "reinstall cem (pip install -e . in the clone)")
+    speeches = re.split(r"(?<=\n\n)", text.decode("utf-8"))
     n = SHAKESPEARE_SPEECHES_PER_DOC
     docs = ["".join(speeches[i : i + n]) for i in range(0, len(speeches), n)]
     parts = hash_split([str(i) for i in range(len(docs))], 0.05, 0.05, source="embedded shakespeare")
@@ -145,7 +155,7 @@ def load_enwik8(data_dir: Path) -> Corpus:
         with zipfile.ZipFile(path) as zf:
             data = zf.read("enwik8")
     elif path.suffix == ".gz":
-        data = gzip.decompress(path.read_bytes())
+        data = _gunzip(path.read_bytes(), str(path), "remove it and run `cem data prepare enwik8` again")
     else:
         data = path.read_bytes()
     n_train, n_valid, n_test = ENWIK8_SPLIT_BYTES

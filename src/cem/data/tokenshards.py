@@ -50,7 +50,7 @@ from cem.data.stream import DocumentStreams, Stream, open_streams
 from cem.data.chunking import pieces
 from cem.data.tokenizers import META_FILE, Tokenizer, bpe_from_texts, get_tokenizer, load_tokenizer
 from cem.data.local import SUFFIXES
-from cem.io import LOCK_FILE, atomic_write, atomic_write_json, lock_folder, refuse_link, remove_stale_temp_files, sha256_file
+from cem.io import LOCK_FILE, atomic_write, atomic_write_json, lock_folder, outside_folder, refuse_link, remove_stale_temp_files, sha256_file
 from cem.processes import die_with_parent, stop_pool, submit_quietly
 
 FORMAT = "cem-token-shards/1"
@@ -59,6 +59,7 @@ RESUME = "resume.json"  # per split, where a rerun can reopen the source (remove
 TOKENIZER_DIR = "tokenizer"
 SHARD_TOKENS = 100_000_000  # tokens per shard (200 MB as uint16)
 TASK_CHARS = 2_000_000  # characters of documents handed to a worker per task
+WORKERS_PER_CPU = 4  # the most tokenising workers `cem data prepare --workers` starts per CPU (each loads the tokenizer)
 BPE_SAMPLE_CHARS = 50_000_000  # `--tokenizer bpe:N` is trained on the leading training documents up to this size
 TASKS_PER_WORKER = 2  # tasks in flight per worker: what bounds the memory
 HELD_OUT_FRACTION = 0.01  # with --tokens N, valid and test take at most this fraction of N (at least 1M) each
@@ -339,10 +340,10 @@ def _executor(workers: int, tokenizer_dir: Path, encoding: str) -> Iterator[Exec
                                initargs=(str(tokenizer_dir), encoding, os.getpid()))
     try:
         yield pool
-    except BaseException:  # Ctrl-C, SIGTERM, an error: the queues may be in any state, so wait on none of them
+        pool.shutdown(wait=True, cancel_futures=True)  # every task taken: the workers end as their queue closes
+    except BaseException:  # Ctrl-C (in the shutdown too), SIGTERM, an error: the queues may be in any state, so wait on none of them
         stop_pool(pool)
         raise
-    pool.shutdown(wait=True, cancel_futures=True)
 
 
 _worker: dict = {}
@@ -383,11 +384,16 @@ def _read_manifest(out: Path) -> dict | None:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, RecursionError) as e:  # not JSON, not UTF-8, nested too deeply, an integer of 5000 digits
         raise ValueError(f"{path} is corrupted ({str(e) or 'nested too deeply'}); remove the folder and prepare again") from None
+    if isinstance(manifest, dict) and "settings" not in manifest and "splits" in manifest:
+        raise ValueError(f"{path} is corrupted: it has no settings; remove the folder and prepare again")
     if not isinstance(manifest, dict) or not isinstance(manifest.get("settings"), dict) or manifest["settings"].get("format") != FORMAT:
         raise ValueError(f"{path} is not a cem token-shard manifest ({FORMAT})")
     lacking = _manifest_lacks(manifest)
     if lacking:
         raise ValueError(f"{path} is corrupted: it has no valid {lacking}; remove the folder and prepare again")
+    outside = outside_folder(path, [shard["file"] for state in manifest["splits"].values() for shard in state["shards"]])
+    if outside:
+        raise ValueError(f"{outside}; remove the folder and prepare again")
     return manifest
 
 
@@ -403,27 +409,34 @@ def _manifest_lacks(manifest: dict) -> str | None:
     return lacking[0] if lacking else None
 
 
-def _source_files(source: str) -> dict[str, list[int]] | None:
-    """Size and modification time (ns) of each file of a local source (a file, or a folder's corpus files
-    by relative path); None for an hf: source. A resumed prepare checks that they are unchanged."""
+def _source_files(source: str) -> dict[str, list] | None:
+    """Size, modification time (ns) and sha256 of each file of a local source (a file, or a folder's corpus files
+    by relative path); None for an hf: source. A resumed prepare checks that they are unchanged: the hash catches
+    text replaced with its size and modification time put back (`cp -p`, `rsync -t`), for one read of the source,
+    less than tokenising it takes."""
     if source.startswith("hf:"):
         return None
     path, found = Path(source), {}
     for file in sorted(p for p in path.rglob("*") if p.suffix in SUFFIXES and p.is_file()) if path.is_dir() else [path]:
         with contextlib.suppress(FileNotFoundError):  # a missing source is refused when it is opened
             st = file.stat()
-            found[file.relative_to(path).as_posix() if path.is_dir() else file.name] = [st.st_size, st.st_mtime_ns]
+            found[file.relative_to(path).as_posix() if path.is_dir() else file.name] = [st.st_size, st.st_mtime_ns, sha256_file(file)]
     return found
 
 
 def _refuse_changed_source(source: str, out: Path, recorded: dict | None, now: dict | None) -> None:
     """ValueError naming a file of `source` added, removed or changed since the unfinished prepare in `out`
-    began (`recorded`: its `_source_files`; None, for an older prepare or an hf: source, is not checked)."""
-    if recorded is None or now is None or recorded == now:
+    began (`recorded`: its `_source_files`, or their size and time alone from an older prepare; None, for an
+    older prepare or an hf: source, is not checked)."""
+    if recorded is None or now is None:
         return
     added = sorted(now.keys() - recorded.keys())
-    name = (added or [n for n in recorded if recorded[n] != now.get(n)])[0]
-    how = "added" if added else "removed" if name not in now else "changed (its size or modification time differ)"
+    changed = [n for n in recorded if n not in now or now[n][: len(recorded[n])] != recorded[n]]
+    if not added and not changed:
+        return
+    name = (added or changed)[0]
+    how = "added" if added else "removed" if name not in now else "changed (its size or modification time differ)" \
+        if now[name][:2] != recorded[name][:2] else "changed (its content differs, with the same size and modification time)"
     path = Path(source) / name if Path(source).is_dir() else Path(source)
     raise ValueError(f"{path}: {how} since the unfinished token shards in {out} were begun from {source}; "
                      f"remove {out} and prepare again to start over from the new text")

@@ -18,14 +18,13 @@ per head) and `rows_axpy` (y = Σ_r x^k_r W^k_r per head).
 
 Whether they run is decided once per process (`decode_kernels`): a CPU with avx512f, avx512bw and avx512_bf16, a C++
 compiler (built on first use with `torch.utils.cpp_extension`, cached by torch in its extensions folder), a
-self-check against the float64 reference, and not switched off by CEM_CPU_DECODE_KERNEL=0. Otherwise None, and
+self-check against the float64 reference, and not switched off by CEM_CPU_DECODE_KERNEL=0 (or false, no, off). Otherwise None, and
 the caller keeps the PyTorch form.
 """
 
 from __future__ import annotations
 
 import functools
-import os
 import sys
 import warnings
 from pathlib import Path
@@ -34,9 +33,11 @@ from typing import Callable, NamedTuple
 import torch
 from torch import Tensor
 
+from ..checks import env_flag
+
 __all__ = ["ENV_SWITCH", "DecodeKernels", "cpu_has_avx512_bf16", "decode_kernels", "reference_decode_attention"]
 
-ENV_SWITCH = "CEM_CPU_DECODE_KERNEL"  # "0" keeps the PyTorch form
+ENV_SWITCH = "CEM_CPU_DECODE_KERNEL"  # a false boolean (0, false, no, off) keeps the PyTorch form
 SOURCE = Path(__file__).with_name("cpu_decode.cpp")
 FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16", "-mfma"]
 CPU_FLAGS = ("avx512f", "avx512bw", "avx512_bf16")
@@ -102,7 +103,7 @@ def _self_check(kernels: DecodeKernels) -> bool:
 @functools.cache
 def decode_kernels() -> DecodeKernels | None:
     """The kernels, or None where they cannot run here (see the module doc); decided once per process."""
-    if os.environ.get(ENV_SWITCH, "1") == "0" or not cpu_has_avx512_bf16():
+    if not env_flag(ENV_SWITCH, True) or not cpu_has_avx512_bf16():
         return None
     try:
         kernels = _build()

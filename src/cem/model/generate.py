@@ -7,6 +7,7 @@ import math
 import torch
 from torch import Tensor
 
+from ..inductor import compiled
 from ..layers.steps import Inference
 from .cache import StaticCache
 
@@ -62,7 +63,7 @@ def compiled_step(device: torch.device):
     default inductor mode on the CPU; one static-shape graph (fullgraph, dynamic=False)."""
     mode = "reduce-overhead" if device.type == "cuda" else "default"
     if mode not in _COMPILED:
-        _COMPILED[mode] = torch.compile(static_step, mode=mode, fullgraph=True, dynamic=False)
+        _COMPILED[mode] = compiled(static_step, mode=mode, fullgraph=True, dynamic=False)
     return _COMPILED[mode]
 
 

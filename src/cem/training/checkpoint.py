@@ -22,6 +22,7 @@ import errno
 import json
 import os
 import random
+import reprlib
 import resource
 import shutil
 from pathlib import Path
@@ -29,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..io import atomic_write_json, make_temp_dir, sha256_file
+from ..io import atomic_write_json, make_temp_dir, outside_folder, sha256_file
 from ..model import LanguageModel, ModelConfig, load_pretrained, save_weights
 
 MANIFEST = "manifest.json"
@@ -193,6 +194,11 @@ def read_manifest(directory: Path) -> dict:
         raise ValueError(f"checkpoint {directory} is corrupted: {MANIFEST} records step {step!r} (an integer >= 0 expected)")
     if not isinstance(data["files"], dict) or not all(isinstance(m, dict) and {"bytes", "sha256"} <= m.keys() for m in data["files"].values()):
         raise ValueError(f"checkpoint {directory} is corrupted: {MANIFEST} has no valid file table")
+    if not data["files"]:  # a save lists its weights and trainer state
+        raise ValueError(f"checkpoint {directory} is corrupted: {MANIFEST} lists no files")
+    outside = outside_folder(manifest, data["files"])
+    if outside:
+        raise ValueError(f"checkpoint {directory} is corrupted: {outside}")
     return data
 
 
@@ -275,6 +281,10 @@ def load_trainer_state(directory: Path) -> dict:
     version = state.get("format", 0)
     if not isinstance(version, int) or not 0 <= version <= FORMAT_VERSION:
         raise ValueError(f"{path} has format version {version!r}; this cem reads versions up to {FORMAT_VERSION}")
+    sessions = state.get("sessions", [])
+    if not isinstance(sessions, list) or not all(isinstance(s, dict) for s in sessions):
+        raise ValueError(f"refusing to load {path}: its sessions is {reprlib.repr(sessions)} (a list of objects expected, "
+                         "one per training session)")
     return state
 
 

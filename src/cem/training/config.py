@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 
 from ..device import PARALLEL, PRECISIONS
-from ..checks import check_choice, check_finite, check_positive_int
+from ..checks import check_choice, check_finite, check_positive_int, parse_bool
 from ..data.tokenizers import ByteTokenizer, check_spec
 from ..model import ARCHS, SIZES, ModelConfig, model_config
 from ..model.lm import CHECKPOINTING
@@ -235,11 +235,7 @@ def _parse_value(key: str, raw) -> object:
         if target is bool:
             if isinstance(raw, bool):
                 return raw
-            if str(raw).lower() in ("1", "true", "yes", "on"):
-                return True
-            if str(raw).lower() in ("0", "false", "no", "off"):
-                return False
-            raise ValueError
+            return parse_bool(key, raw)
         if target is int and isinstance(raw, str) and "e" in raw.lower():
             value = float(raw)
             if not value.is_integer():

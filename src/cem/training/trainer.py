@@ -23,6 +23,7 @@ from tqdm import tqdm
 
 from ..data import SequenceSampler, TokenSplit, build_split, get_tokenizer, load_corpus
 from ..data.tokenshards import find_shards, fingerprint, load_shards
+from ..inductor import compiled
 from ..io import refuse_link
 from ..device import autocast_for, device_name, peak_flops, pick_device
 from ..provenance import provenance
@@ -321,7 +322,7 @@ def _build_optimizer(model: LanguageModel, run: RunConfig, info: DistInfo, devic
         # each run compiles afresh: in a process that trained other models before (a lane of runs), dynamo's
         # recompile limit is soon reached, and past it this model's forward would run eagerly without a word
         torch._dynamo.reset()
-        wrapped = torch.compile(wrapped)
+        wrapped = compiled(wrapped)
     return wrapped, optimizer, scheduler
 
 

@@ -305,6 +305,10 @@ def make_launcher(kind: str = "process", jobs: int | None = None, devices=None, 
     submitit = issubclass(cls, SubmititLauncher)
     if options and not submitit:
         raise ValueError(f"{', '.join(options)}: settings of a scheduler's jobs, not of the {kind} launcher")
+    if devices is not None:
+        from cem.device import cuda_device_ids
+
+        devices = cuda_device_ids(devices)
     groups = device_groups(devices, nproc_per_run, jobs or 1) if cls.assigns_devices else None
     if jobs is None:
         jobs = len(groups) if devices is not None else 1
