@@ -116,3 +116,16 @@ def test_the_log_cites_only_paths_that_exist():
     assert links and bare
     missing = [p for p in links if not (ROOT / "docs" / p).exists()] + [p for p in bare if not (ROOT / p).exists()]
     assert not missing, f"docs/LOG.md names paths that do not exist: {missing}"
+
+
+def test_the_readme_test_command_runs_both_tiers_with_durations():
+    """Issue 60: CI (`.ci/run`) runs the README's `ci:test` command; it runs the fast tier (`-m "not slow"`) first,
+    then the slow tier (`-m slow`), both recording `--durations`, so that together they run every test."""
+    import shlex
+
+    assert "<!-- ci:test -->" in (ROOT / ".ci" / "run").read_text()
+    (code,) = [c for _, lang, mark, c in blocks(ROOT / "README.md") if mark == "ci:test"]
+    runs = [shlex.split(part) for part in code.split("&&") if "pytest" in part]
+    markers = [run[run.index("-m", run.index("pytest")) + 1] if run.count("-m") > 1 else None for run in runs]
+    assert markers == ["not slow", "slow"], code
+    assert all(any(a.startswith("--durations=") for a in run) for run in runs), code
