@@ -317,7 +317,8 @@ def cem_attention_query_side(q: Tensor, w_k: Tensor, diag: Diagonal, positions: 
 def cem_attention_query_side_cpu(q: Tensor, w_k: Tensor, diag: Diagonal, positions: Positions, q_start: int = 0) -> tuple[Tensor, Tensor]:
     """`cem_attention_query_side` for bf16 on the CPU: the fused decode kernel of `cem.kernels` where it runs (ĥ
     read once, the bias built in place), else two GEMMs and a float32 softmax (logits and bias in float32): 3.5 ms
-    a layer at 8k keys on one AMD EPYC thread, SDPA's flash kernel at this head width (D) 5.5 ms."""
+    a layer at 8k keys on one AMD EPYC thread, SDPA's flash kernel at this head width (D) 5.5 ms; in float32 SDPA is
+    faster, hence the entry's dtypes."""
     b, n_heads, j, head_dim = q.shape
     hn = diag.hn
     kernels = decode_kernels(q, hn, w_k, q_start=q_start)
