@@ -3,7 +3,7 @@ against Llama attention through SDPA (FlashAttention on a GPU), forward and forw
 peak memory, with ratios to Llama at the same sequence length.
 
     python benchmarks/attention.py [--device auto|cpu|cuda] [--out FILE.md] [--seqs 512 1024 ...]
-        [--dim 768] [--heads 12] [--batch B] [--dtype auto|fp32|bf16|fp16] [--backends eager sdpa flex triton fast]
+        [--dim 768] [--heads 12] [--batch B] [--dtype auto|fp32|bf16|fp16] [--backends eager sdpa flex triton cpu]
         [--cem-steps 1 2] [--kq-diag none shared] [--repeats N] [--warmup N] [--threads N]
 
 Each layer is the whole sublayer (norm, projections, attention core, residual) on a (batch, seq, dim)
@@ -41,9 +41,9 @@ from benchmarks.common import (
     setup,
 )
 from cem.layers import CEMAttention, LlamaAttention, Recursion
-from cem.layers.attention_core import IMPLEMENTATIONS
+from cem.layers.attention_core import BACKENDS, IMPLEMENTATIONS
 
-ALL_BACKENDS = tuple(IMPLEMENTATIONS)
+ALL_BACKENDS = tuple(name for name in BACKENDS if name != "auto")  # what a layer may ask for by name
 GPU_SEQS = (512, 1024, 2048, 4096, 8192)
 CPU_SEQS = (256, 512, 1024)
 GPU_TOKENS = 16384  # default GPU batch: batch × seq = 16k tokens
@@ -68,7 +68,7 @@ class Spec:
 
 def available_backends(device: torch.device) -> list[str]:
     """The backends meant for `device` (the registry's `Backend.why_not`)."""
-    return [name for name, impl in IMPLEMENTATIONS.items() if impl.why_not(device) is None]
+    return [name for name in ALL_BACKENDS if IMPLEMENTATIONS[name].why_not(device) is None]
 
 
 def flash_context():

@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> Report:
             "operand of context length (attention products over the cache, softmax, bias; CEM's fused CPU decode kernel in bf16) against "
             "the others (weights, MLP, head).",
             "Llama caches keys and values; CEM caches keys only, or with a key-query diagonal ĥ only (the same bytes): "
-            "a decode step reads it once, head k's logit being ĥ_j·(W_K^kᵀ q^k + d_k∘u) (CEMAttention.query_side).",
+            "a decode step reads it once, head k's logit being ĥ_j·(W_K^kᵀ q^k + d_k∘u) (attention_core.cem_query_side).",
         ],
     )
     report.emit(args.out)

@@ -20,7 +20,7 @@ import sys
 
 import torch
 
-from cem.kernels.triton_attention import triton_cem_attention
+from cem.kernels import triton_cem_attention
 
 TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 3e-2, torch.float16: 5e-3}
 

@@ -27,7 +27,7 @@ import torch
 
 from benchmarks.common import Report, Table, describe_error, elapsed_ms, fmt, parser, pick_dtype, setup
 from benchmarks.kernel_check import TOLERANCE, reference
-from cem.kernels.triton_attention import HAS_TRITON, KernelConfig, _Launch, triton_cem_attention  # noqa: F401 (HAS_TRITON: for its test)
+from cem.kernels import HAS_TRITON, KernelConfig, KernelLaunch, triton_cem_attention  # noqa: F401 (HAS_TRITON: for its test)
 
 # (block_m, block_n, heads_per_program, num_warps, num_stages), walked in this order until the budget is spent.
 # First the region measured best on an H100 (bf16, 134M shape, 2026-11-26: G 4, 16-row tiles, 4 warps; see
@@ -108,7 +108,7 @@ def time_config(config, inputs, g, device, repeats, warmup):
 def describe(config: KernelConfig | None, inputs, backward: bool) -> str:
     """The tiles a launch really uses (the default's choice spelled out)."""
     q, k, qd, hn, _, _ = inputs
-    launch = _Launch(q, k, qd, hn, 0, config, backward=backward)
+    launch = KernelLaunch(q, k, qd, hn, 0, config, backward=backward)
     c = launch.cfg
     mode = "" if qd is None else (" scores" if launch.scores else " tiled")
     return f"({c.block_m}, {c.block_n}, {c.heads_per_program}, {c.num_warps}, {c.num_stages}){mode}"
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> Report:
             config = None if cand is None else KernelConfig(block_m=cand[0], block_n=cand[1], block_dd=64,
                                                            heads_per_program=cand[2], num_warps=cand[3], num_stages=cand[4])
             label = ("default fwd " + describe(None, inputs, False) + ", bwd " + describe(None, inputs, True)) if cand is None \
-                else str(cand) + (" (tiled)" if diag != "none" and not _Launch(*inputs[:4], 0, config, backward=True).scores else "")
+                else str(cand) + (" (tiled)" if diag != "none" and not KernelLaunch(*inputs[:4], 0, config, backward=True).scores else "")
             try:
                 err = check(config, inputs, g, ref)
                 ok = err == err and err < TOLERANCE[dtype]

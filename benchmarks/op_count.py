@@ -1,7 +1,7 @@
 """Aten operators and host synchronisations of one training forward + backward, per model kind and attention
 backend (issue 37): the per-operation overhead of an eager step, counted instead of timed (deterministic).
 
-    python benchmarks/op_count.py [--preset 134M] [--seq 64] [--batch 1] [--layers N] [--backends fast eager triton]
+    python benchmarks/op_count.py [--preset 134M] [--seq 64] [--batch 1] [--layers N] [--backends cpu eager triton]
         [--models Llama "CEM T=1" ...] [--out FILE.md]
 
 `OpCounter`, a TorchDispatchMode, counts every aten operator that reaches the dispatcher (views included: each
@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> Report:
     p.add_argument("--seq", type=int, default=64)
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--layers", type=int, default=None, help="n_layers override (default: the preset's)")
-    p.add_argument("--backends", nargs="+", default=["fast"], help="CEM attention backends (fast, eager, sdpa, triton)")
+    p.add_argument("--backends", nargs="+", default=["cpu"], help="CEM attention backends (cpu, eager, sdpa, triton)")
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)

@@ -729,6 +729,7 @@ def test_bad_input_is_one_line(name, argv, setup, expect, trained, tmp_path, mon
     assert not (tmp_path / "victim").is_dir() or not any((tmp_path / "victim").iterdir()), f"{name}: written into the victim folder"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads /proc/PID/maps to see torch loading")
 @pytest.mark.parametrize("launch", [["-m", "cem"], ["-c", "import sys; from cem.__main__ import run; sys.exit(run())"]], ids=["python -m cem", "the cem script"])
 def test_ctrl_c_while_the_modules_load_is_one_line(launch, tmp_path):
@@ -754,6 +755,7 @@ def test_ctrl_c_while_the_modules_load_is_one_line(launch, tmp_path):
     assert (proc.returncode, err) == (130, "cem: error: interrupted (Ctrl-C)\n")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not hasattr(__import__("resource"), "RLIMIT_FSIZE"), reason="needs RLIMIT_FSIZE")
 def test_a_file_size_limit_in_a_checkpoint_is_one_line_naming_the_file(trained, tmp_path):
     """Issue 39: under `ulimit -f` (Python ignores SIGXFSZ, so the write fails with EFBIG) a checkpoint save

@@ -123,3 +123,17 @@ def test_the_readme_names_the_paper_first():
     first_screen = text[: text.index("## Get it and set it up")]
     assert "arxiv.org/abs/2605.07588" in first_screen and "Causal Energy Minimization" in first_screen
     assert "pip install cem-transformers" not in text  # not on the package index
+
+
+def test_the_readme_test_command_runs_both_tiers_with_durations():
+    """Issue 60: CI (`.ci/run`) runs the README's `ci:test` command; it runs the fast tier (`-m "not slow"`) first,
+    then the slow tier (`-m slow`) of the same tests, every pytest run recording `--durations`."""
+    import shlex
+
+    assert "<!-- ci:test -->" in (ROOT / ".ci" / "run").read_text()
+    (code,) = [c for _, lang, mark, c in blocks(ROOT / "README.md") if mark == "ci:test"]
+    runs = [shlex.split(part)[shlex.split(part).index("pytest") + 1 :] for part in code.split("&&") if "pytest" in shlex.split(part)]
+    tiers = [(run[run.index("-m") + 1] if "-m" in run else None, [a for a in run if not a.startswith("-") and a not in ("slow", "not slow")])
+             for run in runs]  # fmt: skip
+    assert tiers and tiers[0][0] == "not slow" and ("slow", tiers[0][1]) in tiers[1:], code
+    assert all(any(a.startswith("--durations=") for a in run) for run in runs), code

@@ -35,6 +35,7 @@ def _results(out):
     return json.loads((out / "results.json").read_text())
 
 
+@pytest.mark.slow
 def test_readme_walkthrough(stranger, capsys):
     import transformers
 

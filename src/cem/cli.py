@@ -392,6 +392,7 @@ def cmd_data_prepare(args) -> int:
         print(prepare(args.name, args.data_dir, source=args.source, force=args.force))
         return 0
     from .checks import check_nonnegative_int
+    from .data.corpora import parse_corpus
     from .data.tokenizers import check_spec
 
     check_named("--tokenizer", args.tokenizer, "give byte, bpe:N or a tokenizer")
@@ -401,7 +402,7 @@ def cmd_data_prepare(args) -> int:
         raise ValueError(f"--out {args.out} is a file; name a folder for the token shards")
     if args.workers is not None:
         check_nonnegative_int("--workers", args.workers, high=WORKERS_PER_CPU * (os.cpu_count() or 1))
-    if args.name.startswith("hf:") and (args.encoding != "utf-8" or args.doc_separator is not None):
+    if parse_corpus(args.name).is_hf and (args.encoding != "utf-8" or args.doc_separator is not None):
         raise ValueError(f"--encoding and --doc-separator apply to local text files; {args.name} is read as the dataset gives its rows")
     tokens = {k: parse_tokens(getattr(args, k), "--" + k.replace("_", "-")) for k in ("tokens", "held_out_tokens", "shard_tokens")}
     if args.doc_separator == "":

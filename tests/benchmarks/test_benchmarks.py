@@ -72,6 +72,7 @@ def test_table_ratio_and_report(tmp_path):
 # ----------------------------------------------------------------------------------------------- attention
 
 
+@pytest.mark.slow
 def test_attention_smoke(tmp_path, capsys, monkeypatch):
     out = tmp_path / "attention.md"
     args = ["--device", "cpu", "--dim", "64", "--heads", "4", "--seqs", "32", "--batch", "2", "--repeats", "2", "--warmup", "1"]
@@ -258,6 +259,7 @@ def test_tiled_cache_has_the_prefilled_shape_and_repeats_the_chunk():
         assert tiled.length == 41
 
 
+@pytest.mark.slow
 def test_decode_dtypes_modes_best_against_best_and_split(tmp_path):
     """Several dtypes and modes in one run: each row against Llama at its own dtype and mode, the second table
     each model at its fastest setting against Llama's fastest, both paired per round; --split fills its columns."""

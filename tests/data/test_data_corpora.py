@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from cem.data import KNOWN_CORPORA, Corpus, load_corpus, prepared_data_dir, resolve_data_dir
+from cem.data import KNOWN_CORPORA, Corpus, CorpusSpec, load_corpus, parse_corpus, prepared_data_dir, resolve_data_dir
 from cem.data import named
 from cem.training import TrainConfig
 
@@ -227,3 +227,27 @@ def test_a_damaged_gzip_corpus_is_one_error_naming_the_file(tmp_path, monkeypatc
     (tmp_path / "enwik8" / "enwik8.gz").write_bytes(data)
     with pytest.raises(ValueError, match=r"enwik8\.gz is damaged: not a whole gzip file .*cem data prepare enwik8"):
         named.load_enwik8(tmp_path)
+
+
+def test_a_corpus_spec_is_parsed_once_into_one_value(tmp_path):
+    """Issue 60: `parse_corpus` is the one reader of a spec (named, local or hf:NAME[:CONFIG]), its errors name the
+    spec, a parsed spec passes through unchanged, and the data layer takes it where it takes the text."""
+    assert parse_corpus("shakespeare") == CorpusSpec("shakespeare", "named")
+    assert parse_corpus(tmp_path / "c.txt") == CorpusSpec(str(tmp_path / "c.txt"), "local")
+    hf = parse_corpus("hf:org/data:cfg")
+    assert (hf.kind, hf.name, hf.config, hf.label, str(hf), hf.is_hf) == ("hf", "org/data", "cfg", "org/data:cfg", "hf:org/data:cfg", True)
+    assert parse_corpus("hf:org/data").config is None and parse_corpus(hf) is hf
+    with pytest.raises(ValueError, match=re.escape("expected 'hf:NAME' or 'hf:NAME:CONFIG', got 'hf::cfg'")):
+        parse_corpus("hf::cfg")
+    with pytest.raises(ValueError, match="unknown corpus kind 'web'"):
+        CorpusSpec("x", "web")
+    assert parse_corpus("c.txt").resolved() == CorpusSpec(str(Path("c.txt").resolve()), "local")
+    assert load_corpus(parse_corpus("shakespeare")).splits == load_corpus("shakespeare").splits
+
+
+def test_nothing_but_parse_corpus_reads_the_hf_prefix():
+    """Issue 60: the spec was parsed in six places (`startswith("hf:")`); the prefix is read in `parse_corpus` only."""
+    src = Path(__file__).resolve().parents[2] / "src" / "cem"
+    readers = {p.relative_to(src).as_posix() for p in src.rglob("*.py") for line in p.read_text().splitlines()
+               if re.search(r"""(startswith|removeprefix|partition)\(\s*(['"]hf:|HF_PREFIX)""", line)}
+    assert readers == {"data/corpora.py", "data/corpus.py"}, readers  # `parse_corpus`, and `CorpusSpec.label`

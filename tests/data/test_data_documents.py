@@ -44,6 +44,7 @@ def test_a_stretch_without_separator_is_cut_at_line_ends(monkeypatch):
     assert all(len(d) <= 100 and d.endswith("\n") for d in docs)
 
 
+@pytest.mark.slow
 def test_a_large_file_is_read_in_bounded_memory(tmp_path):
     """The old reader held the whole file (and its text) at once; documents now cost a chunk and one document."""
     path = tmp_path / "big.txt"

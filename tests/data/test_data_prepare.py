@@ -106,6 +106,7 @@ def test_a_copy_cut_short_is_never_trusted(tmp_path, monkeypatch):
     assert victim.read_text() == "keep" and not dest.is_symlink() and dest.read_bytes() == whole
 
 
+@pytest.mark.slow
 def test_kill_9_at_random_moments_of_a_copy_then_rerun(tmp_path):
     """The crash test of `cem data prepare --from` (as for training): a prepare killed with SIGKILL at random
     moments, five times in a row on one data directory, then run to the end, leaves the corpus byte for

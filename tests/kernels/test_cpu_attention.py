@@ -1,4 +1,4 @@
-"""The CPU path of the attention core (`cem.kernels.cpu_attention`, the backend "fast"), through the core's
+"""The CPU path of the attention core (`cem.kernels.cpu_attention`, the backend "cpu"), through the core's
 arguments, against `cem_attention_eager`: exact in float64 with every gradient, and the fused CPU flash kernel
 in bf16 / fp16 as close to float64 as the eager path."""
 
@@ -20,7 +20,7 @@ def _fresh(g, *shape):
 @pytest.mark.parametrize("block", [4, 64])
 @pytest.mark.parametrize("alibi", ["standard", "app-a"])
 def test_fast_path_equals_eager_in_float64(diag, q_start, n_q, block, alibi):
-    """The fast CPU path (causal query blocks, cached bias, diagonal-only self bias, and without a diagonal the
+    """The CPU path (causal query blocks, cached bias, diagonal-only self bias, and without a diagonal the
     fused kernel with its custom backward) gives the eager output and every gradient, fresh random inputs."""
     g = torch.Generator().manual_seed(q_start * 100 + n_q)
     B, K, d, D = 2, 3, 4, 12
@@ -33,7 +33,7 @@ def test_fast_path_equals_eager_in_float64(diag, q_start, n_q, block, alibi):
     inputs = [t for t in (q, k, qd, hn, v, sb) if t is not None]
     weights = torch.randn(B, K, n_q, v.shape[-1] if v is not None else d, generator=g, dtype=torch.float64)
     results = []
-    for fn in (core.cem_attention_eager, lambda *a, **kw: core.cem_attention_fast(*a, block=block, **kw)):
+    for fn in (core.cem_attention_eager, lambda *a, **kw: core.cem_attention_cpu(*a, block=block, **kw)):
         out = fn(q, k, diagonal, positions, q_start=q_start, v=v)
         grads = torch.autograd.grad((out * weights).sum(), inputs, allow_unused=True)
         results.append([out, *grads])
@@ -62,7 +62,7 @@ def test_fused_kernel_in_low_precision_is_as_close_to_float64_as_the_blocked_pat
         return [t.double() for t in (out, *grads)]
 
     exact = run(core.cem_attention_eager, torch.float64)
-    fused = run(core.cem_attention_fast, dtype)
+    fused = run(core.cem_attention_cpu, dtype)
     plain = run(core.cem_attention_eager, dtype)
     assert cpu_attention._fused_ok(q.to(dtype), None, None)
     for e, f, b in zip(exact, fused, plain):
@@ -75,5 +75,5 @@ def test_fast_path_without_diagonal_uses_the_fused_kernel(monkeypatch):
     original = cpu_attention.FusedKeyAttention.apply
     monkeypatch.setattr(cpu_attention.FusedKeyAttention, "apply", lambda *a: calls.append(1) or original(*a))
     q = k = torch.randn(1, 2, 5, 4)
-    core.cem_attention_fast(q, k, None, Positions("standard", 2, torch.randn(2)))
+    core.cem_attention_cpu(q, k, None, Positions("standard", 2, torch.randn(2)))
     assert calls == [1]

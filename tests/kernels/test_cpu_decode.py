@@ -1,11 +1,11 @@
-"""The CPU decode kernels of CEM attention (`cem.kernels.cpu_decode`): against float64 references, and bf16 cached
+"""The CPU decode kernels of CEM attention (`cem.kernels.decode_kernels`): against float64 references, and bf16 cached
 decoding steps through them against the same steps through PyTorch's GEMMs (the plain path)."""
 
 import pytest
 import torch
 
-import cem.layers.cem_attention as cem_attention_module
-from cem.kernels.cpu_decode import decode_kernels, reference_decode_attention
+import cem.layers.attention_core as core
+from cem.kernels import decode_kernels, reference_decode_attention
 from cem.layers.attention_core import decode_kernels as chosen_kernels
 from cem.layers.cem_attention import CEMAttention
 from cem.layers.steps import Recursion
@@ -88,7 +88,7 @@ def test_cached_bf16_steps_through_the_kernels_match_the_plain_path(monkeypatch,
             used.append(chosen is not None)
             return chosen
 
-        monkeypatch.setattr(cem_attention_module, "decode_kernels", choose)
+        monkeypatch.setattr(core, "decode_kernels", choose)
         dtype = model.w_q.weight.dtype
         cache = CacheSlot(40)
         with torch.no_grad():

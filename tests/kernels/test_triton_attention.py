@@ -211,8 +211,8 @@ def test_decode_matches_full_forward():
 
 def test_auto_backend_choice(monkeypatch):
     monkeypatch.setattr(core, "_RESOLVED", {})
-    assert auto_backend("cpu") == "fast"  # the CPU path, for every diagonal kind
-    assert auto_backend("cpu", values=True) == "fast"
+    assert auto_backend("cpu") == "cpu"  # the CPU path, for every diagonal kind
+    assert auto_backend("cpu", values=True) == "cpu"
     monkeypatch.setitem(core._TRITON_OK, "cuda", True)  # as if the CUDA self-check had passed
     assert auto_backend("cuda") == ("triton" if HAS_TRITON else "sdpa")
     monkeypatch.setitem(core._TRITON_OK, "cuda", False)  # ... or failed
@@ -260,6 +260,7 @@ def test_flex_grads_match_eager_cuda():
         torch.testing.assert_close(a, b, atol=2e-3, rtol=2e-3)
 
 
+@pytest.mark.slow
 def test_imports_without_triton():
     """With triton unimportable, cem.kernels still imports, auto picks sdpa, and triton raises clearly."""
     code = (
@@ -332,7 +333,7 @@ def test_default_tiles_are_the_measured_ones_for_16_bit_and_the_heuristic_elsewh
     no-diagonal kernels at head width <= 64; fp32, the per-head diagonal and wider heads keep the register
     heuristic, whose choice must differ (a change to either rule shows here)."""
     from cem.kernels import triton_attention
-    from cem.kernels.triton_attention import default_config
+    from cem.kernels import default_config
 
     monkeypatch.setattr(triton_attention, "uses_interpreter", lambda device: False)  # the compiled path's tiles
     cuda = torch.device("cuda")
@@ -384,10 +385,10 @@ def test_shared_diagonal_scores_only_while_they_fit(monkeypatch):
 
     inputs = make_inputs(1, 2, 20, 20, 16, 32, "shared", seed=5)
     q, k, diag, _ = inputs
-    assert ta._Launch(q, k, diag.qd, diag.hn, 0, None, backward=True).scores
+    assert ta.KernelLaunch(q, k, diag.qd, diag.hn, 0, None, backward=True).scores
     monkeypatch.setattr(ta, "DIAG_SCORES_MAX_BYTES", 20 * 20 * 4)  # the scores fit, Σ dS per group does not
-    assert ta._Launch(q, k, diag.qd, diag.hn, 0, None).scores
-    assert not ta._Launch(q, k, diag.qd, diag.hn, 0, None, backward=True).scores
+    assert ta.KernelLaunch(q, k, diag.qd, diag.hn, 0, None).scores
+    assert not ta.KernelLaunch(q, k, diag.qd, diag.hn, 0, None, backward=True).scores
     out, grads = run(kernel, inputs, 0)  # forward with scores, backward over D
     ref, ref_grads = run(cem_attention_eager, inputs, 0)
     torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
@@ -395,6 +396,7 @@ def test_shared_diagonal_scores_only_while_they_fit(monkeypatch):
         torch.testing.assert_close(g, rg, atol=2e-4, rtol=2e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("diag", ["shared", "per_head", None])
 def test_custom_operators_pass_opcheck(diag):
     """The kernels are two torch.library custom operators (forward, backward) with fake (meta) kernels and

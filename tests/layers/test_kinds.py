@@ -76,7 +76,7 @@ def test_each_key_query_diagonal_means_the_same_to_layer_kernel_and_planner(name
     """One kind, one meaning: the layer's parameter has the registered shape and its FLOPs count it; the
     term the layer hands the attention core is the kernel's kind of that name, which reads it as a score
     matrix exactly where the kind says the kernel allocates scratch; the memory planner counts that scratch."""
-    from cem.kernels.triton_attention import _Launch, kq_diag_of
+    from cem.kernels import KernelLaunch, kq_diag_of
     from cem.model import memory
 
     kind, D, K, J = KQ_DIAGONALS[name], 48, 4, 16
@@ -91,7 +91,7 @@ def test_each_key_query_diagonal_means_the_same_to_layer_kernel_and_planner(name
     q = k = torch.randn(2, K, J, D // K)
     cfg = model_config("micro", "cem-attn", kq_diag=name, vocab_size=32)
     scratch = ATTENTION_KINDS["cem"].kernel.scratch(cfg.attention_config(), 2, J, 4)
-    assert _Launch(q, k, qd, hn, 0, None, backward=True).scores == (scratch > 0) == (name == "shared")
+    assert KernelLaunch(q, k, qd, hn, 0, None, backward=True).scores == (scratch > 0) == (name == "shared")
     monkeypatch.setattr(memory, "activation_bytes", lambda *a, **kw: (0, 0))  # the planner's terms without its probes
     logits = 2 * 64 * cfg.vocab_size * 2
     assert memory.plan_memory(cfg, 2, 64).transient == max(logits, kind.kernel_scratch(2, 64, 2)) == (4 * logits if name == "shared" else logits)

@@ -34,7 +34,7 @@ def test_the_counter_sees_host_reads():
     assert c.syncs == {"_local_scalar_dense": 3, "tolist": 1, "cpu": 1, "nonzero": 1, "numpy": 1}  # bool(): a scalar read too
 
 
-@pytest.mark.parametrize("arch, backend", [("llama", "auto"), ("cem-t2", "fast"), ("cem-t2", "eager"), ("cem", "sdpa")])
+@pytest.mark.parametrize("arch, backend", [("llama", "auto"), ("cem-t2", "cpu"), ("cem-t2", "eager"), ("cem", "sdpa")])
 def test_training_forward_backward_never_reads_the_host(arch, backend):
     """No host synchronisation in a training forward + backward (the token-id check used to read min and max
     of the ids, two syncs a forward on a GPU; it is an asynchronous device assertion now)."""
@@ -88,7 +88,7 @@ def test_cem_t2_operators_per_layer():
     alone is 1.78x (it was 2.05x, then 1.85x). Two and three layers: the difference is one layer's operators."""
     per_layer = {}
     for name in ("Llama", "CEM T=2", "cem-t2"):
-        two, three = (count_model(name, "fast", "134M", 64, 1, n).n_ops for n in (2, 3))
+        two, three = (count_model(name, "cpu", "134M", 64, 1, n).n_ops for n in (2, 3))
         per_layer[name] = three - two
     assert per_layer["CEM T=2"] <= 1.8 * per_layer["Llama"], per_layer
     assert per_layer["cem-t2"] <= 2.5 * per_layer["Llama"], per_layer
@@ -99,8 +99,8 @@ def test_op_count_report(tmp_path):
     from benchmarks.op_count import main
 
     out = tmp_path / "ops.md"
-    report = main(["--preset", "tiny", "--seq", "16", "--models", "Llama", "CEM T=1", "--backends", "fast", "eager", "--out", str(out)])
+    report = main(["--preset", "tiny", "--seq", "16", "--models", "Llama", "CEM T=1", "--backends", "cpu", "eager", "--out", str(out)])
     rows = report.table.records()
-    assert [(r["model"], r["backend"]) for r in rows] == [("Llama", "-"), ("CEM T=1", "fast"), ("CEM T=1", "eager")]
+    assert [(r["model"], r["backend"]) for r in rows] == [("Llama", "-"), ("CEM T=1", "cpu"), ("CEM T=1", "eager")]
     assert rows[0]["×Llama"] == "1.00" and all(r["syncs"] == "0" for r in rows)
     assert "| model | backend | aten ops |" in out.read_text()

@@ -68,6 +68,7 @@ def test_a_run_from_before_the_one_metrics_file_resumes_with_both(tiny_args, tmp
     assert drop_duplicate_csv(tmp_path) == [csv_path] and not csv_path.exists()
 
 
+@pytest.mark.slow
 def test_depth_recipes_train_and_resume_exactly(tiny_args, tmp_path):
     """The test-time compute recipes (heavy-tailed random depths, truncated backpropagation, the fixed-point
     penalty, the geometric schedule) train, resume bit-exact, and step checkpointing does not change them."""
@@ -193,6 +194,7 @@ def test_a_few_bf16_autocast_steps_train_like_fp32(tiny_args, tmp_path, arch):
     assert abs(runs["bf16"]["test_loss"] - runs["fp32"]["test_loss"]) < 0.05
 
 
+@pytest.mark.slow
 def test_each_run_compiles_afresh_in_a_process_that_trained_others(tiny_args, tmp_path, monkeypatch):
     """A lane trains run after run in one process: a cpu128 lane reached dynamo's recompile limit (8) at its
     fourth run, past which a new architecture's forward runs eagerly without a word. Each run now compiles its

@@ -1,6 +1,6 @@
 """Data layer: corpora, tokenizers, cached token shards and batch samplers."""
 
-from cem.data.corpora import KNOWN_CORPORA, SPLITS, Corpus, load_corpus, prepared_data_dir, resolve_data_dir
+from cem.data.corpora import KNOWN_CORPORA, SPLITS, Corpus, CorpusSpec, load_corpus, parse_corpus, prepared_data_dir, resolve_data_dir
 from cem.data.loader import SequenceSampler, iter_eval_batches
 from cem.data.shards import TokenSplit, build_split, token_cache_dir
 from cem.data.tokenizers import (
@@ -18,6 +18,7 @@ __all__ = [
     "SPLITS",
     "ByteTokenizer",
     "Corpus",
+    "CorpusSpec",
     "HFTokenizer",
     "SequenceSampler",
     "TokenSplit",
@@ -26,6 +27,7 @@ __all__ = [
     "get_tokenizer",
     "iter_eval_batches",
     "load_corpus",
+    "parse_corpus",
     "load_tokenizer",
     "prepared_data_dir",
     "resolve_data_dir",

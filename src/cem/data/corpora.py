@@ -1,4 +1,5 @@
-"""`load_corpus`: turn a corpus spec (a known name, a local path, or `hf:NAME[:CONFIG]`) into a `Corpus`."""
+"""`parse_corpus` reads a corpus spec (a known name, a local path, or `hf:NAME[:CONFIG]`) into a `CorpusSpec`,
+once; `load_corpus` turns one into a `Corpus`."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from cem.data.corpus import SPLITS, Corpus
+from cem.data.corpus import CORPUS_KINDS, HF_PREFIX, SPLITS, Corpus, CorpusSpec
 from cem.data.fsutil import cache_root
 from cem.data.hub import load_hf
 from cem.data.local import load_local
@@ -19,7 +20,7 @@ from cem.data.named import (
     load_wikitext2,
 )
 
-__all__ = ["KNOWN_CORPORA", "SPLITS", "Corpus", "load_corpus", "prepared_data_dir", "resolve_data_dir"]
+__all__ = ["CORPUS_KINDS", "KNOWN_CORPORA", "SPLITS", "Corpus", "CorpusSpec", "load_corpus", "parse_corpus", "prepared_data_dir", "resolve_data_dir"]
 
 _LOADERS: dict[str, Callable[[Path], Corpus]] = {
     "shakespeare": lambda data_dir: load_shakespeare(),
@@ -30,6 +31,20 @@ _LOADERS: dict[str, Callable[[Path], Corpus]] = {
     "enwik8": load_enwik8,
 }
 KNOWN_CORPORA = tuple(_LOADERS)
+
+
+def parse_corpus(spec: str | Path | CorpusSpec) -> CorpusSpec:
+    """The `CorpusSpec` of `spec` (one already parsed is returned as it is): "hf" for `hf:NAME[:CONFIG]`, "named"
+    for one of KNOWN_CORPORA, else "local"; ValueError for an `hf:` spec without a NAME."""
+    if isinstance(spec, CorpusSpec):
+        return spec
+    text = os.fspath(spec)
+    if text.startswith(HF_PREFIX):
+        name, _, config = text.removeprefix(HF_PREFIX).partition(":")
+        if not name:
+            raise ValueError(f"expected 'hf:NAME' or 'hf:NAME:CONFIG', got {text!r}")
+        return CorpusSpec(text, "hf", name, config or None)
+    return CorpusSpec(text, "named" if text in _LOADERS else "local")
 
 
 def prepared_data_dir() -> Path:
@@ -58,7 +73,7 @@ def resolve_data_dir(data_dir: str | Path | None = None, corpus: str | None = No
 
 
 def load_corpus(
-    spec: str | Path, data_dir: str | Path | None = None, hf_max_docs: int | None = None, hf_max_bytes: int | None = None, encoding: str = "utf-8"
+    spec: str | Path | CorpusSpec, data_dir: str | Path | None = None, hf_max_docs: int | None = None, hf_max_bytes: int | None = None, encoding: str = "utf-8"
 ) -> Corpus:
     """Load a corpus by spec.
 
@@ -68,17 +83,17 @@ def load_corpus(
     bytes of training text (`hub.load_hf`; None: no limit). `encoding` is that of
     local text files (a file that does not decode is refused).
     """
-    spec = os.fspath(spec)
-    if spec in _LOADERS:
-        return _LOADERS[spec](resolve_data_dir(data_dir, spec))
-    if spec.startswith("hf:"):
+    spec = parse_corpus(spec)
+    if spec.kind == "named":
+        return _LOADERS[spec.text](resolve_data_dir(data_dir, spec.text))
+    if spec.is_hf:
         return load_hf(spec, hf_max_docs, hf_max_bytes)
-    path = Path(spec).expanduser()
+    path = spec.path
     if path.exists():
         return load_local(path, encoding)
-    if os.sep in spec or path.suffix:
-        raise FileNotFoundError(f"corpus path {spec!r} does not exist")
+    if os.sep in spec.text or path.suffix:
+        raise FileNotFoundError(f"corpus path {spec.text!r} does not exist")
     raise ValueError(
-        f"unknown corpus {spec!r}: use one of {', '.join(KNOWN_CORPORA)}, a path to a "
+        f"unknown corpus {spec.text!r}: use one of {', '.join(KNOWN_CORPORA)}, a path to a "
         ".txt/.jsonl/.parquet file or a directory of them, or hf:NAME[:CONFIG]"
     )

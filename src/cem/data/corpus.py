@@ -1,11 +1,52 @@
-"""The `Corpus` container: a named set of documents for the train, valid and test splits."""
+"""The `Corpus` container: a named set of documents for the train, valid and test splits; and `CorpusSpec`,
+what names one (made by `cem.data.corpora.parse_corpus`)."""
 
 from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from pathlib import Path
 
 SPLITS = ("train", "valid", "test")
+CORPUS_KINDS = ("named", "local", "hf")
+HF_PREFIX = "hf:"
+
+
+@dataclass(frozen=True)
+class CorpusSpec:
+    """A corpus spec, parsed once (`parse_corpus`): `text` as written (what names the corpus in records, shard
+    folders and messages) and its `kind`: "named" (one of `KNOWN_CORPORA`), "local" (a file or folder, `path`)
+    or "hf" (`hf:NAME[:CONFIG]`, a Hugging Face dataset streamed: `name` and `config`)."""
+
+    text: str
+    kind: str
+    name: str = ""  # hf: the dataset NAME (an id, or a local directory)
+    config: str | None = None  # hf: its CONFIG
+
+    def __post_init__(self) -> None:
+        if self.kind not in CORPUS_KINDS:
+            raise ValueError(f"unknown corpus kind {self.kind!r}; expected one of {', '.join(map(repr, CORPUS_KINDS))}")
+
+    @property
+    def is_hf(self) -> bool:
+        return self.kind == "hf"
+
+    @property
+    def label(self) -> str:
+        """The text without the `hf:` prefix (NAME[:CONFIG] for a dataset)."""
+        return self.text.removeprefix(HF_PREFIX) if self.is_hf else self.text
+
+    def resolved(self) -> CorpusSpec:
+        """A local spec named by its absolute path (as `cem train` records a local corpus)."""
+        return CorpusSpec(str(self.path.resolve()), "local")
+
+    @property
+    def path(self) -> Path:
+        """Where a local reading of the spec looks (a named corpus's text read as a path too, as before)."""
+        return Path(self.text).expanduser()
+
+    def __str__(self) -> str:
+        return self.text
 
 
 @dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable, Iterator
 
-from cem.data.corpus import SPLITS, Corpus
+from cem.data.corpus import SPLITS, Corpus, CorpusSpec
 from cem.data.splitting import hash_split
 
 _VALID_NAMES = ("validation", "valid", "dev")
@@ -15,7 +15,7 @@ VALID_FRAC = TEST_FRAC = 0.01
 HELD_OUT_FRACTION = 0.02  # held-out splits stream at most this fraction of train's byte limit (at least 1 MB)
 
 
-def load_hf(spec: str, max_docs: int | None = None, max_bytes: int | None = None) -> Corpus:
+def load_hf(spec: CorpusSpec, max_docs: int | None = None, max_bytes: int | None = None) -> Corpus:
     """The `text` of the leading rows per split of `datasets.load_dataset(NAME, CONFIG, streaming=True)`:
     at most `max_docs` rows, and rows until `max_bytes` bytes of text for train (HELD_OUT_FRACTION of it,
     at least 1 MB, for the held-out splits). Rows are streamed, so only what is taken is downloaded.
@@ -41,24 +41,21 @@ def load_hf(spec: str, max_docs: int | None = None, max_bytes: int | None = None
         half = (len(docs) + 1) // 2
         splits = {"train": train, "valid": docs[:half], "test": docs[half:]}
     else:
-        parts = hash_split([str(i) for i in range(len(train))], VALID_FRAC, TEST_FRAC, source=spec)
+        parts = hash_split([str(i) for i in range(len(train))], VALID_FRAC, TEST_FRAC, source=spec.text)
         splits = {s: [train[i] for i in parts[s]] for s in SPLITS}
-    return Corpus(spec, splits)
+    return Corpus(spec.text, splits)
 
 
-def open_hf(spec: str) -> dict:
+def open_hf(spec: CorpusSpec) -> dict:
     """`datasets.load_dataset(NAME, CONFIG, streaming=True)` for `hf:NAME[:CONFIG]`: its splits as streams of
     rows (nothing is downloaded until rows are read); ValueError naming the spec when it cannot be opened or
     has no train split."""
-    name, _, config = spec.removeprefix("hf:").partition(":")
-    if not name:
-        raise ValueError(f"expected 'hf:NAME' or 'hf:NAME:CONFIG', got {spec!r}")
     try:
         import datasets  # imported here: slow to import and only needed for hf: corpora
     except ImportError:
         raise ValueError(f"{spec}: hf: corpora need the datasets package (pip install datasets)") from None
     try:
-        streams = datasets.load_dataset(name, config or None, streaming=True)
+        streams = datasets.load_dataset(spec.name, spec.config, streaming=True)
     except Exception as e:  # noqa: BLE001 - offline, unknown dataset, bad config: datasets raises many kinds
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise ValueError(f"{spec}: datasets.load_dataset could not open it (offline, or no such dataset/config?): {type(e).__name__}: {first}") from None

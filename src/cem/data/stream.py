@@ -23,6 +23,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from cem.data.corpora import parse_corpus
+from cem.data.corpus import CorpusSpec
 from cem.data.hub import held_out_names, open_hf, texts
 from cem.data.local import corpus_files, is_one_document, iter_documents, split_files
 from cem.data.splitting import hash_split, split_of, warn_thin_split
@@ -50,18 +52,19 @@ class Stream:
 DocumentStreams = Callable[..., Stream]  # documents(split, resume=None)
 
 
-def open_streams(spec: str, encoding: str = "utf-8", separator: str | None = None) -> DocumentStreams:
+def open_streams(spec: str | CorpusSpec, encoding: str = "utf-8", separator: str | None = None) -> DocumentStreams:
     """`documents(split)` for the source `spec` (`separator`: what ends a document in local `.txt` files,
     blank lines by default); ValueError / FileNotFoundError naming it when it cannot be read."""
-    if spec.startswith("hf:"):
+    spec = parse_corpus(spec)
+    if spec.is_hf:
         return _hf_streams(spec)
     try:
         codecs.lookup(encoding)
     except LookupError:
         raise ValueError(f"unknown encoding {encoding!r}") from None
-    path = Path(spec).expanduser()
+    path = spec.path
     if not path.exists():
-        raise FileNotFoundError(f"corpus path {spec!r} does not exist (expected hf:NAME[:CONFIG] or a local file or folder)")
+        raise FileNotFoundError(f"corpus path {spec.text!r} does not exist (expected hf:NAME[:CONFIG] or a local file or folder)")
     return _local_streams(path, encoding, separator)
 
 
@@ -97,7 +100,7 @@ def _local_streams(path: Path, encoding: str, separator: str | None) -> Document
     return lambda split, resume=None: Stream(split_docs(split))
 
 
-def _hf_streams(spec: str) -> DocumentStreams:
+def _hf_streams(spec: CorpusSpec) -> DocumentStreams:
     streams = open_hf(spec)
     held_out = held_out_names(streams)
 

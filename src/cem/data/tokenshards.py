@@ -43,7 +43,8 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from cem.data.corpora import load_corpus, prepare_target
+from cem.data.corpora import load_corpus, parse_corpus, prepare_target
+from cem.data.corpus import CorpusSpec
 from cem.data.corpus import SPLITS
 from cem.data.shards import TokenSplit, build_split, encode_pieces, piece_batches, token_dtype
 from cem.data.stream import DocumentStreams, Stream, open_streams
@@ -66,12 +67,13 @@ HELD_OUT_FRACTION = 0.01  # with --tokens N, valid and test take at most this fr
 MIN_HELD_OUT_TOKENS = 1_000_000
 
 
-def shard_dir(source: str, tokenizer_spec: str, data_dir: str | Path | None = None) -> Path:
+def shard_dir(source: str | CorpusSpec, tokenizer_spec: str, data_dir: str | Path | None = None) -> Path:
     """Where `cem data prepare` puts the shards of `source` tokenised by `tokenizer_spec`, and where the
     trainer finds them: `<data dir>/shards/<readable name>-<hash of both>`, the data directory as for
     `cem data prepare NAME` (`--data-dir`, else $CEM_DATA_DIR, else ~/.cache/cem/data)."""
-    readable = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{Path(source.removeprefix('hf:')).name}--{Path(tokenizer_spec).name}")
-    digest = hashlib.sha256(f"{source}\n{tokenizer_spec}".encode()).hexdigest()[:12]
+    source = parse_corpus(source)
+    readable = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{Path(source.label).name}--{Path(tokenizer_spec).name}")
+    digest = hashlib.sha256(f"{source.text}\n{tokenizer_spec}".encode()).hexdigest()[:12]
     return prepare_target(data_dir) / "shards" / f"{readable[:80]}-{digest}"
 
 
@@ -89,7 +91,7 @@ def parse_tokens(value: str | int | None, name: str = "a token count") -> int | 
 
 
 def prepare_shards(
-    source: str,
+    source: str | CorpusSpec,
     tokenizer_spec: str,
     out: str | Path | None = None,
     *,
@@ -112,13 +114,14 @@ def prepare_shards(
     BPE on the leading training documents (BPE_SAMPLE_CHARS characters) and keeps it in the folder. A
     folder holding an unfinished prepare of the same settings is continued; one of other settings is refused.
     """
-    if tokens is None and source.startswith("hf:"):
+    source = parse_corpus(source)
+    if tokens is None and source.is_hf:
         raise ValueError(f"{source}: say how many training tokens to prepare (--tokens N, e.g. 2.7e9)")
     for name, value in (("tokens", tokens), ("held_out_tokens", held_out_tokens), ("shard_tokens", shard_tokens)):
         if value is not None and value < 1:
             raise ValueError(f"{name} must be positive, got {value}")
-    if not source.startswith("hf:"):  # a local corpus is named by its absolute path (as `cem train` records it)
-        source = str(Path(source).expanduser().resolve())
+    if not source.is_hf:  # a local corpus is named by its absolute path (as `cem train` records it)
+        source = source.resolved()
     if held_out_tokens is None and tokens is not None:
         held_out_tokens = max(MIN_HELD_OUT_TOKENS, int(HELD_OUT_FRACTION * tokens))
     out = refuse_link(Path(out) if out is not None else shard_dir(source, tokenizer_spec, data_dir))
@@ -128,7 +131,7 @@ def prepare_shards(
         return _prepare_locked(source, tokenizer_spec, out, tokens, held_out_tokens, shard_tokens, workers, encoding, separator, progress)
 
 
-def _prepare_locked(source: str, tokenizer_spec: str, out: Path, tokens: int | None, held_out_tokens: int | None,
+def _prepare_locked(source: CorpusSpec, tokenizer_spec: str, out: Path, tokens: int | None, held_out_tokens: int | None,
                     shard_tokens: int, workers: int | None, encoding: str, separator: str | None, progress: bool) -> Path:
     """`prepare_shards` in the folder `out`, held by this process."""
     files = _source_files(source)  # before anything is read from it
@@ -145,7 +148,7 @@ def _prepare_locked(source: str, tokenizer_spec: str, out: Path, tokens: int | N
         tokenizer = get_tokenizer(tokenizer_spec)
     settings = {
         "format": FORMAT,
-        "source": source,
+        "source": source.text,
         "tokenizer_spec": tokenizer_spec,
         "tokenizer": tokenizer.name,
         "vocab_size": tokenizer.vocab_size,
@@ -409,14 +412,14 @@ def _manifest_lacks(manifest: dict) -> str | None:
     return lacking[0] if lacking else None
 
 
-def _source_files(source: str) -> dict[str, list] | None:
+def _source_files(source: CorpusSpec) -> dict[str, list] | None:
     """Size, modification time (ns) and sha256 of each file of a local source (a file, or a folder's corpus files
     by relative path); None for an hf: source. A resumed prepare checks that they are unchanged: the hash catches
     text replaced with its size and modification time put back (`cp -p`, `rsync -t`), for one read of the source,
     less than tokenising it takes."""
-    if source.startswith("hf:"):
+    if source.is_hf:
         return None
-    path, found = Path(source), {}
+    path, found = source.path, {}
     for file in sorted(p for p in path.rglob("*") if p.suffix in SUFFIXES and p.is_file()) if path.is_dir() else [path]:
         with contextlib.suppress(FileNotFoundError):  # a missing source is refused when it is opened
             st = file.stat()
@@ -424,7 +427,7 @@ def _source_files(source: str) -> dict[str, list] | None:
     return found
 
 
-def _refuse_changed_source(source: str, out: Path, recorded: dict | None, now: dict | None) -> None:
+def _refuse_changed_source(source: CorpusSpec, out: Path, recorded: dict | None, now: dict | None) -> None:
     """ValueError naming a file of `source` added, removed or changed since the unfinished prepare in `out`
     began (`recorded`: its `_source_files`, or their size and time alone from an older prepare; None, for an
     older prepare or an hf: source, is not checked)."""
@@ -437,7 +440,7 @@ def _refuse_changed_source(source: str, out: Path, recorded: dict | None, now: d
     name = (added or changed)[0]
     how = "added" if added else "removed" if name not in now else "changed (its size or modification time differ)" \
         if now[name][:2] != recorded[name][:2] else "changed (its content differs, with the same size and modification time)"
-    path = Path(source) / name if Path(source).is_dir() else Path(source)
+    path = source.path / name if source.path.is_dir() else source.path
     raise ValueError(f"{path}: {how} since the unfinished token shards in {out} were begun from {source}; "
                      f"remove {out} and prepare again to start over from the new text")
 
@@ -482,12 +485,13 @@ class ShardedTokens:
 IN_MEMORY_MAX_BYTES = 1 << 30  # an hf: corpus needing more text than this for its budget must be prepared as shards
 
 
-def find_shards(data: str, tokenizer_spec: str, data_dir: str | Path | None = None, budget_bytes: int | None = None) -> Path | None:
+def find_shards(data: str | CorpusSpec, tokenizer_spec: str, data_dir: str | Path | None = None, budget_bytes: int | None = None) -> Path | None:
     """The token shards a run of `data` with `tokenizer_spec` trains on: `data` itself when it is a shard
     folder (its tokenizer must be `tokenizer_spec`), else `shard_dir(data, tokenizer_spec, data_dir)` when a
     prepare there has finished, else None (the corpus is loaded whole). An hf: corpus whose budget needs
     more than IN_MEMORY_MAX_BYTES of text (`budget_bytes`) and has no shards is refused, naming the command."""
-    folder = Path(data).expanduser()
+    data = parse_corpus(data)
+    folder = data.path
     if (folder / MANIFEST).is_file():
         spec = _read_manifest(folder)["settings"]["tokenizer_spec"]
         if spec != tokenizer_spec:
@@ -497,7 +501,7 @@ def find_shards(data: str, tokenizer_spec: str, data_dir: str | Path | None = No
     manifest = _read_manifest(prepared) if prepared.is_dir() else None
     if manifest is not None and manifest["complete"]:
         return prepared
-    if data.startswith("hf:") and budget_bytes is not None and budget_bytes > IN_MEMORY_MAX_BYTES:
+    if data.is_hf and budget_bytes is not None and budget_bytes > IN_MEMORY_MAX_BYTES:
         tokens = f"{budget_bytes // 4:.3g}"  # about 4 bytes a token: hf_bytes_for_budget's rate
         raise ValueError(f"{data}: this budget needs about {budget_bytes / 1e9:.1f} GB of text, too much to hold in memory; "
                          f"prepare token shards first: cem data prepare {data} --tokenizer {tokenizer_spec} --tokens {tokens}"
@@ -560,7 +564,7 @@ def load_shards(path: str | Path) -> tuple[dict, Tokenizer, dict[str, TokenSplit
     return manifest, load_tokenizer(path / TOKENIZER_DIR), splits
 
 
-def token_split(data: str, tokenizer: Tokenizer, tokenizer_spec: str, split: str, data_dir: str | Path | None = None,
+def token_split(data: str | CorpusSpec, tokenizer: Tokenizer, tokenizer_spec: str, split: str, data_dir: str | Path | None = None,
                 encoding: str = "utf-8") -> TokenSplit:
     """One split of `data` in `tokenizer`'s ids (`tokenizer_spec` names it): from its token shards where
     there are some (`find_shards`), else the corpus tokenised (`build_split`)."""

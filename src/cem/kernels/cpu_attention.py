@@ -8,7 +8,7 @@ the self bias s:
     logit_kij = (k_j^k · q_i^k + ĥ_j · qd_i^k) / τ + alibi_kij + s_k [q_start + i = j]
     o_i^k     = Σ_{j <= q_start + i} softmax_j(logit_kij) v_j^k             (v = k unless given)
 
-`cem.layers.attention_core` registers it as the backend "fast" ("auto" on the CPU).
+`cem.layers.attention_core` registers it as the backend "cpu" ("auto" on the CPU).
 """
 
 from __future__ import annotations

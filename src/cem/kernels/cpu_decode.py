@@ -1,7 +1,7 @@
 """The CPU decode kernel of CEM attention's query side (`cpu_decode.cpp`), for bf16 on processors with AVX512-BF16.
 
 A cached decoding step with a key-query diagonal reads the context ĥ (B, N, D) once with the K·J queries moved to
-ĥ's space (`CEMAttention.query_side`). In PyTorch that is two GEMMs of skinny shapes, ĥ (N×D) by the queries
+ĥ's space (`cem.layers.attention_core.cem_query_side`). In PyTorch that is two GEMMs of skinny shapes, ĥ (N×D) by the queries
 (D×K·J) and the probabilities (K·J×N) by ĥ, each reading ĥ from memory, at 31-41 GMAC/s through oneDNN on an AMD
 EPYC core without AMX (docs/benchmarks/decode.md). The kernel reads ĥ once in blocks of rows (an online softmax),
 with bf16 dot products accumulated in float32 (`vdpbf16ps`), the ALiBi bias, the self bias and the causal mask
@@ -12,7 +12,7 @@ computed in place, and threads splitting the rows (merged as in flash-decoding):
 The same maths as the two-GEMM form (logits, bias and softmax in float32, the probabilities rounded to bf16 for the
 value product), more accurate in one place: its logits stay in float32 (the GEMM rounds them to bf16).
 
-Two more for the per-head products of a step of few tokens (`CEMAttention._per_head`, `_heads_out`), each head's
+Two more for the per-head products of a step of few tokens (`attention_core.per_head` and the query side's W_K^k products), each head's
 rows of a weight read once instead of a block-diagonal GEMM with K times the multiply-adds: `rows_dot` (y = W^k x^k
 per head) and `rows_axpy` (y = Σ_r x^k_r W^k_r per head).
 

@@ -34,7 +34,7 @@ except Exception as exc:  # ImportError, or a broken install
     HAS_TRITON = False
     TRITON_IMPORT_ERROR = exc
 
-__all__ = ["HAS_TRITON", "KernelConfig", "default_config", "kq_diag_of", "triton_cem_attention", "uses_interpreter"]
+__all__ = ["HAS_TRITON", "KernelConfig", "KernelLaunch", "default_config", "kq_diag_of", "triton_cem_attention", "uses_interpreter"]
 
 _SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _KERNEL_MODULES: dict[bool, object] = {}
@@ -58,7 +58,7 @@ class KernelConfig:
     num_warps: int = 4
     num_stages: int = 1
     allow_tf32: bool = False
-    diag_scores: bool | None = None  # shared diagonal as a (B, Jq, Jk) score matrix (None: when it fits, see _Launch)
+    diag_scores: bool | None = None  # shared diagonal as a (B, Jq, Jk) score matrix (None: when it fits, see KernelLaunch)
 
 
 # The shared diagonal's scores ĥ_j·qd_i as one (B, Jq, Jk) matrix product (cuBLAS) that the kernels read as a
@@ -184,7 +184,7 @@ def _qd_strides(qd: Tensor | None) -> tuple[int, int, int, int]:
     return tuple(qd.stride())
 
 
-class _Launch:
+class KernelLaunch:
     """Everything the three kernels share: shapes, flags, tile sizes, grid."""
 
     def __init__(self, q, k, qd, hn, q_start, config: KernelConfig | None, backward: bool = False):
@@ -267,7 +267,7 @@ def _fwd_impl(
 ) -> tuple[Tensor, Tensor]:
     """(o, lse): the attention output and each query's log-sum-exp of its logits in base 2 (float32, as
     the kernels keep it), for the backward."""
-    L = _Launch(q, k, qd, hn, q_start, _config_of(config))
+    L = KernelLaunch(q, k, qd, hn, q_start, _config_of(config))
     mod = _kernels(L.interpret)
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty((L.B, L.K, L.Jq), dtype=torch.float32, device=q.device)
@@ -292,7 +292,7 @@ def _bwd_impl(
     o: Tensor, lse: Tensor, q_start: int, config: list[int] | None, need_qd: bool, need_hn: bool, need_sb: bool,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(dq, dk, dqd, dĥ, d self bias); a gradient not asked for (need_*) is an empty tensor."""
-    L = _Launch(q, k, qd, hn, q_start, _config_of(config), backward=True)
+    L = KernelLaunch(q, k, qd, hn, q_start, _config_of(config), backward=True)
     mod = _kernels(L.interpret)
     do = do.to(q.dtype)
     delta = (do.float() * o.float()).sum(-1)  # Δ_i = dO_i · O_i, (B, K, Jq), fp32

@@ -1,4 +1,4 @@
-"""The CEM attention core, in one place: the logits, five implementations of the same maths, and the
+"""The CEM attention core, in one place: the logits, the implementations of the same maths, and the
 choice between them (docs/design.md, attention, "What the layer computes").
 
 For every head k and query position i (query i sits at absolute position q_start + i):
@@ -6,9 +6,9 @@ For every head k and query position i (query i sits at absolute position q_start
     logit_kij = ( k_j^k · q_i^k + ĥ_j · (d_k ∘ u_i) ) / τ + b_kij,   b_kij = -m_k (i - j) + s_k [i = j]
     o_i^k     = Σ_{j <= i} softmax_j(logit_kij) v_j^k                 (v = k: values are the keys)
 
-Every implementation takes `(q, k, diag, positions, q_start=0, v=None)`: `diag` the diagonal term's factors
-(`Diagonal`: d ∘ u and ĥ, or None), `positions` the layer's `Positions` (ALiBi slopes m_k and self bias s_k).
-They are the entries of `IMPLEMENTATIONS`, each a `Backend` saying what it supports:
+Every implementation that reads the keys takes `(q, k, diag, positions, q_start=0, v=None)`: `diag` the
+diagonal term's factors (`Diagonal`: d ∘ u and ĥ, or None), `positions` the layer's `Positions` (ALiBi slopes
+m_k and self bias s_k). They are the entries of `IMPLEMENTATIONS`, each a `Backend` saying what it supports:
 
 - "eager": `cem_attention_eager`, reads like the equations; its logits are `cem_logits`, which
   `CEMAttention.energy` and `cem_attention_energy` use too;
@@ -18,16 +18,26 @@ They are the entries of `IMPLEMENTATIONS`, each a `Backend` saying what it suppo
   diagonal folded in like sdpa; `torch.compile`d on CUDA, forward-only on CPU (PyTorch has no CPU
   backward for it);
 - "triton": the fused kernel of `cem.kernels` (values tied to keys: with `v` it falls back to sdpa);
-- "fast": the CPU path of `cem.kernels` (`cpu_cem_attention`): 1/τ applied to q and d∘u before the
+- "cpu": the CPU path of `cem.kernels` (`cpu_cem_attention`): 1/τ applied to q and d∘u before the
   matmuls, the ALiBi bias a cached constant (`Positions.alibi`) the scores are accumulated onto, the self
   bias added on the diagonal only, causal query blocks; without a diagonal, PyTorch's fused CPU flash kernel.
+  Its old name "fast" is still accepted, with a warning (`RENAMED`).
+
+The query side, the form a cached decoding step with a diagonal runs, reads the context ĥ in place of the keys:
+head k's logit is k_j^k·q^k + ĥ_j·(d_k∘u) = ĥ_j·(W_K^kᵀ q^k + d_k∘u), so the K·J queries moved to ĥ's space
+attend as one head of width D over ĥ (values ĥ), and o^k = W_K^k Σ_j p_kj ĥ_j. Exact in any dtype (no
+W_K^{-1}); K times the multiply-adds of the per-head form, the same bytes read. Its implementations take
+`(q, w_k, diag, positions, q_start=0)` (W_K in place of the keys) and return (o, Σ_j p_kj ĥ_j); they are the
+entries of `IMPLEMENTATIONS` that read "context", and `cem_query_side` runs the first of `QUERY_SIDE` meant for
+the device and dtype: "query_side_cpu" (bf16 on the CPU: the decode kernel of `cem.kernels` where it runs, else
+two GEMMs and a float32 softmax), else "query_side" (SDPA over ĥ).
 
 "auto" runs the first of `AUTO` meant for the device that takes the values asked for and passes its
-self-check there: "triton" on CUDA once the kernel has passed `triton_self_check`, "fast" on CPU, else "sdpa".
+self-check there: "triton" on CUDA once the kernel has passed `triton_self_check`, "cpu" on CPU, else "sdpa".
 `check_backend` rejects an unknown name (ModelConfig and CEMAttention call it at build time);
 `resolve_backend` turns a requested name into the one that runs, decided once per device and cached.
-The kernels are reached from here only (`cem_attention_triton`, `cem_attention_fast` unpack `Diagonal` and
-`Positions` into their tensors); every call of PyTorch's SDPA goes through `cem.layers.sdpa`.
+The kernels are reached from here only (`cem_attention_triton`, `cem_attention_cpu` and the query side unpack
+`Diagonal` and `Positions` into their tensors); every call of PyTorch's SDPA goes through `cem.layers.sdpa`.
 """
 
 from __future__ import annotations
@@ -40,8 +50,8 @@ from typing import Callable, NamedTuple
 import torch
 from torch import Tensor
 
-from ..kernels import HAS_TRITON, QUERY_BLOCK, cpu_cem_attention, triton_cem_attention
-from ..kernels.cpu_decode import DecodeKernels, decode_kernels as _decode_kernels
+from ..kernels import HAS_TRITON, QUERY_BLOCK, DecodeKernels, cpu_cem_attention, triton_cem_attention
+from ..kernels import decode_kernels as _decode_kernels
 from ..checks import check_choice
 from .position import Positions, follows_cache
 from .sdpa import sdpa
@@ -50,22 +60,28 @@ __all__ = [
     "AUTO",
     "BACKENDS",
     "IMPLEMENTATIONS",
+    "QUERY_SIDE",
+    "RENAMED",
     "Backend",
     "Diagonal",
     "auto_backend",
     "cem_attention",
     "cem_attention_eager",
     "cem_attention_energy",
-    "cem_attention_fast",
+    "cem_attention_cpu",
     "cem_attention_flex",
     "cem_attention_sdpa",
     "cem_attention_triton",
     "cem_logits",
+    "cem_query_side",
     "check_backend",
     "diag_scores",
     "fold_diagonal",
     "kernel_slopes",
     "decode_kernels",
+    "per_head",
+    "precondition",
+    "query_side_energy",
     "resolve_backend",
     "softmax_values",
     "triton_self_check",
@@ -149,7 +165,7 @@ def cem_attention_sdpa(
     return sdpa(q, k, values, bias, scale=1.0 / tau, decoding=follows_cache(q_start))
 
 
-def cem_attention_fast(
+def cem_attention_cpu(
     q: Tensor,
     k: Tensor,
     diag: Diagonal | None,
@@ -242,6 +258,108 @@ def kernel_slopes(positions: Positions, device: torch.device) -> Tensor:
     return slopes
 
 
+# ------------------------------------------------------------------------- the query side (cached decoding)
+
+
+def _blocked(rows: Tensor, head_dim: int) -> bool:
+    """Whether per-head products of these (B, K, J, ...) rows run as one GEMM with K times the multiply-adds:
+    for fewer rows than the head width where "query_side_cpu" is meant for (bf16 on the CPU), where a bmm of one
+    row per head is slow (1-2 ms a call)."""
+    return IMPLEMENTATIONS["query_side_cpu"].meant_for(rows.device, rows.dtype) and rows.shape[0] * rows.shape[2] < head_dim
+
+
+def per_head(x: Tensor, weight: Tensor) -> Tensor:
+    """Σ_r x^k_r weight[k·d + r] for every head k: x (B, K, J, d), weight (K·d, D) -> (B, K, J, D); `_blocked`:
+    the block-diagonal [δ_kk' x^k] (B, K, J, K·d) times the weight."""
+    b, n_heads, j, head_dim = x.shape
+    blocked = _blocked(x, head_dim)
+    kernels = decode_kernels(x, weight) if blocked else None
+    if kernels is not None:  # each head's rows of the weight read once (the decode kernels of `cem.kernels`)
+        return kernels.rows_axpy(x.transpose(1, 2).reshape(b * j, n_heads, head_dim), weight).view(b, j, n_heads, -1).transpose(1, 2)
+    if blocked:
+        eye = torch.eye(n_heads, dtype=x.dtype, device=x.device)[:, None, :, None]  # (K, 1, K, 1)
+        return (eye * x.unsqueeze(3)).flatten(3) @ weight
+    return torch.einsum("bkjd,kdD->bkjD", x, weight.view(n_heads, head_dim, -1))
+
+
+def _heads_out(out: Tensor, w_k: Tensor) -> tuple[Tensor, Tensor]:
+    """(o^k = W_K^k Σ_j p_kj ĥ_j (B, K, J, d), Σ_j p_kj ĥ_j (B, K, J, D)) from out = Σ_j p_kj ĥ_j."""
+    b, n_heads, j, dim = out.shape
+    head_dim = w_k.shape[0] // n_heads
+    blocked = _blocked(out, head_dim)
+    kernels = decode_kernels(out, w_k) if blocked else None
+    if kernels is not None:  # o^k = W_K^k Σ_j p_kj ĥ_j, each head's rows of W_K read once
+        o = kernels.rows_dot(out.transpose(1, 2).reshape(b * j, n_heads, dim), w_k)
+        return o.view(b, j, n_heads, head_dim).transpose(1, 2), out
+    if blocked:  # the diagonal blocks of (Σ_j p_kj ĥ_j) W_Kᵀ: o^k = W_K^k Σ_j p_kj ĥ_j
+        return (out @ w_k.T).view(b, n_heads, j, n_heads, head_dim).diagonal(dim1=1, dim2=3).permute(0, 3, 1, 2), out
+    return torch.einsum("bkjD,kdD->bkjd", out, w_k.view(n_heads, head_dim, dim)), out
+
+
+def _moved_queries(q: Tensor, w_k: Tensor, diag: Diagonal) -> Tensor:
+    """The queries in ĥ's space, W_K^kᵀ q^k + d_k ∘ u for every head: (B, K, J, D)."""
+    qd = diag.qd
+    return per_head(q, w_k) + (qd.unsqueeze(1) if qd.dim() == 3 else qd)
+
+
+def cem_attention_query_side(q: Tensor, w_k: Tensor, diag: Diagonal, positions: Positions, q_start: int = 0) -> tuple[Tensor, Tensor]:
+    """The attention core read from the context ĥ = diag.hn (B, Jk, D) alone, in one pass for every head (see
+    the module doc) through SDPA: q (B, K, J, d), w_k W_K (K·d, D) -> (o (B, K, J, d), Σ_j p_kj ĥ_j (B, K, J, D))."""
+    b, n_heads, j, head_dim = q.shape
+    hn = diag.hn
+    query = _moved_queries(q, w_k, diag).reshape(b, 1, n_heads * j, hn.shape[-1])
+    bias = positions.bias(q_start, j, hn.shape[-2], q.dtype, q.device).reshape(1, 1, n_heads * j, -1)  # (K, J, Jk) as rows
+    ctx = hn.unsqueeze(1)
+    out = sdpa(query, ctx, ctx, bias, scale=1.0 / math.sqrt(head_dim), decoding=follows_cache(q_start))
+    return _heads_out(out.view(b, n_heads, j, -1), w_k)
+
+
+def cem_attention_query_side_cpu(q: Tensor, w_k: Tensor, diag: Diagonal, positions: Positions, q_start: int = 0) -> tuple[Tensor, Tensor]:
+    """`cem_attention_query_side` for bf16 on the CPU: the fused decode kernel of `cem.kernels` where it runs (ĥ
+    read once, the bias built in place), else two GEMMs and a float32 softmax (logits and bias in float32): 3.5 ms
+    a layer at 8k keys on one AMD EPYC thread, SDPA's flash kernel at this head width (D) 5.5 ms; in float32 SDPA is
+    faster, hence the entry's dtypes."""
+    b, n_heads, j, head_dim = q.shape
+    hn = diag.hn
+    kernels = decode_kernels(q, hn, w_k, q_start=q_start)
+    scaled = _moved_queries(q, w_k, diag).reshape(b, n_heads * j, hn.shape[-1]) * (1.0 / math.sqrt(head_dim))  # 1/τ on the K·J queries
+    if kernels is not None:
+        out = kernels.attention(hn, scaled, positions.slopes(q.device).float(), positions.self_bias.float(), q_start)
+    else:  # logits as (B, Jk, K·J): ĥ the untransposed operand (a transposed one copies the whole cache)
+        wide = torch.promote_types(q.dtype, torch.float32)  # logits and bias in float32 (or wider)
+        bias = positions.bias(q_start, j, hn.shape[-2], wide, q.device).reshape(1, n_heads * j, -1)
+        logits = torch.add(bias, torch.bmm(hn, scaled.transpose(1, 2)).transpose(1, 2))  # one pass: float32 (B, K·J, Jk)
+        out = torch.bmm(torch.softmax(logits, dim=-1).to(hn.dtype), hn)
+    return _heads_out(out.view(b, n_heads, j, -1), w_k)
+
+
+def query_side_energy(q: Tensor, w_k: Tensor, diag: Diagonal, positions: Positions, q_start: int = 0) -> tuple[Tensor, Tensor, Tensor]:
+    """`cem_attention_query_side`'s outputs and, from the same logits, ε_i = -τ Σ_k logsumexp_j(logit_kij) (B, J)."""
+    b, n_heads, j, head_dim = q.shape
+    hn = diag.hn
+    query = _moved_queries(q, w_k, diag).reshape(b, 1, n_heads * j, hn.shape[-1])
+    bias = positions.bias(q_start, j, hn.shape[-2], q.dtype, q.device).reshape(1, 1, n_heads * j, -1)
+    ctx = hn.unsqueeze(1)
+    out, lse = softmax_values(query @ ctx.transpose(-1, -2) / math.sqrt(head_dim) + bias, ctx)
+    energy = -math.sqrt(head_dim) * lse.view(b, n_heads, j).sum(dim=1)
+    return (*_heads_out(out.view(b, n_heads, j, -1), w_k), energy)
+
+
+def precondition(y: Tensor, precond) -> Tensor:
+    """P_k y_k for every position's head outputs y (B, J, K, D) with the `Preconditioner` `precond`, or for few
+    positions where `_blocked` the decode kernels: U_k (V_kᵀ y) + V_k (U_kᵀ y) as one product with each head's 2R
+    rows [V_kᵀ; U_kᵀ] and one back with [U_kᵀ; V_kᵀ] (a bf16 `bmm` of one row per head is slow there)."""
+    b, j, k, dim = y.shape
+    p = precond
+    kernels = decode_kernels(y, p.p) if p.u is not None and _blocked(y.transpose(1, 2), dim // k) else None
+    if kernels is None:
+        return p(y)
+    rows = torch.cat([p.v, p.u], dim=-1).transpose(1, 2).reshape(-1, dim)  # (K·2R, D)
+    back = torch.cat([p.u, p.v], dim=-1).transpose(1, 2).reshape(-1, dim)
+    flat = y.reshape(b * j, k, dim)
+    return (p.diagonal() * flat + kernels.rows_axpy(kernels.rows_dot(flat, rows), back)).view(b, j, k, dim)
+
+
 # ----------------------------------------------------------------------------------------------- the choice
 
 
@@ -286,17 +404,27 @@ def _triton_missing() -> str | None:
 class Backend:
     """One implementation of the core and what it supports (every one takes all three diagonal kinds)."""
 
-    run: Callable[..., Tensor]  # (q, k, diag, positions, q_start=0, v=None) -> o (B, K, Jq, dv)
+    run: Callable  # reads "keys": (q, k, diag, positions, q_start=0, v=None) -> o (B, K, Jq, dv); "context": see below
     values: bool = True  # takes values other than the keys (the exact gradient's value-side diagonal)
     devices: tuple[str, ...] | None = None  # device types it is meant for (None: any); elsewhere only when asked by name
+    dtypes: tuple[torch.dtype, ...] | None = None  # dtypes it is meant for (None: any)
     backward_on: tuple[str, ...] | None = None  # device types where it has a backward (None: any)
     missing: Callable[[], str | None] = lambda: None  # what it lacks to run at all (None: nothing)
     self_check: Callable[[torch.device], bool] | None = None  # must pass on a device before "auto" picks it
+    reads: str = "keys"  # "keys" k (B, K, Jk, d), or "context": the query side, (q, w_k, diag, positions, q_start=0) -> (o, Σ_j p_kj ĥ_j)
 
-    def why_not(self, device: torch.device | str) -> str | None:
-        """Why this backend is not meant for `device` (None: it is)."""
-        if self.devices is not None and torch.device(device).type not in self.devices:
+    def meant_for(self, device: torch.device | str, dtype: torch.dtype | None = None) -> bool:
+        """Whether this backend is meant for `device` (and `dtype`, when given)."""
+        return (self.devices is None or torch.device(device).type in self.devices) and (
+            dtype is None or self.dtypes is None or dtype in self.dtypes
+        )
+
+    def why_not(self, device: torch.device | str, dtype: torch.dtype | None = None) -> str | None:
+        """Why this backend is not meant for `device` (and `dtype`, when given) or cannot run (None: it is, and can)."""
+        if not self.meant_for(device):
             return f"needs {' or '.join(t.upper() for t in self.devices)}"
+        if not self.meant_for(device, dtype):
+            return f"needs {' or '.join(str(t).removeprefix('torch.') for t in self.dtypes)}"
         return self.missing()
 
     def has_backward(self, device: torch.device | str) -> bool:
@@ -308,23 +436,31 @@ IMPLEMENTATIONS: dict[str, Backend] = {
     "sdpa": Backend(cem_attention_sdpa),
     "flex": Backend(cem_attention_flex, backward_on=("cuda",)),
     "triton": Backend(cem_attention_triton, values=False, devices=("cuda",), missing=_triton_missing, self_check=triton_self_check),
-    "fast": Backend(cem_attention_fast, devices=("cpu",)),
+    "cpu": Backend(cem_attention_cpu, devices=("cpu",)),
+    "query_side": Backend(cem_attention_query_side, reads="context"),
+    "query_side_cpu": Backend(cem_attention_query_side_cpu, devices=("cpu",), dtypes=(torch.bfloat16,), reads="context"),
 }
-BACKENDS = ("auto", *IMPLEMENTATIONS)
-AUTO = ("triton", "fast", "sdpa")  # "auto" runs the first of these that suits the device (sdpa suits all)
+BACKENDS = ("auto", *(name for name, impl in IMPLEMENTATIONS.items() if impl.reads == "keys"))  # what a layer may ask for
+AUTO = ("triton", "cpu", "sdpa")  # "auto" runs the first of these that suits the device (sdpa suits all)
+QUERY_SIDE = ("query_side_cpu", "query_side")  # the query side runs the first of these meant for the device and dtype
 FALLBACK = "sdpa"  # what runs when the backend asked for cannot take separate values
+RENAMED = {"fast": "cpu"}  # old backend names still accepted (with a warning) -> their names now
 
 
-def check_backend(backend: str) -> str:
-    """`backend` if it is one of `BACKENDS`, else a ValueError naming them (called at build time)."""
-    check_choice("attention backend", backend, BACKENDS)
+def check_backend(backend: str, name: str = "attention backend") -> str:
+    """`backend`'s name now if it is one of `BACKENDS` or a `RENAMED` one (with a FutureWarning), else a
+    ValueError naming them (called at build time)."""
+    if backend in RENAMED:
+        warnings.warn(f"{name} {backend!r} is now called {RENAMED[backend]!r}; the old name will go", FutureWarning, stacklevel=2)
+        return RENAMED[backend]
+    check_choice(name, backend, BACKENDS)
     return backend
 
 
-def _suits(impl: Backend, device: torch.device, values: bool) -> bool:
-    """Whether "auto" may run `impl` on `device`: meant for it, taking the values asked for, self-checked."""
+def _suits(impl: Backend, device: torch.device, values: bool, dtype: torch.dtype | None = None) -> bool:
+    """Whether "auto" may run `impl` on `device`: meant for it (and `dtype`), taking the values asked for, self-checked."""
     return (
-        impl.why_not(device) is None and (impl.values or not values)
+        impl.meant_for(device, dtype) and impl.missing() is None and (impl.values or not values)
         and (impl.self_check is None or impl.self_check(device))
     )  # fmt: skip
 
@@ -350,7 +486,7 @@ def _decide(backend: str, device: torch.device | str, values: bool) -> str:
 def resolve_backend(backend: str, device: torch.device | str, values: bool = False) -> str:
     """The backend actually run for a requested one on `device` ("auto" decided, triton with separate
     `values` falling back to sdpa), decided once per device and kind of input, then cached."""
-    check_backend(backend)
+    backend = check_backend(RENAMED.get(backend, backend))  # an old name: the layer's check has warned once
     key = (backend, str(torch.device(device)), bool(values))
     chosen = _RESOLVED.get(key)
     if chosen is None:
@@ -361,7 +497,7 @@ def resolve_backend(backend: str, device: torch.device | str, values: bool = Fal
 
 
 def decode_kernels(*tensors: Tensor, q_start: int | Tensor = 0) -> DecodeKernels | None:
-    """The CPU decode kernels (`cem.kernels.cpu_decode`) for an inference step over `tensors`, or None for the
+    """The CPU decode kernels (`cem.kernels.decode_kernels`) for an inference step over `tensors`, or None for the
     PyTorch forms: bf16 tensors on a CPU where the kernels build and pass their self-check (decided once per
     process there), widths (last dims) multiples of 32, eager only (not under torch.compile, not a static cache's
     position tensor), no gradient."""
@@ -385,3 +521,12 @@ def cem_attention(
     """The CEM attention core through `backend` (see the module doc); the same maths for all of them."""
     chosen = resolve_backend(backend, q.device, values=v is not None)
     return IMPLEMENTATIONS[chosen].run(q, k, diag, positions, q_start, v)
+
+
+def cem_query_side(q: Tensor, w_k: Tensor, diag: Diagonal, positions: Positions, q_start: int = 0, with_energy: bool = False):
+    """The query side (see the module doc) through the first of `QUERY_SIDE` meant for q's device and dtype, or
+    with `with_energy` in its eager form: (o (B, K, J, d), Σ_j p_kj ĥ_j (B, K, J, D), ε (B, J) or None)."""
+    if with_energy:
+        return query_side_energy(q, w_k, diag, positions, q_start)
+    name = next(name for name in QUERY_SIDE if _suits(IMPLEMENTATIONS[name], q.device, False, q.dtype))
+    return (*IMPLEMENTATIONS[name].run(q, w_k, diag, positions, q_start), None)

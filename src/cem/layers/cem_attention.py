@@ -18,12 +18,12 @@ from torch import Tensor, nn
 from ..checks import check_choice, check_heads, check_residual, check_same_shape
 from ..kernels import DIAG_SCORES_MAX_BYTES
 from .attention_core import (
-    IMPLEMENTATIONS, Diagonal, cem_attention, cem_attention_energy, cem_logits, check_backend, decode_kernels, resolve_backend, softmax_values,
+    IMPLEMENTATIONS, Diagonal, cem_attention, cem_attention_energy, cem_logits, cem_query_side, check_backend, per_head, precondition,
+    resolve_backend,
 )  # fmt: skip
-from .position import ALIBI_SLOPES, Positions, follows_cache
+from .position import ALIBI_SLOPES, Positions
 from .norm import RMSNorm
 from .precond import PRECONDITIONERS, make_preconditioner
-from .sdpa import sdpa
 from .steps import DescentLayer, Recursion
 from .kinds import ATTENTION_KINDS, AttentionConfig, KernelPath, SublayerKind
 
@@ -66,7 +66,7 @@ KQ_DIAGONALS: dict[str, KQDiagonalKind] = {
 # With a key-query diagonal the decoding cache holds ĥ only (as many numbers per token as the keys): k = W_K ĥ
 # is exact from it in any dtype, while ĥ read back from rounded keys through W_K^{-1} is off by up to
 # cond(W_K) (1e4-3e4 at 134M) times the dtype's rounding. A step of few new tokens reads the cache once
-# through queries moved to ĥ's space (`CEMAttention.query_side`); a long chunk recomputes its keys from ĥ.
+# through queries moved to ĥ's space (`attention_core.cem_query_side`); a long chunk recomputes its keys from ĥ.
 
 
 class CEMAttention(DescentLayer):
@@ -106,7 +106,7 @@ class CEMAttention(DescentLayer):
         exact_gradient: keep the value-side diagonal term that Algorithm 1 drops (the exact energy gradient).
         alibi: ALiBi slopes, "standard" (2^(-8k/K)) or "app-a" (2^(-k), the paper's App. A example).
         backend: attention implementation, "auto" (decided once per device: the Triton kernel on CUDA, the
-            fused CPU path on the CPU), "eager", "sdpa", "flex", "triton" or "fast" (docs/kernels.md).
+            fused CPU path on the CPU), "eager", "sdpa", "flex", "triton" or "cpu" (docs/kernels.md).
         eps: the RMSNorm epsilon.
         """
         super().__init__(recursion)
@@ -197,12 +197,12 @@ class CEMAttention(DescentLayer):
         `with_energy=True` returns (direction, ε(u)) with ε (B, J) from the same logits (eager form).
 
         `w_out` is `output_weight()` when the forward has folded the preconditioner already; `k` None (a
-        cached step of few tokens, see `context`) reads the context ĥ (B, Jk, D) through `query_side`."""
+        cached step of few tokens, see `context`) reads the context ĥ (B, Jk, D) through the attention core's query side."""
         q = self._heads(self.w_q(u))
         value_diag = self._value_diag
         energy = o_hn = None
         if k is None:
-            o, o_hn, energy = self.query_side(q, u, hn, q_start, with_energy)
+            o, o_hn, energy = cem_query_side(q, self.w_k.weight, self._diagonal(u, hn), self.positions, q_start, with_energy)
             o_hn = o_hn if value_diag else None
         else:
             diag = self._diagonal(u, hn)
@@ -216,72 +216,6 @@ class CEMAttention(DescentLayer):
         y = self._project(o, o_hn, w_out)
         return (y, energy) if with_energy else y
 
-    def query_side(self, q: Tensor, u: Tensor, hn: Tensor, q_start: int, with_energy: bool = False):
-        """The attention core read from the context ĥ (B, Jk, D) alone, in one pass for every head: head k's
-        logit is k_j^k·q^k + ĥ_j·(d_k∘u) = ĥ_j·(W_K^kᵀ q^k + d_k∘u), so the K·J queries moved to ĥ's space
-        attend as one head of width D over ĥ (values ĥ), and o^k = W_K^k Σ_j p_kj ĥ_j. Exact in any dtype (no
-        W_K^{-1}); K times the multiply-adds of the per-head form, the same bytes read.
-
-        Returns (o (B, K, J, d), Σ_j p_kj ĥ_j (B, K, J, D), ε (B, J) if `with_energy` else None)."""
-        b, n_heads, j, _ = q.shape
-        w = self.w_k.weight.view(n_heads, self.head_dim, self.dim)
-        # bf16 on the CPU: the fused kernel of `cem.kernels.cpu_decode` where it runs (ĥ read once, the bias built
-        # in place), else two GEMMs and a float32 softmax (logits and bias in float32) take 3.5 ms a layer at 8k
-        # keys on one AMD EPYC thread, SDPA's flash kernel at this head width (D) 5.5 ms; in float32 SDPA is faster
-        kernels = None if with_energy else decode_kernels(q, hn, self.w_k.weight, q_start=q_start)
-        explicit = q.device.type == "cpu" and q.dtype == torch.bfloat16 and not with_energy
-        query = self._per_head(q, self.w_k.weight)
-        diag = self._diagonal(u, hn)
-        if diag is not None:
-            query = query + (diag.qd.unsqueeze(1) if diag.qd.dim() == 3 else diag.qd)
-        energy = None
-        if kernels is not None:  # 1/τ on the K·J queries, as the two-GEMM form
-            scaled = query.reshape(b, n_heads * j, self.dim) * (1.0 / math.sqrt(self.head_dim))
-            positions = self.positions
-            out = kernels.attention(hn, scaled, positions.slopes(q.device).float(), positions.self_bias.float(), q_start)
-            return self._heads_out(out.view(b, n_heads, j, self.dim), w, energy)
-        bias = self.positions.bias(q_start, j, hn.shape[-2], torch.float32 if explicit else q.dtype, q.device)  # (K, J, Jk)
-        query, bias, ctx = query.reshape(b, 1, n_heads * j, self.dim), bias.reshape(1, 1, n_heads * j, -1), hn.unsqueeze(1)
-        if with_energy:
-            out, lse = softmax_values(query @ ctx.transpose(-1, -2) / math.sqrt(self.head_dim) + bias, ctx)
-            energy = -math.sqrt(self.head_dim) * lse.view(b, n_heads, j).sum(dim=1)
-        elif explicit:  # logits as (B, Jk, K·J): ĥ the untransposed operand (a transposed one copies the whole cache)
-            scaled = query.flatten(1, 2) * (1.0 / math.sqrt(self.head_dim))  # 1/τ on the K·J queries, not on the logits
-            logits = torch.add(bias[0], torch.bmm(hn, scaled.transpose(1, 2)).transpose(1, 2))  # one pass: float32 (B, K·J, Jk)
-            out = torch.bmm(torch.softmax(logits, dim=-1).to(hn.dtype), hn).unsqueeze(1)
-        else:
-            out = sdpa(query, ctx, ctx, bias, scale=1.0 / math.sqrt(self.head_dim), decoding=follows_cache(q_start))
-        return self._heads_out(out.view(b, n_heads, j, self.dim), w, energy)
-
-    def _heads_out(self, out: Tensor, w: Tensor, energy: Tensor | None):
-        """(o^k = W_K^k Σ_j p_kj ĥ_j (B, K, J, d), Σ_j p_kj ĥ_j (B, K, J, D), ε) from out = Σ_j p_kj ĥ_j."""
-        b, n_heads, j, _ = out.shape
-        kernels = decode_kernels(out, self.w_k.weight) if self._blocked(out) else None
-        if kernels is not None:  # o^k = W_K^k Σ_j p_kj ĥ_j, each head's rows of W_K read once
-            o = kernels.rows_dot(out.transpose(1, 2).reshape(b * j, n_heads, self.dim), self.w_k.weight)
-            return o.view(b, j, n_heads, self.head_dim).transpose(1, 2), out, energy
-        if self._blocked(out):  # the diagonal blocks of (Σ_j p_kj ĥ_j) W_Kᵀ: o^k = W_K^k Σ_j p_kj ĥ_j
-            o = (out @ self.w_k.weight.T).view(b, n_heads, j, n_heads, self.head_dim).diagonal(dim1=1, dim2=3).permute(0, 3, 1, 2)
-            return o, out, energy
-        return torch.einsum("bkjD,kdD->bkjd", out, w), out, energy
-
-    def _blocked(self, rows: Tensor) -> bool:
-        """Whether per-head products of these (B, K, J, ...) rows run as one GEMM with K times the multiply-adds:
-        for fewer rows than the head width in bf16 on the CPU, where a bmm of one row per head is slow (1-2 ms a call)."""
-        return rows.device.type == "cpu" and rows.dtype == torch.bfloat16 and rows.shape[0] * rows.shape[2] < self.head_dim
-
-    def _per_head(self, x: Tensor, weight: Tensor) -> Tensor:
-        """Σ_r x^k_r weight[k·d + r] for every head k: x (B, K, J, d), weight (K·d, D) -> (B, K, J, D); `_blocked`:
-        the block-diagonal [δ_kk' x^k] (B, K, J, K·d) times the weight."""
-        kernels = decode_kernels(x, weight) if self._blocked(x) else None
-        if kernels is not None:  # each head's rows of the weight read once (`cem.kernels.cpu_decode`)
-            b, k, j, d = x.shape
-            return kernels.rows_axpy(x.transpose(1, 2).reshape(b * j, k, d), weight).view(b, j, k, self.dim).transpose(1, 2)
-        if self._blocked(x):
-            eye = torch.eye(self.n_heads, dtype=x.dtype, device=x.device)[:, None, :, None]  # (K, 1, K, 1)
-            return (eye * x.unsqueeze(3)).flatten(3) @ weight
-        return torch.einsum("bkjd,kdD->bkjD", x, weight.view(self.n_heads, self.head_dim, self.dim))
-
     def _project(self, o: Tensor, o_hn: Tensor | None, w_out: Tensor | None) -> Tensor:
         """Σ_k P_k (W_Q^kᵀ o^k [+ d_k ∘ o_ĥ^k]) from the attention outputs o (B, K, J, d) and, for the exact
         gradient's value-side term, o_ĥ = Σ_j p_kj ĥ_j (B, K, J, D): one matmul with the folded `w_out` (or
@@ -289,30 +223,16 @@ class CEMAttention(DescentLayer):
         if o_hn is None and (w_out is not None or self.precond is None):
             b, _, j, _ = o.shape  # one matmul, as `@` would fold it (with one view operator fewer)
             return torch.mm(o.transpose(1, 2).reshape(b * j, self.dim), self.w_q.weight if w_out is None else w_out).view(b, j, self.dim)
-        y = self._per_head(o, self.w_q.weight).transpose(1, 2)  # per-head W_Q^kᵀ o^k, (B, J, K, D)
+        y = per_head(o, self.w_q.weight).transpose(1, 2)  # per-head W_Q^kᵀ o^k, (B, J, K, D)
         if o_hn is not None:
             diag = self.kq_diag if self.kq_diag.dim() == 2 else self.kq_diag.expand(self.n_heads, -1)
             y = y + diag * o_hn.transpose(1, 2)
         if self.precond is not None:
-            y = self._precondition(y)
+            y = precondition(y, self.precond)
         return y.sum(dim=2)
 
-    def _precondition(self, y: Tensor) -> Tensor:
-        """P_k y_k for every position's head outputs y (B, J, K, D): `self.precond`, or for few positions in bf16 on
-        the CPU the decode kernels: U_k (V_kᵀ y) + V_k (U_kᵀ y) as one product with each head's 2R rows [V_kᵀ; U_kᵀ]
-        and one back with [U_kᵀ; V_kᵀ] (a bf16 `bmm` of one row per head is slow there, see `_blocked`)."""
-        p = self.precond
-        kernels = decode_kernels(y, p.p) if p.u is not None and self._blocked(y.transpose(1, 2)) else None
-        if kernels is None:
-            return p(y)
-        b, j, k, dim = y.shape
-        rows = torch.cat([p.v, p.u], dim=-1).transpose(1, 2).reshape(-1, dim)  # (K·2R, D)
-        back = torch.cat([p.u, p.v], dim=-1).transpose(1, 2).reshape(-1, dim)
-        flat = y.reshape(b * j, k, dim)
-        return (p.diagonal() * flat + kernels.rows_axpy(kernels.rows_dot(flat, rows), back)).view(b, j, k, dim)
-
     def reads_query_side(self, n_new: int) -> bool:
-        """Whether a cached step of `n_new` tokens reads ĥ through `query_side` (its extra (K-1)·n_new·D
+        """Whether a cached step of `n_new` tokens reads ĥ through the core's query side (its extra (K-1)·n_new·D
         multiply-adds per cached token cost less than recomputing the keys, D² per cached token)."""
         return 2 * n_new * (self.n_heads - 1) <= self.dim
 
@@ -323,7 +243,7 @@ class CEMAttention(DescentLayer):
         With a cache (one `CacheSlot`) the new tokens are appended and the whole context is returned. Without
         a diagonal the cache holds the keys (they are the values); with one it holds ĥ (as many numbers), and
         the keys are recomputed from it, or, for a step of few tokens (`reads_query_side`), are None: the
-        step reads ĥ once through `query_side`."""
+        step reads ĥ once through the attention core's query side (`cem_query_side`)."""
         hn = self.norm(h)
         if cache is None:
             return hn, self._heads(self.w_k(hn)), (hn if self.kq_diag is not None else None), 0

@@ -2,7 +2,7 @@
 
 Llama attention stores keys and values. CEM attention stores keys once (they are the values); with a
 key-query diagonal it stores the normalised context ĥ instead (as many numbers), from which the keys and
-the diagonal term are exact (`CEMAttention.context`, `CEMAttention.query_side`). Buffers are allocated
+the diagonal term are exact (`CEMAttention.context`, `attention_core.cem_query_side`). Buffers are allocated
 once for the whole generation (`max_len` positions) and filled in place; `state` holds per-slot values
 that are not per token.
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, fields
 
 from ..layers import ALIBI_SLOPES, KQ_DIAGONALS, MLP_ENERGIES, POSITIONS, PRECONDITIONERS, SUBLAYERS, AttentionConfig, MLPConfig, Recursion
 from ..checks import check_choice, check_finite, check_heads, check_nonnegative_int, check_positive_int
-from ..layers.attention_core import BACKENDS
+from ..layers.attention_core import check_backend
 from ..layers.steps import DEPTH_DISTRIBUTIONS, MAX_STEPS, Inference
 
 TRAIN_DEPTHS = ("fixed", "model", "layer")
@@ -45,7 +45,7 @@ class ModelConfig:
     attn_precond: str = "identity"  # "identity" | "diag" | "diag_lowrank"
     attn_precond_rank: int = 4
     exact_gradient: bool = False
-    attn_backend: str = "auto"  # "auto" | "eager" | "sdpa" | "flex" | "triton"
+    attn_backend: str = "auto"  # "auto" | "eager" | "sdpa" | "flex" | "triton" | "cpu" (cem.layers.attention_core.BACKENDS)
     attn_reuse: int = 1  # plain layer reuse of the attention sublayer (Llama control for recursion)
     # MLP sublayer
     mlp: str = "llama"  # "llama" | "cem"
@@ -90,7 +90,7 @@ class ModelConfig:
             check_choice(sublayer, getattr(self, sublayer), tuple(s.kinds))
         check_choice("position", self.position, POSITIONS)
         check_choice("kq_diag", self.kq_diag, tuple(KQ_DIAGONALS))
-        check_choice("attn_backend", self.attn_backend, BACKENDS)
+        self.attn_backend = check_backend(self.attn_backend, "attn_backend")  # an old name becomes its name now
         check_choice("attn_precond", self.attn_precond, tuple(PRECONDITIONERS))
         check_choice("mlp_precond", self.mlp_precond, tuple(PRECONDITIONERS))
         check_choice("mlp_energy", self.mlp_energy, MLP_ENERGIES)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..data import parse_corpus
 from ..model import ModelConfig
 from ..model.params import chinchilla_tokens
 from .config import RunConfig, TrainConfig
@@ -58,7 +59,7 @@ def hf_bytes_for_budget(run: RunConfig, world_size: int = 1) -> int | None:
     None (no limit) for corpora other than hf: and without a budget. Worked out before the tokenizer is
     loaded, with `RunConfig.vocab_hint`."""
     t = run.train
-    if not str(t.data).startswith("hf:") or t.hf_max_bytes is not None:
+    if not parse_corpus(t.data).is_hf or t.hf_max_bytes is not None:
         return t.hf_max_bytes
     if t.max_steps is None and t.tokens is None:
         return None

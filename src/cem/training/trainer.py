@@ -21,7 +21,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from tqdm import tqdm
 
-from ..data import SequenceSampler, TokenSplit, build_split, get_tokenizer, load_corpus
+from ..data import SequenceSampler, TokenSplit, build_split, get_tokenizer, load_corpus, parse_corpus
 from ..data.tokenshards import find_shards, fingerprint, load_shards
 from ..inductor import compiled
 from ..io import refuse_link
@@ -220,7 +220,8 @@ def _load_data(run: RunConfig, info: DistInfo):
     (`tokenshards.find_shards`), else the corpus loaded whole. The main process trains a BPE / tokenises
     first and writes the caches; the barrier keeps the others from racing it, and they then read those caches."""
     t = run.train
-    shards = find_shards(t.data, t.tokenizer, t.data_dir, hf_bytes_for_budget(run, info.world_size))
+    data, budget_bytes = parse_corpus(t.data), hf_bytes_for_budget(run, info.world_size)
+    shards = find_shards(data, t.tokenizer, t.data_dir, budget_bytes)
     if shards is not None:
         manifest, tokenizer, splits = load_shards(shards)
         return fingerprint(manifest), tokenizer, splits
@@ -229,7 +230,7 @@ def _load_data(run: RunConfig, info: DistInfo):
         tokenizer = get_tokenizer(t.tokenizer, corpus)
         return tokenizer, {split: build_split(corpus, tokenizer, split) for split in ("train", "valid", "test")}
 
-    corpus = load_corpus(t.data, t.data_dir, t.hf_max_docs, hf_bytes_for_budget(run, info.world_size), encoding=t.data_encoding)
+    corpus = load_corpus(data, t.data_dir, t.hf_max_docs, budget_bytes, encoding=t.data_encoding)
     if info.is_main:
         tokenizer, splits = load()
     barrier(info)
