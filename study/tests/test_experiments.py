@@ -619,7 +619,7 @@ def test_report_leads_with_the_sizes_that_speak():
 
     scale = {"name": "cpu", "sizes": ["cpu64", "cpu96", "cpu128"], "base": "cpu64"}
     from cem_study.analysis import regime_against
-    from cem_study.report import _pipeline_heading, _regime_opening
+    from cem_study.report import _glance, _pipeline_heading, _regime_opening
 
     ngrams = _ngrams((1.30, 1.20, 1.15, 1.10), (1.32, 1.22, 1.17, 1.12))
     lr = {"experiment": "lr", "scale": scale, "findings": [], "rows": [{}],
@@ -645,6 +645,9 @@ def test_report_leads_with_the_sizes_that_speak():
     assert "cpu96: no n-gram beats its Llama" in first and "cpu128: no n-gram beats its Llama" in first and "it speaks" in first
     assert _pipeline_heading([lr, fig]) == ("Pipeline checks: sizes at n-gram level (cpu64: the 6-, 7- and 8-gram beat its Llama; "
                                             "cpu96: its Llama not resolved below the 8-gram)")
+    glance = "\n".join(_glance([lr, {**fig, "rules": {}}], passing))  # the first screen keeps every verdict, those below the regime labelled
+    labelled = glance.index("**Pipeline checks: sizes at n-gram level (cpu64: the 6-, 7- and 8-gram beat its Llama")
+    assert glance.index("| CEM attention close to Llama at cpu64 |") > labelled > glance.index("| T=2 beats Llama at cpu128 |")
     assert "at the `cpu` scale at cpu128" in text
     assert "directional 1: 1 held, 0 not held, 0 inconclusive (Holm: 1 held, 0 not held, 0 inconclusive); equivalence 1: 0 held, 1 not held" in text
     assert "With each CEM variant at its own best rate" in text and "directional 1: 0 held, 0 not held, 1 inconclusive" in text
