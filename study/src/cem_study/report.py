@@ -19,7 +19,6 @@ from .findings import FAMILIES, KINDS, Finding, adjust
 from .records import Run, runs_in
 from .registry import EXPERIMENTS, LR_GROUPS, RATE_RULES, SUITE_ORDER, own_templates, planned
 from .scales import Scale
-from .stats import Interval
 
 MARK = {"held": "✅ held", "not held": "❌ not held", "inconclusive": "➖ inconclusive"}
 
