@@ -506,8 +506,9 @@ def test_size_trend_recovers_a_linear_gap_in_log_parameters(tmp_path):
 
 
 def test_regime_check_compares_llama_with_an_ngram_on_the_same_tokens(corpus, tmp_path, monkeypatch):
-    """The regime check fits n-grams on the size's budget of training tokens and judges Llama's validation
-    loss against the 5-gram's, per seed; a Llama far below the n-gram is held, far above not held."""
+    """The regime check fits n-grams of orders 5-8 on the size's budget of training tokens, scored in the Llama's
+    windows too, and judges Llama's validation loss against the best, per seed; a Llama far below the n-grams is
+    held, far above not held."""
     from cem_study.analysis import regime_check
     from cem_study.findings import Context
 
@@ -529,8 +530,11 @@ def test_regime_check_compares_llama_with_an_ngram_on_the_same_tokens(corpus, tm
     findings, extra = regime_check(Context(s, rows, variants, tmp_path, tmp_path), chosen)
     assert [f.verdict for f in findings] == ["held", "held", "not held", "not held"]
     assert extra["regime"]["good"]["context"]["gain"]["mean"] == pytest.approx(-0.5)
-    assert [g["order"] for g in extra["regime"]["good"]["ngrams"]] == [4, 5, 6]
+    assert [g["order"] for g in extra["regime"]["good"]["ngrams"]] == [5, 6, 7, 8]
     assert extra["regime"]["good"]["ngrams"][0]["train_tokens"] == 5000
+    assert [g["window"] for g in extra["regime"]["good"]["ngrams"] + extra["regime"]["bad"]["ngrams"]] == [64] * 4 + [32] * 4  # the Llama's context
+    assert all(0 < g["valid_loss_windowed"] < 10 for g in extra["regime"]["good"]["ngrams"])
+    assert (extra["regime"]["good"]["speaks"], extra["regime"]["bad"]["speaks"]) == (True, False)
     assert extra["regime"]["bad"]["ngrams"][0]["train_tokens"] < 10**9  # at most the whole train split
     assert 0 < extra["regime"]["bad"]["ngrams"][1]["valid_loss"] < 5.0
 
@@ -569,6 +573,60 @@ def test_position_losses_average_to_the_evaluated_loss(corpus):
     assert by_position[0] != pytest.approx(by_position[-1])  # a loss per position, not one number repeated
 
 
+def _ngrams(unbroken, windowed, tokens=5000, window=32):
+    """Synthetic n-gram records of orders 5-8, as `ngram_baseline` writes them, with these validation losses."""
+    return [{"order": o, "train_tokens": tokens, "window": window, "valid_loss": u, "valid_loss_windowed": w}
+            for o, u, w in zip((5, 6, 7, 8), unbroken, windowed)]
+
+
+def test_a_size_speaks_only_below_the_best_order_in_the_transformers_windows():
+    """`regime_against`: Llama between the 6- and the 8-gram (windowed) does not speak, the 7- and 8-gram beating it;
+    below all four it speaks; the windowed scoring decides (below the best windowed, above the best unbroken: speaks)."""
+    from cem_study.analysis import regime_against
+
+    ngrams = _ngrams((1.30, 1.20, 1.15, 1.10), (1.32, 1.22, 1.17, 1.12))
+    between = regime_against([1.185, 1.19, 1.195], ngrams)
+    assert between["windowed"]["best_order"] == 8 and between["windowed"]["beating"] == [7, 8]
+    assert between["windowed"]["beating_on_interval"] == [7, 8] and not between["windowed"]["speaks"]
+    assert between["windowed"]["minus_best"]["mean"] == pytest.approx(1.19 - 1.12)
+    below = regime_against([1.00, 1.01, 1.02], ngrams)
+    assert below["windowed"]["speaks"] and below["unbroken"]["speaks"] and below["windowed"]["beating"] == []
+    fair = regime_against([1.109, 1.11, 1.111], ngrams)  # below the windowed 8-gram, above the unbroken one
+    assert fair["windowed"]["speaks"] and not fair["unbroken"]["speaks"] and fair["unbroken"]["beating"] == [8]
+    assert not regime_against([1.0], ngrams)["windowed"]["speaks"]  # one seed: no interval, does not speak
+
+
+def test_regime_check_reads_its_cached_fits_and_names_the_best_order(corpus, tmp_path, monkeypatch):
+    """From cached fits (no fit: `ngram_baseline` would fail) the regime finding names the best order, both scorings
+    and the orders that beat Llama; a cache scored in other windows is fit again."""
+    from cem_study import analysis, ngram
+    from cem_study.findings import Context
+    from cem_study.sweep import RunSpec, Variant
+
+    monkeypatch.setenv("CEM_CACHE_DIR", str(tmp_path / "cache"))
+    s = replace(get_scale("smoke", data=str(corpus)), sizes=("a",))
+    v = Variant("Llama a", RunSpec.make("micro", "llama", train={"lr": 1e-3, "seq_len": 32}), {})
+    for seed in (0, 1, 2):
+        atomic_write_json(analysis.CONTEXT_USE.path(tmp_path / "runs" / v.spec.with_seed(seed).slug), {"short": [8, 16], "short_loss": 2.0, "long_loss": 1.5})
+    rows = [{"label": "Llama a", "group": "a", "lr": 1e-3, "budget_tokens": 5000, "valid_loss": 1.19, "valid_loss_per_seed": [1.185, 1.19, 1.195], "seeds": [0, 1, 2]}]
+    for g in _ngrams((1.30, 1.20, 1.15, 1.10), (1.32, 1.22, 1.17, 1.12)):
+        atomic_write_json(tmp_path / f"ngram-a-{g['order']}.json", g)
+
+    def no_fit(*args, **kwargs):
+        raise AssertionError("fit although cached")
+
+    monkeypatch.setattr(ngram, "ngram_baseline", no_fit)
+    (finding, _), extra = analysis.regime_check(Context(s, rows, [v], tmp_path, tmp_path), {"a": {"lr": 1e-3}})
+    assert finding.verdict == "not held" and extra["regime"]["a"]["speaks"] is False
+    assert "the best of the 5- to 8-gram models, the 8-gram," in finding.claim and "32-token windows" in finding.claim
+    assert "windowed: 5-gram" in finding.evidence and "unbroken: 5-gram" in finding.evidence
+    assert "Llama - the best, the 8-gram: +0.0700" in finding.evidence and "Llama - the best, the 8-gram: +0.0900" in finding.evidence
+    assert "the 7- and 8-gram beat Llama" in finding.evidence
+    atomic_write_json(tmp_path / "ngram-a-5.json", {**_ngrams((1.3,) * 4, (1.3,) * 4)[0], "window": 64})  # scored in other windows
+    with pytest.raises(AssertionError, match="fit although cached"):
+        analysis.regime_check(Context(s, rows, [v], tmp_path, tmp_path), {"a": {"lr": 1e-3}})
+
+
 def test_report_leads_with_the_sizes_that_speak():
     """A size speaks only when its Llama beats the 5-gram with the interval over all its seeds below zero (one
     seed has no interval: it does not speak). A finding about a size that does not (named in its claim, else the
@@ -577,11 +635,13 @@ def test_report_leads_with_the_sizes_that_speak():
     from cem_study.report import _opening, below_regime, regime_sizes
 
     scale = {"name": "cpu", "sizes": ["cpu64", "cpu96", "cpu128"], "base": "cpu64"}
-    nan = float("nan")
+    from cem_study.analysis import regime_against
+    from cem_study.report import _glance, _pipeline_heading, _regime_opening
+
+    ngrams = _ngrams((1.30, 1.20, 1.15, 1.10), (1.32, 1.22, 1.17, 1.12))
     lr = {"experiment": "lr", "scale": scale, "findings": [], "rows": [{}],
-          "regime": {"cpu64": {"difference": {"mean": 0.1, "lo": 0.05, "hi": 0.2, "n": 3}},
-                     "cpu96": {"difference": {"mean": -0.05, "lo": nan, "hi": nan, "n": 1}},
-                     "cpu128": {"difference": {"mean": -0.1, "lo": -0.13, "hi": -0.08, "n": 3}}}}
+          "regime": {size: {"ngrams": ngrams, "window": 256, "against": (a := regime_against(llama, ngrams)), "speaks": a["windowed"]["speaks"]}
+                     for size, llama in (("cpu64", [1.25, 1.26, 1.27]), ("cpu96", [1.0]), ("cpu128", [1.0, 1.01, 1.02]))}}
     small = {"claim": "CEM attention close to Llama at cpu64", "verdict": "held", "family": "paper", "p": None, "evidence": "equivalence margin ±2% ppl"}
     large = {"claim": "CEM attention close to Llama at cpu128", "verdict": "not held", "family": "paper", "p": None, "evidence": "equivalence margin ±2% ppl"}
     beats = {"claim": "T=2 beats Llama at cpu128", "verdict": "held", "family": "paper", "p": 0.01, "verdict_adjusted": "held"}
@@ -595,7 +655,16 @@ def test_report_leads_with_the_sizes_that_speak():
     assert [below_regime(f, fig, passing) for f in (small, large, beats, base)] == [True, False, False, True]
     assert below_regime(small, {**fig, "rows": []}, passing) is False  # not a language model (table3): no regime
     text = "\n".join(_opening([lr, fig]))
-    assert "cpu64 does not; cpu96 does not; cpu128 speaks" in text
+    first = "\n".join(_regime_opening([lr, fig]))
+    assert "best of the 5- to 8-gram models" in first
+    assert "cpu64: the 6-, 7- and 8-gram beat its Llama in the transformer's 256-token windows, the 6-, 7- and 8-gram beat it on " \
+           "the unbroken text: it does not speak (at n-gram level)" in first
+    assert "cpu96: no n-gram beats its Llama" in first and "cpu128: no n-gram beats its Llama" in first and "it speaks" in first
+    assert _pipeline_heading([lr, fig]) == ("Pipeline checks: sizes at n-gram level (cpu64: the 6-, 7- and 8-gram beat its Llama; "
+                                            "cpu96: its Llama not resolved below the 8-gram)")
+    glance = "\n".join(_glance([lr, {**fig, "rules": {}}], passing))  # the first screen keeps every verdict, those below the regime labelled
+    labelled = glance.index("**Pipeline checks: sizes at n-gram level (cpu64: the 6-, 7- and 8-gram beat its Llama")
+    assert glance.index("| CEM attention close to Llama at cpu64 |") > labelled > glance.index("| T=2 beats Llama at cpu128 |")
     assert "at the `cpu` scale at cpu128" in text
     assert "directional 1: 1 held, 0 not held, 0 inconclusive (Holm: 1 held, 0 not held, 0 inconclusive); equivalence 1: 0 held, 1 not held" in text
     assert "With each CEM variant at its own best rate" in text and "directional 1: 0 held, 0 not held, 1 inconclusive" in text

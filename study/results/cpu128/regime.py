@@ -8,8 +8,9 @@ Writes regime.json (the data) and regime.md (the tables) beside this script. The
 min(the size's Chinchilla budget, the train split) training bytes (the regime check's convention,
 `cem_study.analysis.regime_check`) and, for the sizes trained on fewer, on the whole train split too; n-grams
 already in regime.json are reused unless --refit. Llama's losses are those of every seed committed at its chosen rate
-(study/results/cpu/runs/<slug>/results.json, the rate from lr/choices.json). A size speaks when Llama minus the best
-order (on validation) has its 95% t interval over the seeds below zero.
+(study/results/cpu/runs.jsonl, `cem_study.records`; the rate from lr/choices.json). The comparison is the analysis' own
+(`cem_study.analysis.regime_against`, the rule of its regime check): a size speaks when Llama minus the best order (on
+validation, in the transformer's windows) has its 95% t interval over the seeds below zero.
 """
 
 import argparse
@@ -20,8 +21,9 @@ import sys
 import time
 from pathlib import Path
 
+from cem_study.analysis import REGIME_ORDERS, REGIME_SCORINGS, regime_against
 from cem_study.ngram import _splits, ngram_baseline
-from cem_study.stats import Interval
+from cem_study.records import Run
 from cem_study.sweep import RunSpec, budget_tokens
 from cem.io import atomic_write_json, atomic_write_text
 from cem.provenance import processor
@@ -29,8 +31,6 @@ from cem.provenance import processor
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE.parent  # study/results
 SIZES = ("cpu64", "cpu96", "cpu128")
-ORDERS = (5, 6, 7, 8)
-SCORINGS = {"unbroken": "", "windowed": "_windowed"}  # the suffix of each scoring's keys in ngram_baseline's record
 
 
 def llama(size: str) -> dict:
@@ -39,23 +39,14 @@ def llama(size: str) -> dict:
     lr = json.loads(choices.read_text())[f"{size}-llama"]["lr"]
     spec, seeds = RunSpec.make(size, "llama", train={"lr": lr}), {}
     for seed in range(10):
-        run = RESULTS / "cpu" / "runs" / spec.with_seed(seed).slug
-        if (run / "results.json").is_file():
-            r, config = json.loads((run / "results.json").read_text()), json.loads((run / "run.json").read_text())
-            seeds[seed] = {"slug": run.name, "valid_loss": r["valid_loss"], "test_loss": r["test_loss"],
+        run = Run(RESULTS / "cpu" / "runs" / spec.with_seed(seed).slug)  # its live folder, else its row in the run tables
+        if (r := run.results()) is not None:
+            config = run.read_run()
+            seeds[seed] = {"slug": run.slug, "valid_loss": r["valid_loss"], "test_loss": r["test_loss"],
                            "budget_tokens": budget_tokens(r), "seq_len": config["train"]["seq_len"]}
     if not seeds:
         sys.exit(f"regime.py: no finished Llama run of {size} at lr {lr:g} under {RESULTS / 'cpu' / 'runs'}")
     return {"lr": lr, "seeds": seeds}
-
-
-def differences(runs: dict, ngram: dict, scoring: str) -> dict:
-    """Llama minus the n-gram per seed, on valid and test, with the 95% t interval over the seeds."""
-    out = {}
-    for split in ("valid", "test"):
-        per_seed = [r[f"{split}_loss"] - ngram[f"{split}_loss{SCORINGS[scoring]}"] for r in runs.values()]
-        out[split] = {"per_seed": per_seed, **Interval.of(per_seed).to_dict()}
-    return out
 
 
 def main(data_dir: str, refit: bool) -> None:
@@ -73,7 +64,7 @@ def main(data_dir: str, refit: bool) -> None:
         budget = min(min(r["budget_tokens"] for r in s["seeds"].values()), len(splits["train"]))
         s["train_tokens"] = sorted({budget, len(splits["train"])})  # the budget's prefix, and the whole split
         for tokens in s["train_tokens"]:
-            for order in ORDERS:
+            for order in REGIME_ORDERS:
                 if (tokens, order, window) not in cached:
                     part = {"train": splits["train"][:tokens], "valid": splits["valid"], "test": splits["test"]}
                     cached[tokens, order, window] = ngram_baseline(part, vocab, order, window=window) | {"processor": processor(), "peak_rss_mib": peak_mib()}
@@ -85,16 +76,10 @@ def main(data_dir: str, refit: bool) -> None:
     for size, s in sizes.items():
         table[size] = {"lr": s["lr"], "seeds": s["seeds"], "against": {}}
         for tokens in s["train_tokens"]:
-            row = {}
-            for scoring, suffix in SCORINGS.items():
-                best = min(ORDERS, key=lambda o: ngrams[tokens, o][f"valid_loss{suffix}"])
-                by_order = {o: differences(s["seeds"], ngrams[tokens, o], scoring) for o in ORDERS}
-                row[scoring] = {"best_order": best, "minus_best": by_order[best], "minus": by_order,
-                                "speaks": by_order[best]["valid"]["n"] > 1 and by_order[best]["valid"]["hi"] < 0,
-                                "orders_beating_llama": [o for o in ORDERS if by_order[o]["valid"]["mean"] > 0],
-                                "orders_beating_llama_on_the_interval": [o for o in ORDERS if by_order[o]["valid"]["lo"] > 0]}
-            table[size]["against"][tokens] = row
-    record = {"window": window, "orders": list(ORDERS), "ngrams": list(cached.values()), "sizes": table}
+            fits = [ngrams[tokens, o] for o in REGIME_ORDERS]
+            table[size]["against"][tokens] = {split: regime_against([r[f"{split}_loss"] for r in s["seeds"].values()], fits, split)
+                                              for split in ("valid", "test")}
+    record = {"window": window, "orders": list(REGIME_ORDERS), "ngrams": list(cached.values()), "sizes": table}
     atomic_write_json(out_json, record)
     atomic_write_text(HERE / "regime.md", render(record, ngrams, len(splits["train"])))
 
@@ -124,10 +109,11 @@ def render(record: dict, ngrams: dict, n_train: int) -> str:
     ]
     for size, s in record["sizes"].items():
         for tokens, row in s["against"].items():
-            cells = [f"{', '.join(map(str, r['orders_beating_llama'])) or 'none'} "
-                     f"({', '.join(map(str, r['orders_beating_llama_on_the_interval'])) or 'none'})" for r in row.values()]
+            v = row["valid"]
+            cells = [f"{', '.join(map(str, v[k]['beating'])) or 'none'} ({', '.join(map(str, v[k]['beating_on_interval'])) or 'none'})"
+                     for k in ("unbroken", "windowed")]
             lines.append(f"| {size} | {len(s['seeds'])} | {int(tokens):,} bytes | {cells[0]} | {cells[1]} | "
-                         f"{'yes' if row['unbroken']['speaks'] else 'no'} / {'yes' if row['windowed']['speaks'] else 'no'} |")
+                         f"{'yes' if v['unbroken']['speaks'] else 'no'} / {'yes' if v['windowed']['speaks'] else 'no'} |")
     lines += ["", "## n-gram losses", "", "| train bytes | order | valid unbroken | valid windowed | test unbroken | test windowed | fit + score (wall s, shared VM) |",
               "|---|---|---|---|---|---|---|"]
     for (tokens, order), g in sorted(ngrams.items()):
@@ -143,9 +129,11 @@ def render(record: dict, ngrams: dict, n_train: int) -> str:
                   "|---|---|---|" + "---|" * len(record["orders"]) + "---|"]
         for size, s in record["sizes"].items():
             for tokens, row in s["against"].items():
-                for scoring, r in row.items():
-                    cells = [interval(r["minus"][o][split]) + (" *" if o == r["best_order"] else "") for o in record["orders"]]
-                    seeds = ", ".join(f"s{seed} {d:+.4f}" for seed, d in zip(s["seeds"], r["minus_best"][split]["per_seed"]))
+                for scoring in ("unbroken", "windowed"):
+                    r = row[split][scoring]
+                    cells = [interval(m) + (" *" if m["order"] == r["best_order"] else "") for m in r["minus"]]
+                    ref = ngrams[int(tokens), r["best_order"]][f"{split}_loss{REGIME_SCORINGS[scoring]}"]
+                    seeds = ", ".join(f"s{seed} {x[f'{split}_loss'] - ref:+.4f}" for seed, x in s["seeds"].items())
                     lines.append(f"| {size} | {int(tokens):,} | {scoring} | " + " | ".join(cells) + f" | {seeds} |")
     fits = record["ngrams"]
     lines += ["", f"The whole train split is {n_train:,} bytes. Peak memory of the process that fit the n-grams "

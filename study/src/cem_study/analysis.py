@@ -581,7 +581,9 @@ def d_values(a: dict, b: dict) -> list[float]:
     return [x - y for x, y in by_seed([a, b])[0]]
 
 
-REGIME_ORDER = 5  # the n-gram a regime must beat before it can speak to attention claims
+REGIME_ORDERS = (5, 6, 7, 8)  # the n-grams a size's Llama must beat (the best of them) before it can speak to attention claims
+# each scoring's key suffix in `ngram_baseline`'s record; the first decides: the transformer's own disjoint windows
+REGIME_SCORINGS = {"windowed": "_windowed", "unbroken": ""}
 SHORT_CONTEXT = (8, 16)  # positions whose loss stands for "a few tokens of context" in the context-use check
 
 
@@ -621,42 +623,87 @@ DRIFT = Product(drift, "drift_" + "_".join(map(str, DRIFT_STEPS)) + ".json")  # 
 CONTEXT_USE = Product(context_use, "context_use.json")  # of the Llama runs at each size's chosen rate
 
 
+def regime_against(llama: list[float], ngrams: list[dict], split: str = "valid") -> dict:
+    """Llama minus each n-gram on `split` per seed (95% t intervals over the seeds), under each scoring
+    (`REGIME_SCORINGS`): the best order (lowest validation loss), the orders that beat Llama (mean above zero, and
+    with the interval above zero), and whether Llama speaks there: its interval against the best order below zero."""
+    out = {}
+    for scoring, suffix in REGIME_SCORINGS.items():
+        minus = {g["order"]: Interval.of([x - g[f"{split}_loss{suffix}"] for x in llama]) for g in ngrams}
+        best = min(ngrams, key=lambda g: g[f"valid_loss{suffix}"])["order"]
+        out[scoring] = {"best_order": best, "minus_best": minus[best].to_dict(),
+                        "minus": [{"order": o, **d.to_dict()} for o, d in minus.items()],
+                        "beating": [o for o, d in minus.items() if d.mean > 0],
+                        "beating_on_interval": [o for o, d in minus.items() if d.n > 1 and d.lo > 0],
+                        "speaks": minus[best].n > 1 and minus[best].verdict(-1) == "held"}  # one seed has no interval
+    return out
+
+
+def orders_text(orders: list[int]) -> str:
+    """Orders as words: "the 7- and 8-gram", "no n-gram"."""
+    if not orders:
+        return "no n-gram"
+    names = [f"{o}-" for o in orders[:-1]] + [f"{orders[-1]}-gram"]
+    return "the " + (names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1])
+
+
+def orders_beating(orders: list[int], whom: str = "Llama") -> str:
+    """Which orders beat `whom`, in words: "the 7- and 8-gram beat Llama", "no n-gram beats Llama"."""
+    return f"{orders_text(orders)} beat{'s' if len(orders) <= 1 else ''} {whom}"
+
+
 def regime_check(c: Context, chosen: dict) -> tuple[list, dict]:
-    """Is each size's Llama baseline (at its chosen rate) better than a count-based n-gram model fit on the
-    same number of training tokens (`cem_study.ngram`)? Judged on validation loss, per seed against
-    the n-gram's one value; a size that is not is at n-gram level and its attention findings say little."""
-    from .ngram import KneserNey, _splits
+    """Is each size's Llama baseline (at its chosen rate, every seed) better than the best count-based n-gram of
+    `REGIME_ORDERS` fit on the same number of training tokens (`cem_study.ngram`)? Judged on validation loss, per
+    seed against each n-gram's one value, scored in the transformer's disjoint windows (the fair comparison; the
+    unbroken text is stated beside it, `regime_against`); a size that is not is at n-gram level and its attention
+    findings say little. Each fit is cached as OUT/ngram-SIZE-ORDER.json (one not scored in these windows is fit again)."""
+    from .ngram import _splits, ngram_baseline
 
     splits, vocab = _splits(c.scale.data, c.scale.tokenizer, c.data_dir)
     findings, out = [], {}
     for size, pick in chosen.items():
         best = next(r for r in c.rows if r["group"] == size and r["lr"] == pick["lr"])
         tokens = min(best["budget_tokens"], len(splits["train"]))
-
-        def fit(order: int, tokens: int = tokens) -> dict:
-            model = KneserNey(order, vocab).fit(splits["train"][:tokens])
-            return {"order": order, "train_tokens": tokens, "valid_loss": model.nll(splits["valid"])}
-
-        ngrams = [_cached(c.out / f"ngram-{size}-{order}.json", lambda o=order: fit(o)) for order in (REGIME_ORDER - 1, REGIME_ORDER, REGIME_ORDER + 1)]
-        ref = next(g for g in ngrams if g["order"] == REGIME_ORDER)
-        above = next(g for g in ngrams if g["order"] == REGIME_ORDER + 1)
-        every = next((r for r in c.rows if r.get("regime") and r["size"] == size), best)  # the Llama at the chosen rate, every seed
-        d = Interval.of([x - ref["valid_loss"] for x in every["valid_loss_per_seed"]])
-        d6 = Interval.of([x - above["valid_loss"] for x in every["valid_loss_per_seed"]])
         spec = next(v.spec for v in c.variants if v.label == best["label"])
+        window = dict(spec.train).get("seq_len") or c.scale.seq_len  # the context the Llama is trained and scored at
+
+        def fit(order: int, tokens: int = tokens, window: int = window) -> dict:
+            part = {"train": splits["train"][:tokens], "valid": splits["valid"], "test": splits["test"]}
+            return ngram_baseline(part, vocab, order, window=window)
+
+        ngrams = []
+        for order in REGIME_ORDERS:
+            path = c.out / f"ngram-{size}-{order}.json"
+            cached = json.loads(path.read_text()) if path.exists() else {}
+            if cached.get("window") != window or cached.get("train_tokens") != tokens:  # not fit or scored as this check needs
+                path.unlink(missing_ok=True)
+            ngrams.append(_cached(path, lambda o=order: fit(o)))
+        every = next((r for r in c.rows if r.get("regime") and r["size"] == size), best)  # the Llama at the chosen rate, every seed
+        against = regime_against(every["valid_loss_per_seed"], ngrams)
+        windowed, unbroken = against["windowed"], against["unbroken"]
+        d = Interval(**windowed["minus_best"])
         dirs = [c.scale.runs(c.root) / spec.with_seed(s).slug for s in best["seeds"]]
         uses = [CONTEXT_USE.get(d, c.data_dir, c.device) for d in dirs]
         gain = Interval.of([u["long_loss"] - u["short_loss"] for u in uses])
-        out[size] = {"llama_valid_loss": every["valid_loss"], "seeds": every["seeds"], "ngrams": ngrams, "difference": d.to_dict(),
-                     "difference_above": d6.to_dict(),
+        out[size] = {"llama_valid_loss": every["valid_loss"], "seeds": every["seeds"], "window": window, "ngrams": ngrams,
+                     "against": against, "speaks": windowed["speaks"], "difference": d.to_dict(),
                      "context": {"short": uses[0]["short"], "short_loss": sum(u["short_loss"] for u in uses) / len(uses),
                                  "long_loss": sum(u["long_loss"] for u in uses) / len(uses), "gain": gain.to_dict()}}
+        lo, hi = REGIME_ORDERS[0], REGIME_ORDERS[-1]
+        scored = lambda scoring: (  # noqa: E731
+            f"{scoring}: " + ", ".join(f"{g['order']}-gram {math.exp(g['valid_loss' + REGIME_SCORINGS[scoring]]):.3f}" for g in ngrams)
+            + f"; Llama - the best, the {against[scoring]['best_order']}-gram: "
+            + Interval(**against[scoring]["minus_best"]).text("+.4f", "nats", "seeds")
+            + f"; {orders_beating(against[scoring]['beating'])}"
+            + (f" ({orders_text(against[scoring]['beating_on_interval'])} on the interval)" if against[scoring]["beating"] else ""))
         findings.append(Finding(
-            f"(regime) {size}: the Llama baseline beats a {REGIME_ORDER}-gram model fit on the same {tokens:,} training tokens",
+            f"(regime) {size}: the Llama baseline beats the best of the {lo}- to {hi}-gram models, the {windowed['best_order']}-gram, "
+            f"fit on the same {tokens:,} training tokens and scored in the transformer's {window}-token windows",
             d.verdict(-1) if d.n > 1 else "inconclusive",  # a size speaks only when the interval over its seeds excludes zero
             f"validation perplexity: Llama {math.exp(every['valid_loss']):.3f} (lr {pick['lr']:g}, seeds {every['seeds']}); "
-            + ", ".join(f"{g['order']}-gram {math.exp(g['valid_loss']):.3f}" for g in ngrams)
-            + f"; Llama - {REGIME_ORDER}-gram: {d.text('+.4f', 'nats', 'seeds')}; Llama - {REGIME_ORDER + 1}-gram: {d6.text('+.4f', 'nats', 'seeds')}",  # a deterministic n-gram: nothing paired
+            f"{scored('windowed')}; {scored('unbroken')} (on the unbroken text Llama "
+            + ("also beats the best" if unbroken["speaks"] else "does not beat the best on the interval") + ")",  # a deterministic n-gram: nothing paired
             d.to_dict(), family="ours", p=d.p, sign=-1,
         ))
         a, b = SHORT_CONTEXT

@@ -19,7 +19,6 @@ from .findings import FAMILIES, KINDS, Finding, adjust
 from .records import Run, runs_in
 from .registry import EXPERIMENTS, LR_GROUPS, RATE_RULES, SUITE_ORDER, own_templates, planned
 from .scales import Scale
-from .stats import Interval
 
 MARK = {"held": "✅ held", "not held": "❌ not held", "inconclusive": "➖ inconclusive"}
 
@@ -254,14 +253,41 @@ def _verdicts(f: dict) -> str:
     return f"{MARK[f['verdict']]} (Holm: {f['verdict_adjusted']}, p_adj = {f['p_adjusted']:.2g})"
 
 
-def regime_sizes(summaries: list[dict]) -> dict[str, bool]:
-    """Per size, whether it speaks: its Llama baseline (at the chosen rate, every seed) beats the 5-gram on
-    validation with the 95% interval over its seeds wholly below zero. One seed has no interval, so a size
-    with one seed does not speak. Empty without a regime check."""
+def _regime(summaries: list[dict]) -> dict[str, dict]:
+    """The regime check of each size (`analysis.regime_check`), from the learning-rate summary; empty without one."""
     lr = next((x for x in summaries if x["experiment"] == "lr" and x.get("regime")), None)
-    if lr is None:
-        return {}
-    return {size: r["difference"]["n"] > 1 and Interval(**r["difference"]).verdict(-1) == "held" for size, r in lr["regime"].items()}
+    return lr["regime"] if lr else {}
+
+
+def regime_sizes(summaries: list[dict]) -> dict[str, bool]:
+    """Per size, whether it speaks: its Llama baseline (at the chosen rate, every seed) beats the best n-gram
+    (`analysis.regime_against`) on validation with the 95% interval over its seeds wholly below zero. One seed has
+    no interval, so a size with one seed does not speak. Empty without a regime check."""
+    return {size: r["speaks"] for size, r in _regime(summaries).items()}
+
+
+def regime_label(size: str, r: dict) -> str:
+    """What the regime check says of a size, in words: which n-gram orders beat its Llama under each scoring."""
+    from .analysis import orders_beating
+
+    w, u = r["against"]["windowed"], r["against"]["unbroken"]
+    return (f"{size}: {orders_beating(w['beating'], 'its Llama')} in the transformer's {r['window']}-token windows, "
+            f"{orders_beating(u['beating'], 'it')} on the unbroken text: "
+            + ("it speaks" if r["speaks"] else "it does not speak (at n-gram level)"))
+
+
+def _regime_opening(summaries: list[dict]) -> list[str]:
+    """The report's first lines where there is a regime check: the rule, and per size which orders beat its Llama."""
+    regime = _regime(summaries)
+    if not regime:
+        return []
+    orders = sorted({g["order"] for r in regime.values() for g in r["ngrams"]})
+    speak = [z for z, r in regime.items() if r["speaks"]]
+    return [f"**Which sizes speak (the regime check):** a size's findings are evidence about the paper only when its Llama "
+            f"baseline beats the best of the {orders[0]}- to {orders[-1]}-gram models (modified Kneser-Ney, fit on its training "
+            "tokens) on validation, scored as the transformer is (its disjoint windows), with the 95% interval over all its "
+            "seeds below zero. " + "; ".join(regime_label(z, r) for z, r in regime.items()) + "."
+            + ("" if speak else " **No size speaks: every verdict below is a pipeline check, not evidence about the paper.**"), ""]
 
 
 def below_regime(f: dict, summary: dict, passing: dict[str, bool]) -> bool:
@@ -344,12 +370,6 @@ def _opening(summaries: list[dict], short: bool = False) -> list[str]:
     scale = summaries[0]["scale"]["name"]
     speak = [z for z, ok in passing.items() if ok]
     lines = []
-    if passing:
-        lines += [f"**Which sizes speak:** a size's findings are evidence about the paper only when its Llama baseline beats a "
-                  f"5-gram model with the 95% interval over all its seeds below zero (validation loss). Here: "
-                  + "; ".join(f"{z} {'speaks' if ok else 'does not'}" for z, ok in passing.items())
-                  + " (the regime check below gives the numbers, and the 6-gram's beside them)."
-                  + ("" if speak else " **No size speaks: every finding below is a pipeline check, not evidence about the paper.**"), ""]
     where = f" at {', '.join(speak)}" if speak and speak != [scale] else ""  # a scale of one size is named by it
     lines += [
         f"**In plain words:** at the `{scale}` scale{where}, {'with runs short of' if short else 'with every run at'} the paper's budget, "
@@ -500,32 +520,35 @@ def _gap(g: dict) -> str:
             + " nats.")
 
 
-def _figure_entries(summaries: list[dict], passing: dict[str, bool]) -> list[tuple[str, dict, dict | None]]:
-    """The findings of test loss at the sizes that speak, as `plot_verdicts` draws them: (experiment, finding, the same
-    finding at each CEM variant's own rate where that reads other runs, else None)."""
+def _figure_entries(summaries: list[dict], passing: dict[str, bool], below: bool = False) -> list[tuple[str, dict, dict | None]]:
+    """The findings of test loss at the sizes that speak (`below`: at those that do not), as `plot_verdicts` draws them:
+    (experiment, finding, the same finding at each CEM variant's own rate where that reads other runs, else None)."""
     paired = lambda f: bool(f and (f.get("difference") or {}).get("n"))  # noqa: E731 (no pair of runs on one processor: nothing to draw)
     return [(s["experiment"], f, own if paired(own := None if _same_runs(s) else _own(s).get(f["claim"])) else None)
             for s in summaries for f in s["findings"]
-            if f.get("contrast") and paired(f) and not below_regime(f, s, passing)]
+            if f.get("contrast") and paired(f) and below_regime(f, s, passing) == below]
 
 
 PAPER_ROWS = 12  # the compact figure (the README's): the paper's findings at most
 
 
 def _verdicts_figure(root: Path, summaries: list[dict], passing: dict[str, bool]) -> list[str]:
-    """Draw RESULTS_DIR/verdicts.png (`plot_verdicts`): every finding of test loss at the sizes that speak, with its
-    second-rule interval where that reads other runs, and verdicts_paper.png, the paper's findings alone (at most
-    `PAPER_ROWS`, for the README); the report's lines that show the first (none without such findings)."""
+    """Draw RESULTS_DIR/verdicts.png (`plot_verdicts`): every finding of test loss at the sizes that speak (where none
+    does, at those that do not, the title saying so), with its second-rule interval where that reads other runs, and
+    verdicts_paper.png, the paper's findings alone (at most `PAPER_ROWS`, for the README); the report's lines that
+    show the first (none without such findings)."""
     from .plots import plot_verdicts
 
-    entries = _figure_entries(summaries, passing)
+    entries, label = _figure_entries(summaries, passing), ""
+    if not entries:  # no size speaks: the figure draws the pipeline checks, titled so
+        entries, label = _figure_entries(summaries, passing, below=True), " (pipeline checks: at n-gram level)"
     if not entries:
         return []
     name = summaries[0]["scale"]["name"]
-    plot_verdicts(entries, f"{name}: the paired differences behind the verdicts", root / "verdicts.png")
+    plot_verdicts(entries, f"{name}: the paired differences behind the verdicts{label}", root / "verdicts.png")
     paper = [e for e in entries if e[1].get("family", "paper") == "paper"][:PAPER_ROWS]
     if paper:
-        plot_verdicts(paper, f"{name}: the paper's findings", root / "verdicts_paper.png")
+        plot_verdicts(paper, f"{name}: the paper's findings{label}", root / "verdicts_paper.png")
     return ["", "![verdicts](verdicts.png)"]
 
 
@@ -548,9 +571,10 @@ def _glance(summaries: list[dict], passing: dict[str, bool]) -> list[str]:
     """The report's first screen: one line per finding at the sizes that speak, the paper's claims first, then the
     controls and ours: the claim, where the paper makes it, the measured difference (oriented one way: `oriented`)
     as a perplexity ratio with its interval, and the verdicts under each rate rule."""
-    found = sorted(((s, f) for s in summaries for f in s["findings"] if not below_regime(f, s, passing)),
-                   key=lambda x: FAMILIES.index(x[1].get("family", "paper")))
-    if not found:
+    ranked = lambda fs: sorted(fs, key=lambda x: FAMILIES.index(x[1].get("family", "paper")))  # noqa: E731
+    found = ranked((s, f) for s in summaries for f in s["findings"] if not below_regime(f, s, passing))
+    below = ranked((s, f) for s in summaries for f in s["findings"] if below_regime(f, s, passing))
+    if not found and not below:
         return []
     own_rule = any(_own(s) for s in summaries)
 
@@ -561,14 +585,29 @@ def _glance(summaries: list[dict], passing: dict[str, bool]) -> list[str]:
 
     where = lambda s, f: (f"Fig. {s['experiment'][3:]}" if s["experiment"].startswith("fig") else s["experiment"]) if f.get("family", "paper") == "paper" and s.get("paper", True) \
         else f"{'control' if f.get('family') == 'control' else 'ours'} ({s['experiment']})"  # noqa: E731
-    out = ["| claim | paper | Δ test perplexity [95% CI] | verdict |" + (" at each CEM variant's own rate |" if own_rule else ""),
-           "|---|---|---|---|" + ("---|" if own_rule else "")]
-    out += [f"| {f['claim']} | {where(s, f)} | {_pct(f)} | {_short(f)} |" + (f" {own(s, f)} |" if own_rule else "") for s, f in found]
+    head = ["| claim | paper | Δ test perplexity [95% CI] | verdict |" + (" at each CEM variant's own rate |" if own_rule else ""),
+            "|---|---|---|---|" + ("---|" if own_rule else "")]
+    table = lambda fs: head + [f"| {f['claim']} | {where(s, f)} | {_pct(f)} | {_short(f)} |" + (f" {own(s, f)} |" if own_rule else "")  # noqa: E731
+                               for s, f in fs]
+    out = table(found) if found else []
+    if below:
+        out += ["", f"**{_pipeline_heading(summaries)}:** the verdicts stand as measured, but they are not evidence about the paper.",
+                ""] + table(below)
     return ["Δ: the seed-paired difference of test loss as a perplexity ratio exp(Δ) − 1, read one way: **negative is CEM "
             "better** where a finding compares CEM with another model, else the side the claim favours better (a "
             "finding of another quantity gives its difference in its own units). Under the second rate rule each CEM "
             "variant trains at its own best rate; \"the same runs\" where that is Llama's. Details, intervals in nats and "
             "the evidence of each finding are below.", ""] + out
+
+
+def _pipeline_heading(summaries: list[dict]) -> str:
+    """The title of the findings at sizes that do not speak: each such size with the orders that beat its Llama."""
+    from .analysis import orders_beating
+
+    regime = _regime(summaries)
+    sizes = [f"{z}: " + (orders_beating(w["beating"], "its Llama") if w["beating"] else f"its Llama not resolved below the {w['best_order']}-gram")
+             for z, r in regime.items() if not r["speaks"] for w in [r["against"]["windowed"]]]
+    return f"Pipeline checks: {'this size is' if len(regime) == 1 else 'sizes'} at n-gram level ({'; '.join(sizes)})"
 
 
 def write_report(results_dir: str | Path, allow_short: bool = False) -> Path:
@@ -617,7 +656,7 @@ def write_report(results_dir: str | Path, allow_short: bool = False) -> Path:
                   + (f", and {', '.join(uncounted)}, whose findings are known only once analysed, not at all" if uncounted else "")
                   + ". They are final once the suite is complete.", ""]
     passing = regime_sizes(summaries)
-    lines += ["# CEM experiments: the paper's findings, checked", ""]
+    lines += ["# CEM experiments: the paper's findings, checked", ""] + _regime_opening(summaries)
     if not pipeline:
         lines += _glance(summaries, passing) + _verdicts_figure(root, summaries, passing)
         lines += ["", "## How the findings were made and judged", ""]
@@ -661,17 +700,17 @@ def write_report(results_dir: str | Path, allow_short: bool = False) -> Path:
     lines += [] if pipeline else _opening(summaries, bool(short))
     record = root / "lr" / "choices.json"
     lines += _rates(summaries, read_json(record) if record.exists() else None)
-    lr = next((x for x in summaries if x["experiment"] == "lr" and x.get("regime")), None)
-    if lr:
-        lines += ["", "**Regime check (validation):** " + "; ".join(
-            f"{size}: Llama {math.exp(r['llama_valid_loss']):.3f} (perplexity, mean of seeds {r.get('seeds', '?')}) vs "
-            + ", ".join(f"{g['order']}-gram {math.exp(g['valid_loss']):.3f}" for g in r["ngrams"])
-            + f" on the same {r['ngrams'][0]['train_tokens']:,} tokens; Llama - {r['ngrams'][1]['order']}-gram {_ci(r['difference'], '+.4f')} nats"
-            + (f", - {r['ngrams'][2]['order']}-gram {_ci(r['difference_above'], '+.4f')}" if "difference_above" in r else "")
-            + (f", loss at positions {r['context']['short'][0]}-{r['context']['short'][1] - 1} {r['context']['short_loss']:.3f} nats vs "
+    if regime := _regime(summaries):
+        lines += ["", f"**Regime check (validation, nats per token; intervals: 95% t over the seeds):** " + "; ".join(
+            f"{size}: Llama perplexity {math.exp(r['llama_valid_loss']):.3f} (mean of seeds {r['seeds']}); n-grams fit on the same "
+            f"{r['ngrams'][0]['train_tokens']:,} tokens, Llama minus each "
+            + "; ".join(("in the transformer's " + str(r['window']) + "-token windows" if scoring == "windowed" else "on the unbroken text") + ": "
+                        + ", ".join(f"{m['order']}-gram {_ci(m, '+.4f')}{' (best)' if m['order'] == a['best_order'] else ''}" for m in a["minus"])
+                        for scoring, a in r["against"].items())
+            + (f"; loss at positions {r['context']['short'][0]}-{r['context']['short'][1] - 1} {r['context']['short_loss']:.3f} nats vs "
                f"{r['context']['long_loss']:.3f} in the window's second half" if "context" in r else "")
-            for size, r in lr["regime"].items())
-            + ". Intervals: 95% over the seeds (t). A size whose Llama does not beat the 5-gram on that interval is at n-gram level, "
+            for size, r in regime.items())
+            + ". A size whose Llama does not beat the best order in the transformer's windows on that interval is at n-gram level, "
             "and one whose loss stops falling after a few positions uses no more context than an n-gram does: its attention "
             "findings say little."]
     if sc.get("limits"):
@@ -697,9 +736,9 @@ def write_report(results_dir: str | Path, allow_short: bool = False) -> Path:
         lines += ["", f"## Verdicts{' at ' + ', '.join(speaks) if speaks else ''}", ""]
         lines += table(lambda f, s: not below_regime(f, s, passing))
     if not pipeline and any(below_regime(f, s, passing) for s in summaries for f in s["findings"]):
-        lines += ["", "## Pipeline checks: sizes that do not speak", "",
-                  "These findings are about sizes whose Llama does not beat a 5-gram model on every seed's interval: they show that "
-                  "the pipeline runs and what it gives there, not whether the paper's claims hold.", ""]
+        lines += ["", f"## {_pipeline_heading(summaries)}", "",
+                  "These findings are about sizes whose Llama does not beat the best n-gram on its seeds' interval (the regime "
+                  "check): they show that the pipeline runs and what it gives there, not whether the paper's claims hold.", ""]
         lines += table(lambda f, s: below_regime(f, s, passing))
     for s in summaries:
         lines += ["", f"## {s['experiment']}: {s['question']}", ""]
