@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+from pathlib import Path
 
 import pytest
 
@@ -217,3 +218,29 @@ def test_tensorboard_notice_is_said_once_and_never_under_quiet(tmp_path, capsys,
     assert capsys.readouterr().err.count("TensorBoard is not installed") == 1
     MetricsLogger(tmp_path / "b", tensorboard=True, notices=False).close()
     assert "TensorBoard" not in capsys.readouterr().err
+
+
+COMMITTED = sorted((Path(__file__).resolve().parents[2] / "docs" / "results").glob("*/runs/*/run.json"))
+
+
+def test_committed_runs_keep_their_folder_names_and_identity():
+    """Every committed run.json (flat model keys, as the study recorded it) still names its folder from the same
+    flat overrides, and the identity this cem gives its settings (a nested model config) is the recorded one;
+    a run with one model setting changed is not."""
+    from cem.experiments.sweep import RunSpec
+    from cem.model import ModelConfig
+    from cem.training.config import RunConfig
+
+    assert len(COMMITTED) > 500  # the study's runs are here: the test reads them all
+    for path in COMMITTED:
+        recorded = json.loads(path.read_text())
+        run = RunConfig.from_dict(recorded["config"], str(path))
+        t, model = run.train, run.model(recorded["model"]["vocab_size"])
+        spec = RunSpec.make(t.preset, t.arch, seed=t.seed, **run.model_overrides)
+        assert spec.model == tuple(sorted(run.model_overrides.items())), path  # no flat override reads as a default
+        assert path.parent.name in {spec.slug, RunSpec.make(t.preset, t.arch, t.seed, {"lr": t.lr}, **run.model_overrides).slug}, path
+        assert "position" not in model.to_dict()["attn"] or model.attn.kind == "llama"
+        assert ModelConfig.from_dict(recorded["model"]) == model, path
+        assert RunDir(path.parent).differences(run_identity(run, model)) == [], path
+    other = model.replace(n_layers=model.n_layers + 1)
+    assert RunDir(path.parent).differences(run_identity(run, other)) == ["model"]
