@@ -40,7 +40,9 @@ def ids_of(batch=2, length=9, vocab=V, seed=1):
 
 @pytest.mark.parametrize("arch", sorted(ARCHS))
 def test_config_converts_both_ways(arch):
-    cfg = model_config("tiny", arch, vocab_size=V, kq_diag="per_head", tie_embeddings=True, learn_step_size=True)
+    cem = model_config("tiny", arch).recursing()  # the settings below are CEM sublayers' (a llama one reads neither)
+    cfg = model_config("tiny", arch, vocab_size=V, tie_embeddings=True, **({"learn_step_size": True} if cem else {}),
+                       **({"kq_diag": "per_head"} if "attn" in cem else {}))
     hf_cfg = ch.CEMConfig.from_model_config(cfg)
     assert hf_cfg.model_type == "cem"
     assert hf_cfg.to_model_config() == cfg
@@ -193,7 +195,7 @@ def test_greedy_generate_matches_cem(arch, extra):
     cfg = model.config
     if arch == "llama":  # keys and values
         per_layer = {"k": cfg.dim, "v": cfg.dim}
-    elif cfg.kq_diag == "none":  # CEM: keys only (they are the values)
+    elif cfg.attn.kq_diag == "none":  # CEM: keys only (they are the values)
         per_layer = {"k": cfg.dim}
     else:  # CEM with a key-query diagonal: the context ĥ only (the keys are recomputed or read through it)
         per_layer = {"hn": cfg.dim}

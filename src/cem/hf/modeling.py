@@ -78,6 +78,20 @@ class CEMConfig(PretrainedConfig):
         # passed explicitly: older transformers default tie_word_embeddings to True in the base __init__
         super().__init__(tie_word_embeddings=cfg.tie_embeddings, **kwargs)
 
+    def __getattr__(self, name: str):
+        """A flat key (`cem.model.FLAT`, e.g. `attn_steps`) reads the nested setting it spells (so that
+        `from_pretrained(path, attn_precond="diag")` finds it, as transformers looks for a config attribute)."""
+        if name in FLAT and "attn" in self.__dict__:
+            return self.to_model_config().flat(name)
+        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
+
+    def __setattr__(self, name: str, value) -> None:
+        if name in FLAT and "attn" in self.__dict__ and not (name in MODEL_FIELDS and not isinstance(value, str)):
+            for key, part in self.to_model_config().replace(**{name: value}).to_dict().items():  # validated
+                super().__setattr__(key, part)
+            return
+        super().__setattr__(name, value)
+
     def to_model_config(self) -> ModelConfig:
         """The `cem.model.ModelConfig` of this config."""
         return ModelConfig.from_dict({name: getattr(self, name) for name in MODEL_FIELDS if hasattr(self, name)})

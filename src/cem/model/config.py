@@ -104,7 +104,10 @@ def _part(name: str, value):
     value = {k: v for k, v in value.items() if k in known}
     if isinstance(value.get("recursion"), dict):
         value["recursion"] = Recursion(**{k: v for k, v in value["recursion"].items()})
-    return cls(**value)
+    part = cls(**value)
+    if cls is Inference and part.depth("attn") is None and part.depth("mlp") is None:  # the options given, the others off
+        return part.options()
+    return part
 
 
 @dataclass(frozen=True)
@@ -241,7 +244,16 @@ class ModelConfig:
                 for name in path[1:-1]:
                     node = node[name]
                 node[path[-1]] = value
-        return ModelConfig(**{k: _part(k, v) if k in PARTS else v for k, v in tree.items()})
+        try:
+            return ModelConfig(**{k: _part(k, v) if k in PARTS else v for k, v in tree.items()})
+        except ValueError as e:  # a part's message names its field: name the flat key that was given
+            text = str(e)
+            for key in flat:
+                name = FLAT[key][-1]
+                for head in (f"{name} ", f"unknown {name} "):
+                    if text.startswith(head):
+                        raise ValueError(head.replace(name, key) + text[len(head):]) from None
+            raise
 
     def to_dict(self) -> dict:
         """The config as plain values, nested as the dataclass is; a sublayer shows the settings its kind reads,
