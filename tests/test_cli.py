@@ -1037,3 +1037,47 @@ def test_analyse_only_trains_nothing_and_says_what_each_experiment_waits_for(tmp
     assert "fig2c: not analysed, waiting for the Llama rate sweep at cpu128 (3 runs to train)" in out
     assert "fig2d: not analysed" in out and "no report written" in out
     assert not (tmp_path / "cpu").exists() and not (tmp_path / "cpu128" / "report.md").exists()
+
+
+COMMANDS = (("train",), ("eval",), ("generate",), ("export",), ("lm-eval",), ("info",), ("data", "prepare"), ("data", "verify"))
+
+
+def test_every_subcommands_flags_are_documented_dataclass_fields():
+    """Each flag and argument of the library's subcommands is a dataclass field (a run's TrainConfig, the test-time
+    `Inference`, or a command's `Options`), its help the field's docstring."""
+    from dataclasses import fields
+
+    from cem import cli
+    from cem.layers import Inference
+    from cem.training import TrainConfig
+
+    owners = [TrainConfig, Inference, *(c for c in vars(cli).values() if isinstance(c, type) and issubclass(c, cli.Options) and c is not cli.Options)]
+    docs: dict[str, list[str]] = {}
+    for c in owners:
+        for f in fields(c):
+            docs.setdefault(f.name, []).append(cli._field_docs(c)[f.name].split("{}")[0][:20])
+    for path in COMMANDS:
+        parser = build_parser()
+        for name in path:
+            parser = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction").choices[name]
+        for action in parser._actions:
+            if action.dest == "help":
+                continue
+            assert action.dest in docs, (path, action.dest)
+            assert any(action.help.replace("%%", "%").startswith(doc) for doc in docs[action.dest]), (path, action.dest)
+
+
+def test_info_keys_explains_every_setting(capsys):
+    """`cem info --keys`: every training setting and every model key (the flat spellings, with the nested setting
+    each sets) with its default, its choices from the registries and its meaning."""
+    from cem.layers import KQ_DIAGONALS
+    from cem.model import FLAT
+
+    assert main(["info", "--keys"]) == 0
+    out = capsys.readouterr().out
+    for key in FLAT:
+        assert f"\n{key} = " in out
+    assert "attn_steps = 1  [attn.recursion.steps]\n    recursion steps T: descent steps of the energy" in out
+    assert f"kq_diag = 'shared'  {{{', '.join(KQ_DIAGONALS)}}}  [attn.kq_diag]\n    the diagonal d_k" in out
+    assert "position = 'rope'  {rope, alibi}  [attn.position]\n    Llama attention's positions: rope or alibi (CEM attention always uses ALiBi)" in out
+    assert "\nlr = 0.002\n    " in out

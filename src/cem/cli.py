@@ -90,12 +90,12 @@ def _add_field_flags(p, cls, names: tuple[str, ...] | None = None, defaults: dic
             continue
         hint = hints[f.name]
         kind = next(t for t in typing.get_args(hint) or (hint,) if t is not type(None))
-        required = f.default is MISSING and f.default_factory is MISSING
+        required = f.default is MISSING and f.default_factory is MISSING and "nargs" not in f.metadata
         shown = (defaults or {}).get(f.name, f.default)
         text = docs[f.name] if ("default" in docs[f.name] or required or options) else f"{docs[f.name]} (default: {shown})"  # options: argparse says it
         how: dict = {"help": text.replace("%", "%%")}
         if typing.get_origin(hint) is list:
-            how.update(nargs="+", type=typing.get_args(hint)[0])
+            how.update(nargs=f.metadata.get("nargs", "+"), type=typing.get_args(hint)[0])
         elif kind is bool:
             how["action"] = "store_true" if options else argparse.BooleanOptionalAction
         else:
@@ -108,7 +108,7 @@ def _add_field_flags(p, cls, names: tuple[str, ...] | None = None, defaults: dic
         if "named" in f.metadata:  # the docstring's {} lists a registry's names
             how["help"] = how["help"].format(", ".join(f.metadata["named"]()))
         if options and not required:
-            how["default"] = f.default
+            how["default"] = f.default_factory() if f.default_factory is not MISSING else f.default
         if f.metadata.get("positional"):
             p.add_argument(f.name, **how)
             continue
@@ -143,6 +143,14 @@ def _registry(module: str, name: str):
 class OnDevice(Options):
     device: str = "auto"
     """the device: auto (CUDA when available, else the CPU), cpu, cuda, cuda:N, mps"""
+
+
+@dataclass(kw_only=True)
+class SettingsOptions(Options):
+    config: str | None = None
+    """a YAML file of settings (flat keys or train:/model: sections)"""
+    overrides: list[str] = field(default_factory=list, metadata=_flag(positional=True, nargs="*"))
+    """key=value settings, e.g. lr=1e-3 attn_steps=2 kq_diag=per_head (every training setting, and the model's: `cem info --keys`)"""
 
 
 @dataclass(kw_only=True)
@@ -303,9 +311,7 @@ def _add_run_args(p: argparse.ArgumentParser, names: tuple[str, ...] | None = RU
     from .training import TrainConfig
 
     _add_field_flags(p, TrainConfig, names, defaults)
-    p.add_argument("--config", help="a YAML file of settings (flat keys or train:/model: sections)")
-    p.add_argument("overrides", nargs="*", help="key=value settings, e.g. lr=1e-3 attn_steps=2 kq_diag=per_head (every training "
-                   "setting, and the model's: `cem info --keys`)")
+    _add_field_flags(p, SettingsOptions)
 
 
 def _run_config(args, base=None):

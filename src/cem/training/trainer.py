@@ -85,7 +85,7 @@ def train(run: RunConfig, out: str | Path, resume: bool = False, progress: bool 
     """
     run.train.validate()
     device = pick_device(run.train.device)
-    if run.model().attn_backend == "triton" and device.type != "cuda":
+    if run.model().attn.backend == "triton" and device.type != "cuda":
         raise ValueError(f"attn_backend=triton needs a CUDA device (the run's device is {device}; on the CPU Triton would only run its slow interpreter); use attn_backend=auto")
     info = init_distributed(device.type)
     if info.enabled and device.type == "cuda":  # torchrun: one GPU per process
