@@ -77,7 +77,7 @@ def test_a_setting_its_kind_does_not_read_is_refused_and_not_shown():
     assert model_config("micro", "llama-alibi").to_dict()["attn"]["alibi"] == "standard"
     with pytest.raises(ValueError, match="position='alibi' does nothing in cem attention"):
         model_config("micro", "cem", position="alibi")
-    with pytest.raises(ValueError, match="does nothing in llama attention"):
+    with pytest.raises(ValueError, match=r"attn_steps=2 does nothing in llama attention \(it reads position, reuse\)"):
         model_config("micro", "llama", attn_steps=2)
     with pytest.raises(ValueError, match="start='norm' does nothing: the model has no CEM sublayer"):
         model_config("micro", "llama", start="norm")

@@ -141,7 +141,7 @@ def test_a_model_setting_missing_from_an_old_record_counts_as_its_default(tmp_pa
     from cem.model import model_config
 
     cfg = model_config("micro", "cem", vocab_size=32)
-    identity = run_identity(load_run_config(None, []), cfg)
+    identity = {**run_identity(load_run_config(None, []), cfg), "model": cfg.flat_dict()}  # a flat record, as older runs wrote
     for name in ("fixed_point_weight", "adaptive_rule", "step_decay"):
         del identity["model"][name]
     (tmp_path / "run.json").write_text(json.dumps(identity))

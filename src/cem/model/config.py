@@ -248,8 +248,11 @@ class ModelConfig:
             return ModelConfig(**{k: _part(k, v) if k in PARTS else v for k, v in tree.items()})
         except ValueError as e:  # a part's message names its field: name the flat key that was given
             text = str(e)
-            for key in flat:
-                name = FLAT[key][-1]
+            for key, value in flat.items():
+                path = FLAT[key]
+                if path[0] in SUBLAYERS and text.startswith(f"{path[1]}=") and " does nothing in " in text:
+                    raise ValueError(f"{key}={value!r}{text[text.index(' does nothing in '):]}") from None
+                name = path[-1]
                 for head in (f"{name} ", f"unknown {name} "):
                     if text.startswith(head):
                         raise ValueError(head.replace(name, key) + text[len(head):]) from None
