@@ -276,8 +276,8 @@ def _restore(rundir: RunDir, resume: bool, model: LanguageModel, sampler: Sequen
     try:
         model.load_state_dict(saved_model.state_dict())
     except RuntimeError:  # torch lists every tensor that differs (kilobytes); say which settings do
-        mine = model.config.to_dict()
-        diff = [f"{k} {v!r} there, {mine.get(k)!r} in run.json" for k, v in saved_model.config.to_dict().items() if mine.get(k) != v]
+        mine = model.config.flat_dict()  # by flat key: `attn 'cem' there, 'llama' in run.json`
+        diff = [f"{k} {v!r} there, {mine.get(k)!r} in run.json" for k, v in saved_model.config.flat_dict().items() if mine.get(k) != v]
         raise ValueError(f"checkpoint {found} holds another model than the run records: the architectures differ "
                          f"({'; '.join(diff[:3]) + ('; ...' if len(diff) > 3 else '') or 'tensor shapes'})") from None
     sampler.load_state_dict(saved["sampler"][info.rank])
