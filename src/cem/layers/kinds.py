@@ -72,7 +72,7 @@ class AttentionConfig:
     exact_gradient: bool = False
     """keep the value-side diagonal term that Algorithm 1 drops (the exact energy gradient)"""
     backend: str = "auto"
-    """the attention core: auto (decided per device), eager, sdpa, flex, triton or fast (docs/kernels.md)"""
+    """the attention core's implementation (auto: decided once per device; docs/kernels.md)"""
     reuse: int = 1
     """apply the sublayer this many times with the same weights (plain layer reuse, Llama's control for recursion)"""
 
