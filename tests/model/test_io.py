@@ -55,12 +55,13 @@ def test_bad_files(tmp_path):
 
 
 def _committed_models() -> dict:
-    """One flat model config (as run.json files and checkpoints before the nested config hold it) of each kind
-    of model the committed runs trained: attention kind, MLP kind and Llama positions."""
+    """One flat model config of each kind the study's committed runs trained (attention kind, MLP kind, Llama
+    positions), from their run.json files copied into tests/flat_runs (as run.json files and checkpoints
+    before the nested config hold it)."""
     from pathlib import Path
 
     found = {}
-    for path in sorted((Path(__file__).resolve().parents[2] / "docs" / "results").glob("*/runs/*/run.json")):
+    for path in sorted((Path(__file__).resolve().parents[1] / "flat_runs").glob("*/run.json")):
         flat = json.loads(path.read_text())["model"]
         found.setdefault((flat["attn"], flat["mlp"], flat["position"] if flat["attn"] == "llama" else "alibi"), flat)
     return found

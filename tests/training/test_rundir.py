@@ -220,27 +220,32 @@ def test_tensorboard_notice_is_said_once_and_never_under_quiet(tmp_path, capsys,
     assert "TensorBoard" not in capsys.readouterr().err
 
 
-COMMITTED = sorted((Path(__file__).resolve().parents[2] / "docs" / "results").glob("*/runs/*/run.json"))
+FLAT_RUNS = sorted((Path(__file__).resolve().parents[1] / "flat_runs").glob("*/run.json"))
+# `cem train`'s folder for each (`default_run_dir`), as the code before the nested config named them
+DEFAULT_DIRS = {
+    "cpu128-cem-attn-alibi=app-a-05c0a6-s0": "runs/cem-attn-cpu128-wikitext-2-s0-seq_len=256-tokens=chinchilla-alibi=app-a",
+    "cpu128-cem-mlp-fd4535-s0": "runs/cem-mlp-cpu128-wikitext-2-s0-seq_len=256-tokens=chinchilla",
+    "cpu128-llama-alibi-alibi=app-a-05c0a6-s0": "runs/llama-alibi-cpu128-wikitext-2-s0-seq_len=256-tokens=chinchilla-alibi=app-a",
+    "cpu128-llama-attn_reuse=2-1a59cd-s0": "runs/llama-cpu128-wikitext-2-s0-seq_len=256-tokens=chinchilla-attn_reuse=2",
+    "cpu96-cem-t2-fd4535-s0": "runs/cem-t2-cpu96-wikitext-2-s0-seq_len=256-tokens=chinchilla",
+}
 
 
-def test_committed_runs_keep_their_folder_names_and_identity():
-    """Every committed run.json (flat model keys, as the study recorded it) still names its folder from the same
-    flat overrides, and the identity this cem gives its settings (a nested model config) is the recorded one;
-    a run with one model setting changed is not."""
-    from cem.experiments.sweep import RunSpec
+def test_flat_records_keep_their_folder_names_and_identity(tmp_path):
+    """Run records from before the nested config (the study's run.json files, flat model keys; one of each kind
+    it trained, in tests/flat_runs): the same folder name from their flat overrides, and the identity this cem
+    gives their settings (a nested model config) is the recorded one; one model setting changed is another run."""
     from cem.model import ModelConfig
     from cem.training.config import RunConfig
+    from cem.training.rundir import default_run_dir
 
-    assert len(COMMITTED) > 500  # the study's runs are here: the test reads them all
-    for path in COMMITTED:
+    assert sorted(p.parent.name for p in FLAT_RUNS) == sorted(DEFAULT_DIRS)
+    for path in FLAT_RUNS:
         recorded = json.loads(path.read_text())
         run = RunConfig.from_dict(recorded["config"], str(path))
-        t, model = run.train, run.model(recorded["model"]["vocab_size"])
-        spec = RunSpec.make(t.preset, t.arch, seed=t.seed, **run.model_overrides)
-        assert spec.model == tuple(sorted(run.model_overrides.items())), path  # no flat override reads as a default
-        assert path.parent.name in {spec.slug, RunSpec.make(t.preset, t.arch, t.seed, {"lr": t.lr}, **run.model_overrides).slug}, path
-        assert "position" not in model.to_dict()["attn"] or model.attn.kind == "llama"
-        assert ModelConfig.from_dict(recorded["model"]) == model, path
+        model = run.model(recorded["model"]["vocab_size"])
+        assert str(default_run_dir(run)) == DEFAULT_DIRS[path.parent.name]
+        assert ModelConfig.from_dict(recorded["model"]) == model
+        assert ("position" in model.to_dict()["attn"]) == (model.attn.kind == "llama")  # CEM attention: always ALiBi
         assert RunDir(path.parent).differences(run_identity(run, model)) == [], path
-    other = model.replace(n_layers=model.n_layers + 1)
-    assert RunDir(path.parent).differences(run_identity(run, other)) == ["model"]
+        assert RunDir(path.parent).differences(run_identity(run, model.replace(n_layers=model.n_layers + 1))) == ["model"]
