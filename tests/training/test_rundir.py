@@ -231,7 +231,7 @@ DEFAULT_DIRS = {
 }
 
 
-def test_flat_records_keep_their_folder_names_and_identity(tmp_path):
+def test_flat_records_keep_their_folder_names_and_identity():
     """Run records from before the nested config (the study's run.json files, flat model keys; one of each kind
     it trained, in tests/flat_runs): the same folder name from their flat overrides, and the identity this cem
     gives their settings (a nested model config) is the recorded one; one model setting changed is another run."""
