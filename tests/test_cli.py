@@ -1081,3 +1081,15 @@ def test_info_keys_explains_every_setting(capsys):
     assert f"kq_diag = 'shared'  {{{', '.join(KQ_DIAGONALS)}}}  [attn.kq_diag]\n    the diagonal d_k" in out
     assert "position = 'rope'  {rope, alibi}  [attn.position]\n    Llama attention's positions: rope or alibi (CEM attention always uses ALiBi)" in out
     assert "\nlr = 0.002\n    " in out
+
+
+def test_info_shows_no_setting_that_does_nothing(capsys):
+    """Issue 61, item 9: a CEM model's resolved config said "position": "rope" although CEM attention always uses
+    ALiBi; the nested config shows each sublayer's settings of its kind only (Llama's positions for Llama)."""
+    assert main(["info", "--preset", "micro", "--arch", "cem-t2"]) == 0
+    shown, _ = json.JSONDecoder().raw_decode(capsys.readouterr().out)
+    assert shown["model"]["attn"]["kind"] == "cem" and "position" not in shown["model"]["attn"]
+    assert shown["model"]["attn"]["recursion"]["steps"] == 2 and shown["model"]["mlp"]["precond"] == "diag_lowrank"
+    assert main(["info", "--preset", "micro", "--arch", "llama-alibi"]) == 0
+    shown, _ = json.JSONDecoder().raw_decode(capsys.readouterr().out)
+    assert shown["model"]["attn"] == {"kind": "llama", "position": "alibi", "alibi": "standard", "reuse": 1} and "training" not in shown["model"]
