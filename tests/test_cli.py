@@ -1055,7 +1055,7 @@ def test_every_subcommands_flags_are_documented_dataclass_fields():
     docs: dict[str, list[str]] = {}
     for c in owners:
         for f in fields(c):
-            docs.setdefault(f.name, []).append(cli._field_docs(c)[f.name].split("{}")[0][:20])
+            docs.setdefault(f.name, []).append(cli.field_docs(c)[f.name].split("{}")[0][:20])
     for path in COMMANDS:
         parser = build_parser()
         for name in path:

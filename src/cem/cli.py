@@ -60,7 +60,7 @@ def _one_line(e: BaseException) -> str:
     return " ".join(text.split())
 
 
-def _field_docs(cls) -> dict[str, str]:
+def field_docs(cls) -> dict[str, str]:
     """The docstring under each field of the dataclass `cls` and the dataclasses it derives from (as litgpt's
     jsonargparse reads them), by name."""
     docs = {}
@@ -83,7 +83,7 @@ def _add_field_flags(p, cls, names: tuple[str, ...] | None = None, defaults: dic
     is given changes a setting, and the dataclass checks the value (one message for a flag and a key=value
     setting). Fields of an `Options` class (`OPTIONS`) take their defaults on the command line instead, and
     their `metadata["choices"]` are argparse's."""
-    docs, hints, choices = _field_docs(cls), typing.get_type_hints(cls), getattr(cls, "CHOICES", {})
+    docs, hints, choices = field_docs(cls), typing.get_type_hints(cls), getattr(cls, "CHOICES", {})
     options = issubclass(cls, Options)
     for f in fields(cls):
         if names is not None and f.name not in names:
@@ -532,7 +532,7 @@ def _keys_text() -> str:
     def entry(key: str, owner, f, default, path: str = "") -> str:
         choices = getattr(owner, "CHOICES", {}).get(f.name)
         head = f"{key} = {default!r}" + (f"  {{{', '.join(choices)}}}" if choices else "") + (f"  [{path}]" if path else "")
-        return f"{head}\n    {_field_docs(owner).get(f.name, '')}"
+        return f"{head}\n    {field_docs(owner).get(f.name, '')}"
 
     lines = ["# training settings (TrainConfig)"]
     lines += [entry(f.name, TrainConfig, f, f.default) for f in fields(TrainConfig)]
@@ -766,7 +766,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .training import TrainConfig
     from .training.budget import DEFAULT_STEPS
 
-    docs = _field_docs(TrainConfig)
+    docs = field_docs(TrainConfig)
     device_help = docs["device"]
 
     parser = _Parser(prog="cem", description="Causal Energy Minimization language models")

@@ -139,10 +139,10 @@ def test_the_checkpointing_help_says_what_the_planner_measures():
     independent of T; the planner measures it growing with T, and layer keeping less (test_activations_scale_with_tokens_and_depth_less_when_checkpointed)."""
     from pathlib import Path
 
-    from cem.cli import _field_docs
+    from cem.cli import field_docs
     from cem.training import TrainConfig
 
-    text = _field_docs(TrainConfig)["activation_checkpointing"]
+    text = field_docs(TrainConfig)["activation_checkpointing"]
     assert "grows with T" in text and "independent of T" not in text
     readme = " ".join((Path(__file__).resolve().parents[2] / "README.md").read_text().split())
     assert "no longer grows with T" not in readme and "independent of T" not in readme
