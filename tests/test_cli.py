@@ -976,3 +976,60 @@ def test_generate_static_flag_gives_the_eager_text(monkeypatch, capsys):
         assert main(["generate", "--ckpt", "run", "--prompt", "ab", "--max-new-tokens", "6", "--temperature", "0", *extra]) == 0
         texts.append(capsys.readouterr().out)
     assert texts[0] == texts[1] and len(texts[0]) > 2
+
+
+
+COMMANDS = (("train",), ("eval",), ("generate",), ("export",), ("lm-eval",), ("info",), ("data", "prepare"), ("data", "verify"))
+
+
+def test_every_subcommands_flags_are_documented_dataclass_fields():
+    """Each flag and argument of the library's subcommands is a dataclass field (a run's TrainConfig, the test-time
+    `Inference`, or a command's `Options`), its help the field's docstring."""
+    from dataclasses import fields
+
+    from cem import cli
+    from cem.layers import Inference
+    from cem.training import TrainConfig
+
+    owners = [TrainConfig, Inference, *(c for c in vars(cli).values() if isinstance(c, type) and issubclass(c, cli.Options) and c is not cli.Options)]
+    docs: dict[str, list[str]] = {}
+    for c in owners:
+        for f in fields(c):
+            docs.setdefault(f.name, []).append(cli.field_docs(c)[f.name].split("{}")[0][:20])
+    for path in COMMANDS:
+        parser = build_parser()
+        for name in path:
+            parser = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction").choices[name]
+        for action in parser._actions:
+            if action.dest == "help":
+                continue
+            assert action.dest in docs, (path, action.dest)
+            assert any(action.help.replace("%%", "%").startswith(doc) for doc in docs[action.dest]), (path, action.dest)
+
+
+def test_info_keys_explains_every_setting(capsys):
+    """`cem info --keys`: every training setting and every model key (the flat spellings, with the nested setting
+    each sets) with its default, its choices from the registries and its meaning."""
+    from cem.layers import KQ_DIAGONALS
+    from cem.model import FLAT
+
+    assert main(["info", "--keys"]) == 0
+    out = capsys.readouterr().out
+    for key in FLAT:
+        assert f"\n{key} = " in out
+    assert "attn_steps = 1  [attn.recursion.steps]\n    recursion steps T: descent steps of the energy" in out
+    assert f"kq_diag = 'shared'  {{{', '.join(KQ_DIAGONALS)}}}  [attn.kq_diag]\n    the diagonal d_k" in out
+    assert "position = 'rope'  {rope, alibi}  [attn.position]\n    Llama attention's positions: rope or alibi (CEM attention always uses ALiBi)" in out
+    assert "\nlr = 0.002\n    " in out
+
+
+def test_info_shows_no_setting_that_does_nothing(capsys):
+    """Issue 61, item 9: a CEM model's resolved config said "position": "rope" although CEM attention always uses
+    ALiBi; the nested config shows each sublayer's settings of its kind only (Llama's positions for Llama)."""
+    assert main(["info", "--preset", "micro", "--arch", "cem-t2"]) == 0
+    shown, _ = json.JSONDecoder().raw_decode(capsys.readouterr().out)
+    assert shown["model"]["attn"]["kind"] == "cem" and "position" not in shown["model"]["attn"]
+    assert shown["model"]["attn"]["recursion"]["steps"] == 2 and shown["model"]["mlp"]["precond"] == "diag_lowrank"
+    assert main(["info", "--preset", "micro", "--arch", "llama-alibi"]) == 0
+    shown, _ = json.JSONDecoder().raw_decode(capsys.readouterr().out)
+    assert shown["model"]["attn"] == {"kind": "llama", "position": "alibi", "alibi": "standard", "reuse": 1} and "training" not in shown["model"]

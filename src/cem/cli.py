@@ -12,7 +12,7 @@ import signal
 import sys
 import textwrap
 import typing
-from dataclasses import fields
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 
 USER_ERRORS = (ValueError, FileNotFoundError)
@@ -62,36 +62,246 @@ def _one_line(e: BaseException) -> str:
 
 
 def field_docs(cls) -> dict[str, str]:
-    """The docstring under each field of the dataclass `cls` (as litgpt's jsonargparse reads them), by name."""
-    body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
-    return {
-        field.target.id: " ".join(doc.value.value.split())
-        for field, doc in zip(body, body[1:])
-        if isinstance(field, ast.AnnAssign) and isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant) and isinstance(doc.value.value, str)
-    }
+    """The docstring under each field of the dataclass `cls` and the dataclasses it derives from (as litgpt's
+    jsonargparse reads them), by name."""
+    docs = {}
+    for c in reversed([c for c in cls.__mro__ if "__dataclass_fields__" in vars(c)]):
+        body = ast.parse(textwrap.dedent(inspect.getsource(c))).body[0].body
+        docs.update({
+            f.target.id: " ".join(doc.value.value.split())
+            for f, doc in zip(body, body[1:])
+            if isinstance(f, ast.AnnAssign) and isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant) and isinstance(doc.value.value, str)
+        })
+    return docs
 
 
 def _add_field_flags(p, cls, names: tuple[str, ...] | None = None, defaults: dict[str, str] | None = None) -> None:
-    """A flag for each field of the dataclass `cls` (those in `names`): `--field-name`, of the field's type (a
-    bool: --x / --no-x), its choices (`cls.CHOICES`) shown as argparse shows them, and its docstring as help,
-    followed by the default it does not state itself (`defaults[name]`, else the field's). A flag not given
-    is None: only what is given changes a setting; the dataclass checks the value (one message for a flag
-    and a key=value setting)."""
+    """A flag for each field of the dataclass `cls` (those in `names`): `--field-name` (or the field's
+    `metadata["flag"]`, and its `metadata["aliases"]`), of the field's type (a bool: --x / --no-x), its choices
+    (`cls.CHOICES`) shown as argparse shows them, and its docstring as help, followed by the default it does not
+    state itself (`defaults[name]`, else the field's). A field without a default is a required flag, or a
+    positional argument with `metadata["positional"]` (a list: one or more). A flag not given is None: only what
+    is given changes a setting, and the dataclass checks the value (one message for a flag and a key=value
+    setting). Fields of an `Options` class (`OPTIONS`) take their defaults on the command line instead, and
+    their `metadata["choices"]` are argparse's."""
     docs, hints, choices = field_docs(cls), typing.get_type_hints(cls), getattr(cls, "CHOICES", {})
+    options = issubclass(cls, Options)
     for f in fields(cls):
         if names is not None and f.name not in names:
             continue
-        kind = next(t for t in typing.get_args(hints[f.name]) or (hints[f.name],) if t is not type(None))
-        text = docs[f.name] if "default" in docs[f.name] else f"{docs[f.name]} (default: {(defaults or {}).get(f.name, f.default)})"
-        how = {"action": argparse.BooleanOptionalAction} if kind is bool else {"type": kind}
+        hint = hints[f.name]
+        kind = next(t for t in typing.get_args(hint) or (hint,) if t is not type(None))
+        required = f.default is MISSING and f.default_factory is MISSING and "nargs" not in f.metadata
+        shown = (defaults or {}).get(f.name, f.default)
+        text = docs[f.name] if ("default" in docs[f.name] or required or options) else f"{docs[f.name]} (default: {shown})"  # options: argparse says it
+        how: dict = {"help": text.replace("%", "%%")}
+        if typing.get_origin(hint) is list:
+            how.update(nargs=f.metadata.get("nargs", "+"), type=typing.get_args(hint)[0])
+        elif kind is bool:
+            how["action"] = "store_true" if options else argparse.BooleanOptionalAction
+        else:
+            how["type"] = kind
         if f.name in choices:
             how["metavar"] = "{" + ",".join(choices[f.name]) + "}"
-        p.add_argument("--" + f.name.replace("_", "-"), dest=f.name, help=text.replace("%", "%%"), **how)
+        for key in ("choices", "metavar"):  # choices: a registry, read when the parser is built (it may import torch)
+            if key in f.metadata:
+                how[key] = f.metadata[key]() if callable(f.metadata[key]) else f.metadata[key]
+        if "named" in f.metadata:  # the docstring's {} lists a registry's names
+            how["help"] = how["help"].format(", ".join(f.metadata["named"]()))
+        if options and not required:
+            how["default"] = f.default_factory() if f.default_factory is not MISSING else f.default
+        if f.metadata.get("positional"):
+            p.add_argument(f.name, **how)
+            continue
+        flags = (f.metadata.get("flag", "--" + f.name.replace("_", "-")), *f.metadata.get("aliases", ()))
+        p.add_argument(*flags, dest=f.name, required=required, **how)
 
 
 def _given(args, cls) -> dict:
     """The fields of the dataclass `cls` as the command line gave them (None: not given), by name."""
     return {f.name: getattr(args, f.name, None) for f in fields(cls)}
+
+
+class Options:
+    """A command's own flags (not settings of a run or a model): a dataclass of them, one field a flag, its
+    docstring the help (`_add_field_flags`); the command reads them from its parsed arguments."""
+
+
+def _flag(flag: str | None = None, **metadata):
+    """A field's metadata for `_add_field_flags`: its flag's spelling, aliases, argparse choices or metavar, or
+    the registry whose names its help lists (`named`)."""
+    return {**({"flag": flag} if flag else {}), **metadata}
+
+
+def _registry(module: str, name: str):
+    """A registry's names, imported when a parser is built (`_flag(choices=...)`)."""
+    import importlib
+
+    return lambda: tuple(getattr(importlib.import_module(module, __package__), name))
+
+
+@dataclass(kw_only=True)
+class OnDevice(Options):
+    device: str = "auto"
+    """the device: auto (CUDA when available, else the CPU), cpu, cuda, cuda:N, mps"""
+
+
+@dataclass(kw_only=True)
+class SettingsOptions(Options):
+    config: str | None = None
+    """a YAML file of settings (flat keys or train:/model: sections)"""
+    overrides: list[str] = field(default_factory=list, metadata=_flag(positional=True, nargs="*"))
+    """key=value settings, e.g. lr=1e-3 attn_steps=2 kq_diag=per_head (every training setting, and the model's: `cem info --keys`)"""
+
+
+@dataclass(kw_only=True)
+class TrainOptions(Options):
+    out: str | None = None
+    """run directory (default: runs/ARCH-PRESET-DATA-sSEED plus every non-default setting as key=value)"""
+    resume: bool = False
+    """continue the run in --out from its checkpoint, with the settings it recorded (an error if the folder holds no run)"""
+    overwrite: bool = False
+    """remove what --out holds (run.json, checkpoints, metrics, results) and start again"""
+    stop_at: int | None = field(default=None, metadata=_flag("--stop-at"))
+    """stop after this step with a checkpoint (schedule unchanged)"""
+    quiet: bool = False
+    """no progress bar; print the final metrics as JSON"""
+
+
+@dataclass(kw_only=True)
+class EvalOptions(OnDevice):
+    ckpt: str
+    """run directory written by `cem train`"""
+    data: str | None = None
+    """corpus (default: the run's)"""
+    data_dir: str | None = None
+    """data directory (default: the run's, else as for train)"""
+    split: str = field(default="test", metadata=_flag(choices=("train", "valid", "test")))
+    """split to evaluate"""
+    batch_size: int | None = None
+    """sequences per batch (default: the run's)"""
+    seq_len: int | None = None
+    """sequence length (default: the run's)"""
+    max_batches: int | None = None
+    """stop after this many batches (default: the whole split)"""
+    json: bool = False
+    """print the metrics as one JSON line"""
+
+
+@dataclass(kw_only=True)
+class SampleOptions(Options):
+    ckpt: str
+    """run directory written by `cem train`"""
+    prompt: str = ""
+    """text to continue"""
+    max_new_tokens: int = 200
+    """tokens to sample"""
+    temperature: float = 0.8
+    """sampling temperature (0: greedy)"""
+    top_k: int | None = None
+    """sample among the k likeliest tokens (default: all)"""
+    top_p: float = 0.95
+    """nucleus sampling mass"""
+
+
+@dataclass(kw_only=True)
+class DecodeOptions(OnDevice):
+    seed: int = 0
+    """sampling seed"""
+    static: bool = False
+    """decode with a static-shape cache (fixed buffers, masked by position)"""
+    compile: bool = False
+    """static, and each decoding step compiled (CUDA graphs on a GPU; fixed steps only)"""
+
+
+@dataclass(kw_only=True)
+class ExportOptions(Options):
+    run: str = field(metadata=_flag(positional=True))
+    """run directory written by `cem train`"""
+    out: str = field(metadata=_flag(positional=True))
+    """output directory"""
+    format: str = field(default="hf", metadata=_flag(choices=("hf", "llama")))
+    """hf: LlamaForCausalLM for a plain Llama, else the CEM format (needs cem-transformers where it is loaded); llama: LlamaForCausalLM, an error for other models"""
+    remote_code: bool = False
+    """CEM format: also write a modeling_cem.py shim and auto_map, for `trust_remote_code=True` without `import cem.hf` (then AutoTokenizer asks to run that code too); default: no code in the folder"""
+
+
+@dataclass(kw_only=True)
+class LmEvalOptions(OnDevice):
+    run: str = field(metadata=_flag(positional=True))
+    """run directory written by `cem train`"""
+    tasks: str
+    """comma-separated lm-eval tasks: the local cem_local_text, cem_local_choice (shipped with cem, offline) or any of lm-eval's (downloaded by lm-eval)"""
+    limit: int | None = None
+    """at most this many documents per task"""
+    num_fewshot: int | None = None
+    """few-shot examples (default: the task's)"""
+    batch_size: int = 8
+    """sequences per batch (default 8)"""
+    json: bool = False
+    """print the results as JSON"""
+
+
+@dataclass(kw_only=True)
+class InfoOptions(Options):
+    keys: bool = False
+    """list every setting with its meaning, default and choices"""
+
+
+@dataclass(kw_only=True)
+class MemoryOptions(Options):
+    memory: bool = False
+    """also print the predicted training memory per device and whether it fits"""
+    mem_batch: int | None = field(default=None, metadata=_flag("--batch"))
+    """sequences per micro-batch and device (default: the run's batch_size)"""
+    mem_seq: int | None = field(default=None, metadata=_flag("--seq"))
+    """tokens per sequence (default: the run's seq_len, else the context)"""
+    mem_vocab: int | None = field(default=None, metadata=_flag("--vocab"))
+    """vocabulary size to count and plan for (default: the run's tokenizer's; with --memory, 32000, the paper's Llama tokenizer, for the paper's sizes 86M-256M on the default byte tokenizer)"""
+    mem_precision: str = field(default="bf16", metadata=_flag("--precision", choices=_registry(".model.memory", "PLANNED_PRECISIONS")))
+    """bf16 autocast (default, the GPU recipe) or fp32"""
+    gpus: int = 1
+    """devices (default 1)"""
+    mem_parallel: str | None = field(default=None, metadata=_flag("--parallel", choices=_registry(".model.memory", "PLANNED_PARALLEL")))
+    """default: ddp with several devices, else none"""
+    checkpointing: str | None = field(default=None, metadata=_flag(choices=_registry(".model.lm", "CHECKPOINTING")))
+    """default: the run's activation_checkpointing"""
+    device_gib: float = field(default=40.0, metadata=_flag("--device-gib", aliases=("--device-gb",)))
+    """device memory in GiB (2^30 bytes, the unit of the plan; a GPU sold as "40 GB" holds 40 GiB) to check the fit against (default 40: the paper's A100)"""
+
+
+@dataclass(kw_only=True)
+class PrepareOptions(Options):
+    name: str = field(metadata=_flag(positional=True, named=_registry(".data.prepare", "PREPARABLE")))
+    """the corpus: {}; with --tokenizer: hf:NAME[:CONFIG] or a local file or folder"""
+    tokenizer: str | None = None
+    """write token shards with this tokenizer (byte, bpe:N trained on the corpus' first 50M characters, a tokenizer folder or Hugging Face name)"""
+    tokens: str | None = None
+    """token shards: training tokens to write, e.g. 2.7e9 (default: the whole corpus; hf: needs it)"""
+    held_out_tokens: str | None = None
+    """token shards: at most this many valid and test tokens each (default: 1% of --tokens, at least 1e6)"""
+    shard_tokens: str = "1e8"
+    """token shards: tokens per shard file (default 1e8)"""
+    workers: int | None = None
+    """token shards: tokenising processes (default: the CPU count)"""
+    out: str | None = None
+    """token shards: the folder (default: <data dir>/shards/<corpus>--<tokenizer>-<hash>, where cem train finds them)"""
+    data_dir: str | None = None
+    """where to put it (default $CEM_DATA_DIR, else ~/.cache/cem/data, where every command looks)"""
+    source: str | None = field(default=None, metadata=_flag("--from"))
+    """copy the files from this local folder (same layout) instead of downloading"""
+    force: bool = False
+    """fetch again even if the corpus is already there"""
+    encoding: str = "utf-8"
+    """token shards: the encoding of local .txt/.jsonl files (default utf-8; text that does not decode is refused)"""
+    doc_separator: str | None = None
+    """token shards: the text that ends a document in local .txt files, e.g. '<|endoftext|>' (\\n for a line end; default: blank lines, and a folder's file of at most 1 MB is one document)"""
+
+
+@dataclass(kw_only=True)
+class VerifyOptions(Options):
+    folders: list[str] = field(metadata=_flag(positional=True, metavar="DIR"))
+    """a token-shard folder (cem data prepare --tokenizer), a run folder or a checkpoint folder"""
 
 
 RUN_FIELDS = ("preset", "arch", "data", "data_dir", "tokenizer")  # what a run is (train and info)
@@ -102,9 +312,7 @@ def _add_run_args(p: argparse.ArgumentParser, names: tuple[str, ...] | None = RU
     from .training import TrainConfig
 
     _add_field_flags(p, TrainConfig, names, defaults)
-    p.add_argument("--config", help="a YAML file of settings (flat keys or train:/model: sections)")
-    p.add_argument("overrides", nargs="*", help="key=value settings, e.g. lr=1e-3 attn_steps=2 kq_diag=per_head (every training "
-                   "setting, and the model's: `cem info --keys`)")
+    _add_field_flags(p, SettingsOptions)
 
 
 def _run_config(args, base=None):
@@ -237,7 +445,7 @@ def cmd_generate(args) -> int:
                                      generator=gen, inference=inference, static=args.static, compile=args.compile)
     print(tokenizer.decode(out.tolist()))
     used = model.steps_used()
-    adaptive = inference.adaptive_tol if inference.adaptive_tol is not None else model.config.adaptive_tol
+    adaptive = inference.adaptive_tol if inference.adaptive_tol is not None else model.config.inference.adaptive_tol
     if adaptive is not None and used["all"] is not None:
         print(f"adaptive steps: {used['all']:.2f} per position and CEM layer on average (attention {used['attn'] or 0:.2f}, "
               f"MLP {used['mlp'] or 0:.2f}; at most {most})", file=sys.stderr)
@@ -309,6 +517,29 @@ def cmd_export(args) -> int:
     return 0
 
 
+def _keys_text() -> str:
+    """Every setting a run takes as key=value (`cem info --keys`): the training settings and the model's flat keys
+    (`cem.model.FLAT`, with the nested path each sets), each with its default, its choices (from the registries)
+    and its meaning (the field's docstring)."""
+    from .model.config import FLAT, PARTS, ModelConfig, flat_field
+    from .training import TrainConfig
+
+    def entry(key: str, owner, f, default, path: str = "") -> str:
+        choices = getattr(owner, "CHOICES", {}).get(f.name)
+        head = f"{key} = {default!r}" + (f"  {{{', '.join(choices)}}}" if choices else "") + (f"  [{path}]" if path else "")
+        return f"{head}\n    {field_docs(owner).get(f.name, '')}"
+
+    lines = ["# training settings (TrainConfig)"]
+    lines += [entry(f.name, TrainConfig, f, f.default) for f in fields(TrainConfig)]
+    lines.append("# model settings (ModelConfig; the defaults before a preset and an architecture; [the nested setting]; "
+                 "start .. anchor_weight set both CEM sublayers)")
+    model = ModelConfig()
+    for key in [f.name for f in fields(ModelConfig) if f.name not in PARTS] + list(FLAT):
+        owner, f = flat_field(key)
+        lines.append(entry(key, owner, f, model.flat(key), ".".join(FLAT.get(key, ()))))
+    return "\n".join(lines)
+
+
 def _info_vocab(args, run) -> tuple[int, str]:
     """The vocabulary `cem info` counts and plans for, and where it comes from: --vocab; with --memory, the paper's
     Llama tokenizer for the paper's sizes on the default byte tokenizer; else the run's tokenizer's."""
@@ -329,15 +560,7 @@ def cmd_info(args) -> int:
     from .model.flops import train_flops_per_token
 
     if args.keys:
-        from dataclasses import fields
-
-        from .model import ModelConfig
-        from .training import TrainConfig
-
-        for cls in (TrainConfig, ModelConfig):
-            print(f"# {cls.__name__}")
-            for f in fields(cls):
-                print(f"{f.name} = {f.default!r}")
+        print(_keys_text())
         return 0
     if args.memory:  # the planner's own flags, each named (before the run's config, which --vocab sizes)
         from .checks import check_finite, check_positive_int
@@ -459,8 +682,6 @@ def _version() -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     from .layers import Inference
-    from .model.lm import CHECKPOINTING
-    from .model.memory import PLANNED_PARALLEL, PLANNED_PRECISIONS
     from .training import TrainConfig
     from .training.budget import DEFAULT_STEPS
 
@@ -476,106 +697,43 @@ def build_parser() -> argparse.ArgumentParser:
                        "a finished one is left as it is (exit 0), or extended from its last checkpoint when asked for more "
                        "steps; --overwrite starts again.")
     _add_run_args(p, None, {"max_steps": f"{DEFAULT_STEPS} when neither this nor --tokens is given"})
-    p.add_argument("--out", help="run directory (default: runs/ARCH-PRESET-DATA-sSEED plus every non-default setting as key=value)")
-    p.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint, with the settings it recorded (an error if the folder holds no run)")
-    p.add_argument("--overwrite", action="store_true", help="remove what --out holds (run.json, checkpoints, metrics, results) and start again")
-    p.add_argument("--stop-at", type=int, dest="stop_at", help="stop after this step with a checkpoint (schedule unchanged)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar; print the final metrics as JSON")
+    _add_field_flags(p, TrainOptions)
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("eval", help="evaluate a trained run on a split (its own corpus, sequence length and batch size)")
-    p.add_argument("--ckpt", required=True, help="run directory written by `cem train`")
-    p.add_argument("--data", help="corpus (default: the run's)")
-    p.add_argument("--data-dir", help="data directory (default: the run's, else as for train)")
-    p.add_argument("--split", default="test", choices=("train", "valid", "test"), help="split to evaluate")
-    p.add_argument("--batch-size", type=int, dest="batch_size", help="sequences per batch (default: the run's)")
-    p.add_argument("--seq-len", type=int, dest="seq_len", help="sequence length (default: the run's)")
-    p.add_argument("--max-batches", type=int, dest="max_batches", help="stop after this many batches (default: the whole split)")
-    p.add_argument("--device", default="auto", help=device_help)
-    p.add_argument("--json", action="store_true", help="print the metrics as one JSON line")
+    _add_field_flags(p, EvalOptions)
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("generate", help="sample text from a trained run (past the context: a window of the latest tokens)")
-    p.add_argument("--ckpt", required=True, help="run directory written by `cem train`")
-    p.add_argument("--prompt", default="", help="text to continue")
-    p.add_argument("--max-new-tokens", type=int, default=200, dest="max_new_tokens", help="tokens to sample")
-    p.add_argument("--temperature", type=float, default=0.8, help="sampling temperature (0: greedy)")
-    p.add_argument("--top-k", type=int, default=None, dest="top_k", help="sample among the k likeliest tokens (default: all)")
-    p.add_argument("--top-p", type=float, default=0.95, dest="top_p", help="nucleus sampling mass")
+    _add_field_flags(p, SampleOptions)
     _add_field_flags(p, Inference, defaults={f.name: "the model's" for f in fields(Inference)})
-    p.add_argument("--seed", type=int, default=0, help="sampling seed")
-    p.add_argument("--device", default="auto", help=device_help)
-    p.add_argument("--static", action="store_true", help="decode with a static-shape cache (fixed buffers, masked by position)")
-    p.add_argument("--compile", action="store_true", help="static, and each decoding step compiled (CUDA graphs on a GPU; fixed steps only)")
+    _add_field_flags(p, DecodeOptions)
     p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("export", help="write a run as a Hugging Face model directory (AutoTokenizer, AutoModelForCausalLM, pipeline)")
-    p.add_argument("run", help="run directory written by `cem train`")
-    p.add_argument("--format", default="hf", choices=("hf", "llama"),
-                   help="hf: LlamaForCausalLM for a plain Llama, else the CEM format (needs cem-transformers where it is "
-                   "loaded); llama: LlamaForCausalLM, an error for other models")
-    p.add_argument("--remote-code", dest="remote_code", action="store_true",
-                   help="CEM format: also write a modeling_cem.py shim and auto_map, for `trust_remote_code=True` without "
-                   "`import cem.hf` (then AutoTokenizer asks to run that code too); default: no code in the folder")
-    p.add_argument("out", help="output directory")
+    _add_field_flags(p, ExportOptions)
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("lm-eval", help="score a trained run with lm-evaluation-harness tasks (offline: cem_local_text, cem_local_choice)")
-    p.add_argument("run", help="run directory written by `cem train`")
-    p.add_argument("--tasks", required=True, help="comma-separated lm-eval tasks: the local cem_local_text, cem_local_choice "
-                   "(shipped with cem, offline) or any of lm-eval's (downloaded by lm-eval)")
-    p.add_argument("--limit", type=int, default=None, help="at most this many documents per task")
-    p.add_argument("--num-fewshot", type=int, default=None, dest="num_fewshot", help="few-shot examples (default: the task's)")
-    p.add_argument("--batch-size", type=int, default=8, dest="batch_size", help="sequences per batch (default 8)")
-    p.add_argument("--device", default="auto", help=device_help)
-    p.add_argument("--json", action="store_true", help="print the results as JSON")
+    _add_field_flags(p, LmEvalOptions)
     p.set_defaults(func=cmd_lm_eval)
 
     p = sub.add_parser("data", help="prepare the named corpora")
     data_sub = p.add_subparsers(dest="data_command", required=True)
-    from .data.prepare import PREPARABLE
-
     p = data_sub.add_parser("prepare", help="fetch a named corpus into the data directory (Hugging Face datasets or its canonical file), "
                             "or with --tokenizer write the token shards of a corpus of any size")
-    p.add_argument("name", help=f"the corpus: {', '.join(PREPARABLE)}; with --tokenizer: hf:NAME[:CONFIG] or a local file or folder")
-    p.add_argument("--tokenizer", help="write token shards with this tokenizer (byte, bpe:N trained on the corpus' first 50M characters, a tokenizer folder or Hugging Face name)")
-    p.add_argument("--tokens", help="token shards: training tokens to write, e.g. 2.7e9 (default: the whole corpus; hf: needs it)")
-    p.add_argument("--held-out-tokens", dest="held_out_tokens", help="token shards: at most this many valid and test tokens each "
-                   "(default: 1%% of --tokens, at least 1e6)")
-    p.add_argument("--shard-tokens", dest="shard_tokens", default="1e8", help="token shards: tokens per shard file (default 1e8)")
-    p.add_argument("--workers", type=int, help="token shards: tokenising processes (default: the CPU count)")
-    p.add_argument("--out", help="token shards: the folder (default: <data dir>/shards/<corpus>--<tokenizer>-<hash>, where cem train finds them)")
-    p.add_argument("--data-dir", dest="data_dir", help="where to put it (default $CEM_DATA_DIR, else ~/.cache/cem/data, where every command looks)")
-    p.add_argument("--from", dest="source", help="copy the files from this local folder (same layout) instead of downloading")
-    p.add_argument("--force", action="store_true", help="fetch again even if the corpus is already there")
-    p.add_argument("--encoding", default="utf-8", help="token shards: the encoding of local .txt/.jsonl files (default utf-8; "
-                   "text that does not decode is refused)")
-    p.add_argument("--doc-separator", dest="doc_separator", help="token shards: the text that ends a document in local .txt "
-                   "files, e.g. '<|endoftext|>' (\\n for a line end; default: blank lines, and a folder's file of at most 1 MB is one document)")
+    _add_field_flags(p, PrepareOptions)
     p.set_defaults(func=cmd_data_prepare)
 
     p = data_sub.add_parser("verify", help="check every file of token-shard folders, run folders (their checkpoints) or checkpoint "
                             "folders against the sha256 its manifest records; exit 1 if one is missing or altered")
-    p.add_argument("folders", nargs="+", metavar="DIR", help="a token-shard folder (cem data prepare --tokenizer), a run folder or a checkpoint folder")
+    _add_field_flags(p, VerifyOptions)
     p.set_defaults(func=cmd_data_verify)
 
     p = sub.add_parser("info", help="print the resolved config and the parameter breakdown")
     _add_run_args(p)
-    p.add_argument("--keys", action="store_true", help="list every setting with its default")
-    m = p.add_argument_group("memory planner (--memory): predicted peak training memory per device")
-    m.add_argument("--memory", action="store_true", help="also print the predicted training memory per device and whether it fits")
-    m.add_argument("--batch", type=int, default=None, dest="mem_batch", help="sequences per micro-batch and device (default: the run's batch_size)")
-    m.add_argument("--seq", type=int, default=None, dest="mem_seq", help="tokens per sequence (default: the run's seq_len, else the context)")
-    m.add_argument("--vocab", type=int, default=None, dest="mem_vocab",
-                   help="vocabulary size to count and plan for (default: the run's tokenizer's; with --memory, 32000, the paper's "
-                   "Llama tokenizer, for the paper's sizes 86M-256M on the default byte tokenizer)")
-    m.add_argument("--precision", default="bf16", dest="mem_precision", choices=PLANNED_PRECISIONS, help="bf16 autocast (default, the GPU recipe) or fp32")
-    m.add_argument("--gpus", type=int, default=1, help="devices (default 1)")
-    m.add_argument("--parallel", default=None, dest="mem_parallel", choices=PLANNED_PARALLEL, help="default: ddp with several devices, else none")
-    m.add_argument("--checkpointing", default=None, choices=CHECKPOINTING, help="default: the run's activation_checkpointing")
-    m.add_argument("--device-gib", "--device-gb", type=float, default=40.0, dest="device_gib",
-                   help="device memory in GiB (2^30 bytes, the unit of the plan; a GPU sold as \"40 GB\" holds 40 GiB) to check the "
-                   "fit against (default 40: the paper's A100)")
+    _add_field_flags(p, InfoOptions)
+    _add_field_flags(p.add_argument_group("memory planner (--memory): predicted peak training memory per device"), MemoryOptions)
     p.set_defaults(func=cmd_info)
     return parser
 

@@ -40,7 +40,9 @@ def ids_of(batch=2, length=9, vocab=V, seed=1):
 
 @pytest.mark.parametrize("arch", sorted(ARCHS))
 def test_config_converts_both_ways(arch):
-    cfg = model_config("tiny", arch, vocab_size=V, kq_diag="per_head", tie_embeddings=True, learn_step_size=True)
+    cem = model_config("tiny", arch).recursing()  # the settings below are CEM sublayers' (a llama one reads neither)
+    cfg = model_config("tiny", arch, vocab_size=V, tie_embeddings=True, **({"learn_step_size": True} if cem else {}),
+                       **({"kq_diag": "per_head"} if "attn" in cem else {}))
     hf_cfg = ch.CEMConfig.from_model_config(cfg)
     assert hf_cfg.model_type == "cem"
     assert hf_cfg.to_model_config() == cfg
@@ -139,13 +141,13 @@ def test_to_hf_shares_parameters_and_saves_live_steps(tmp_path):
     model = tiny("cem")
     hf = ch.to_hf(model)
     assert hf.model is model and ch.from_hf(hf) is model
-    model.set_steps(3)
+    model.set_inference(Inference(steps=3))
     hf.save_pretrained(tmp_path)
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path)
-    assert loaded.config.attn_steps == loaded.config.mlp_steps == 3
+    assert loaded.config.attn["recursion"]["steps"] == loaded.config.mlp["recursion"]["steps"] == 3
     assert {m.steps for m in loaded.model.descent_layers()} == {3}
     back = ch.from_hf(tmp_path)
-    assert isinstance(back, LanguageModel) and back.config.attn_steps == 3
+    assert isinstance(back, LanguageModel) and back.config.attn.recursion.steps == 3
 
 
 def test_rejects_what_it_cannot_run():
@@ -193,7 +195,7 @@ def test_greedy_generate_matches_cem(arch, extra):
     cfg = model.config
     if arch == "llama":  # keys and values
         per_layer = {"k": cfg.dim, "v": cfg.dim}
-    elif cfg.kq_diag == "none":  # CEM: keys only (they are the values)
+    elif cfg.attn.kq_diag == "none":  # CEM: keys only (they are the values)
         per_layer = {"k": cfg.dim}
     else:  # CEM with a key-query diagonal: the context ĥ only (the keys are recomputed or read through it)
         per_layer = {"hn": cfg.dim}
@@ -220,9 +222,8 @@ def test_inference_options_generate_and_survive_save(tmp_path):
     the config says so, and save_pretrained / from_pretrained keep it."""
     model = tiny("cem", rand=True, kq_diag="shared")
     hf = ch.to_hf(model)
-    hf.set_steps(4)
-    hf.set_inference(adaptive_tol=0.05, guard=2)
-    assert (hf.config.attn_steps, hf.config.adaptive_tol, hf.config.guard) == (4, 0.05, 2)
+    hf.set_inference(Inference(steps=4, adaptive_tol=0.05, guard=2))
+    assert (hf.config.attn["recursion"]["steps"], hf.config.inference["adaptive_tol"], hf.config.inference["guard"]) == (4, 0.05, 2)
     prompt = ids_of(length=5)
     ref = model.generate(prompt, 6, temperature=0)
     hf.reset_steps_used()
@@ -242,13 +243,13 @@ def test_test_time_on_the_wrapper_is_temporary():
     model = tiny("cem", rand=True)
     hf = ch.to_hf(model)
     prompt = ids_of(length=5)
-    ref = model.generate(prompt, 4, temperature=0, steps=3)
-    with hf.test_time(Inference(steps=3, guard=1)):  # or its fields as keywords, as below
+    ref = model.generate(prompt, 4, temperature=0, inference=Inference(steps=3))
+    with hf.test_time(Inference(steps=3, guard=1)):
         assert {(m.steps, m.guard) for m in model.descent_layers()} == {(3, 1)}
-        with hf.test_time(guard=0):
+        with hf.test_time(Inference(guard=0)):
             assert torch.equal(hf.generate(prompt, max_new_tokens=4, do_sample=False), ref)
     assert {(m.steps, m.guard) for m in model.descent_layers()} == {(1, 0)}
-    assert (hf.config.attn_steps, hf.config.guard) == (1, 0)
+    assert (hf.config.attn["recursion"]["steps"], hf.config.inference["guard"]) == (1, 0)
 
 
 def test_cem_cache_without_diagonal_is_half_of_llama():

@@ -28,7 +28,7 @@ def test_the_old_name_fast_is_the_cpu_backend_with_a_note(monkeypatch):
         layer = CEMAttention(16, 2, backend="fast")
     assert layer.resolved_backend("cpu") == "cpu"
     with pytest.warns(FutureWarning, match="attn_backend 'fast' is now called 'cpu'"):
-        assert model_config("tiny", "cem", attn_backend="fast").attn_backend == "cpu"
+        assert model_config("tiny", "cem", attn_backend="fast").attn.backend == "cpu"
     assert core.resolve_backend("fast", "cpu") == "cpu"
 
 

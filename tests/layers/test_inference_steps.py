@@ -23,15 +23,15 @@ def build(kind, rand, seed=7, **recursion):
 
 def plain(layer, h, steps, step_size=None):
     """x^(steps) of the plain recursion (options off) and E(norm(x^(steps))) per position."""
-    saved = (layer.steps, layer.step_size, layer.adaptive_tol, layer.guard)
-    layer.steps, layer.adaptive_tol, layer.guard = steps, None, 0
+    saved = layer.recursion, layer.inference
+    layer.set_inference(Inference(steps=steps))
     if step_size is not None:
         layer.step_size = step_size
     try:
         x = layer(h)
         return x, layer.energy(layer.norm(x), h)
     finally:
-        layer.steps, layer.step_size, layer.adaptive_tol, layer.guard = saved
+        layer.recursion, layer.inference = saved
 
 
 @pytest.mark.parametrize("kind", sorted(LAYERS))
@@ -64,7 +64,7 @@ def test_adaptive_steps_follow_the_stopping_rule(rand, kind):
         decrease = (energies[:-1] - energies[1:]) / energies[:-1].abs()  # after step t + 1
         middle = decrease[1:].flatten().sort().values[decrease[1:].numel() // 2 - 1 :][:2]
         tol = float(middle.mean())  # between two decreases (no tie): stops some positions early
-        layer.adaptive_tol = tol
+        layer.set_inference(Inference(adaptive_tol=tol))
         layer.reset_steps_used()
         out = layer(h)
     steps = layer.last_steps_used
@@ -90,7 +90,7 @@ def test_update_rule_stops_on_the_step_size_without_the_energy(rand, kind, monke
         rel = torch.stack([(b - a).norm(dim=-1) / a.norm(dim=-1) for a, b in zip(xs, xs[1:])])  # step t + 1
         middle = rel[1:].flatten().sort().values[rel[1:].numel() // 2 - 1 :][:2]
         tol = float(middle.mean())
-        layer.adaptive_tol, layer.adaptive_rule = tol, "update"
+        layer.set_inference(Inference(adaptive_tol=tol, adaptive_rule="update"))
         monkeypatch.setattr(layer, "energy", lambda *a: pytest.fail("the update rule computed an energy"))
         if isinstance(layer, CEMMLP):
             monkeypatch.setattr(layer, "_energy", lambda *a: pytest.fail("the update rule computed an energy"))
@@ -113,11 +113,11 @@ def test_adaptive_extremes_equal_fixed_steps(rand, kind):
     layer = build(kind, rand, steps=4, step_size=0.2)
     h = torch.randn(B, J, D, dtype=torch.float64)
     with torch.no_grad():
-        layer.adaptive_tol = 1e9  # every position stops after its first step
+        layer.set_inference(Inference(adaptive_tol=1e9))  # every position stops after its first step
         torch.testing.assert_close(layer(h), plain(layer, h, 1)[0], rtol=1e-12, atol=1e-12)
         assert layer.steps_used() == 1
         layer.reset_steps_used()
-        layer.adaptive_tol = 0.0  # stops only where a step raised the energy
+        layer.set_inference(Inference(adaptive_tol=0.0))  # stops only where a step raised the energy
         out = layer(h)
         if bool((layer.last_steps_used == 4).all()):
             torch.testing.assert_close(out, plain(layer, h, 4)[0], rtol=1e-12, atol=1e-12)
@@ -134,7 +134,7 @@ def test_guard_never_raises_the_energy(rand, kind):
         unguarded = torch.stack([e0] + [plain(layer, h, t)[1] for t in range(1, T + 1)])
         if kind != "mlp-convex":  # on the convex energy (App. B) even these steps happen to descend
             assert bool((unguarded[1:] > unguarded[:-1]).any()), "the plain steps should raise the energy somewhere"
-        layer.guard = 12
+        layer.set_inference(Inference(guard=12))
         energies = [e0]
         for t in range(1, T + 1):
             layer.steps = t
@@ -148,7 +148,7 @@ def test_guard_never_raises_the_energy(rand, kind):
 @pytest.mark.parametrize("kind", sorted(LAYERS))
 def test_guard_with_tiny_steps_is_the_plain_step(rand, kind):
     layer = build(kind, rand, steps=3, step_size=1e-4)
-    layer.guard = 5
+    layer.set_inference(Inference(guard=5))
     h = torch.randn(B, J, D, dtype=torch.float64)
     with torch.no_grad():
         torch.testing.assert_close(layer(h), plain(layer, h, 3)[0], rtol=1e-13, atol=1e-13)
@@ -159,21 +159,17 @@ def test_options_are_refused_in_training_and_validated():
     layer = CEMMLP(D, M, recursion=Recursion(steps=2))
     h = torch.randn(B, J, D)
     for option, value in (("adaptive_tol", 1e-3), ("guard", 2)):
-        setattr(layer, option, value)
+        layer.set_inference(Inference(**{option: value}))
         with pytest.raises(ValueError, match=option):
             layer(h)
         with torch.no_grad():
             layer(h)  # no_grad (or eval mode) is inference
-        layer.adaptive_tol, layer.guard = None, 0
+        layer.set_inference(Inference())
     for option, bad in (("adaptive_tol", -1e-3), ("adaptive_tol", float("nan")), ("guard", -1), ("guard", 1.5)):
         with pytest.raises(ValueError, match=option):
-            setattr(layer, option, bad)
+            Inference(**{option: bad})
         with pytest.raises(ValueError, match=option):
             model_config("micro", "cem", **{option: bad})
-    model = LanguageModel(model_config("micro", "cem", vocab_size=32))
-    with pytest.raises(ValueError, match="adaptive_tol"):
-        model.set_inference(adaptive_tol=-1)
-    assert all(m.adaptive_tol is None for m in model.descent_layers())
 
 
 def test_model_steps_used_and_config():
@@ -185,22 +181,20 @@ def test_model_steps_used_and_config():
         assert (used["attn"], used["mlp"], used["all"]) == (3, 2, 2.5)
         model.reset_steps_used()
         assert model.steps_used()["all"] is None
-        model.set_inference(adaptive_tol=1e9, guard=2)
+        model.set_inference(Inference(adaptive_tol=1e9, guard=2))
         model(ids)
     assert model.steps_used()["all"] == 1 and set(model.steps_used()["layers"].values()) == {1.0}
     cfg = model.current_config()
-    assert (cfg.adaptive_tol, cfg.guard, cfg.adaptive_rule) == (1e9, 2, "energy")
-    assert all((m.adaptive_tol, m.guard) == (1e9, 2) for m in LanguageModel(cfg).descent_layers())
-    model.set_inference(adaptive_tol=1e-2, adaptive_rule="update")
-    assert model.current_config().adaptive_rule == "update"
-    assert all(m.adaptive_rule == "update" for m in LanguageModel(model.current_config()).descent_layers())
-    with model.test_time(adaptive_rule="energy"):
-        assert all(m.adaptive_rule == "energy" for m in model.descent_layers())
-    assert all(m.adaptive_rule == "update" for m in model.descent_layers())
+    assert cfg.inference == Inference(adaptive_tol=1e9, guard=2, adaptive_rule="energy")
+    assert all(m.inference == cfg.inference for m in LanguageModel(cfg).descent_layers())
+    model.set_inference(Inference(adaptive_tol=1e-2, adaptive_rule="update"))
+    assert model.current_config().inference.adaptive_rule == "update"
+    assert all(m.inference.adaptive_rule == "update" for m in LanguageModel(model.current_config()).descent_layers())
+    with model.test_time(Inference(adaptive_rule="energy")):
+        assert all(m.inference.adaptive_rule == "energy" for m in model.descent_layers())
+    assert all(m.inference.adaptive_rule == "update" for m in model.descent_layers())
     with pytest.raises(ValueError, match="adaptive_rule"):
-        model.set_inference(adaptive_tol=1e-2, adaptive_rule="kl")
-    with pytest.raises(ValueError, match="adaptive_rule"), model.test_time(adaptive_rule="kl"):
-        pass
+        model.set_inference(Inference(adaptive_tol=1e-2, adaptive_rule="kl"))
 
 
 @pytest.mark.parametrize(
@@ -209,59 +203,53 @@ def test_model_steps_used_and_config():
      ("adaptive_rule", "kl"), ("guard", -1), ("guard", 65)],
 )
 def test_inference_is_checked_once_with_one_set_of_bounds(field, bad):
-    """`Inference` refuses a bad setting, naming it; the layers' attributes, a model's config, `set_inference`,
-    `set_steps` and `test_time` refuse the same values with the same words (one set of bounds)."""
+    """`Inference` refuses a bad setting, naming it, and is the one value `set_inference`, `test_time` and
+    `generate` take; a model's config (its flat keys) and the layers' T refuse the same values with the same
+    words (one set of bounds)."""
     with pytest.raises(ValueError, match=field) as made:
         Inference(**{field: bad})
     model = LanguageModel(model_config("micro", "cem", vocab_size=32))
     layer = model.descent_layers()[0]
-    elsewhere = [lambda: model.test_time(**{field: bad}).__enter__(), lambda: model.test_time(Inference(), **{field: bad}).__enter__(),
-                 lambda: layer.test_time(**{field: bad}).__enter__()]
-    if field in ("steps", "adaptive_tol", "adaptive_rule", "guard"):
-        elsewhere.append(lambda: setattr(layer, field, bad))
-    if field in ("adaptive_tol", "adaptive_rule", "guard"):
-        elsewhere += [lambda: model_config("micro", "cem", **{field: bad}), lambda: model.set_inference(**{field: bad})]
-    else:
-        elsewhere.append(lambda: model.set_steps(**{field: bad}))
+    elsewhere = [lambda: model_config("micro", "cem", **{field: bad})] if field != "steps" else [lambda: setattr(layer, field, bad)]
     for call in elsewhere:
         with pytest.raises(ValueError, match=field) as raised:
             call()
         assert str(raised.value) == str(made.value)
-    assert {(m.steps, m.adaptive_tol, m.adaptive_rule, m.guard) for m in model.descent_layers()} == {(1, None, "energy", 0)}
+    for call in (lambda: model.set_inference({field: bad}), lambda: model.test_time({field: bad}).__enter__(),
+                 lambda: layer.test_time({field: bad}).__enter__()):
+        with pytest.raises(ValueError, match="must be an Inference"):
+            call()
+    assert {(m.steps, m.inference) for m in model.descent_layers()} == {(1, Inference().options())}
 
 
 def test_inference_value():
-    """Frozen; `depth` is a sublayer kind's own T before `steps`; `of` is the keyword spelling, naming what it refuses."""
+    """Frozen; `depth` is a sublayer kind's own T before `steps`; `changed` takes what another gives (None keeps);
+    `options` is the options exactly as given, without depths (what a layer and a config hold)."""
     import dataclasses
 
     both = Inference(steps=3, mlp_steps=5, guard=2)
     assert (both.depth("attn"), both.depth("mlp"), Inference().depth("attn")) == (3, 5, None)
     with pytest.raises(dataclasses.FrozenInstanceError):
         both.steps = 4
-    assert Inference.of(steps=3, mlp_steps=5, guard=2) == both
-    assert Inference.of(both, guard=0) == Inference(steps=3, mlp_steps=5, guard=0) and both.guard == 2
-    assert Inference.of() == Inference()
-    with pytest.raises(ValueError, match="unknown test-time setting.* step_size"):
-        Inference.of(step_size=0.5)
-    with pytest.raises(ValueError, match="must be an Inference, got int"):
-        Inference.of(3)
+    assert both.changed(Inference(guard=0, attn_steps=1)) == Inference(steps=3, attn_steps=1, mlp_steps=5, guard=0) and both.guard == 2
+    assert both.options() == Inference(adaptive_rule="energy", guard=2)
+    assert Inference().options() == Inference(adaptive_tol=None, adaptive_rule="energy", guard=0)
 
 
 def test_inference_reaches_every_layer_unchanged():
     """`test_time` and `generate` pass one `Inference` to every CEM layer, which runs at its settings inside
-    the block and has its own back afterwards; the keyword spelling is the same value."""
+    the block and has its own back afterwards."""
     model = LanguageModel(model_config("micro", "cem", vocab_size=32, mlp_steps=2)).eval()
     inference = Inference(steps=3, mlp_steps=4, adaptive_tol=1e-2, adaptive_rule="update", guard=2)
     with model.test_time(inference):
-        assert [(m.steps, m.adaptive_tol, m.adaptive_rule, m.guard) for m in model.descent_layers()] == [
-            (3, 1e-2, "update", 2), (4, 1e-2, "update", 2)] * 2
-    assert [m.steps for m in model.descent_layers()] == [1, 2] * 2 and {m.guard for m in model.descent_layers()} == {0}
+        options = Inference(adaptive_tol=1e-2, adaptive_rule="update", guard=2)
+        assert [(m.steps, m.inference) for m in model.descent_layers()] == [(3, options), (4, options)] * 2
+    assert [m.steps for m in model.descent_layers()] == [1, 2] * 2 and {m.inference.guard for m in model.descent_layers()} == {0}
     prompt = torch.tensor([1, 2, 3])
     with torch.no_grad():
         as_value = model.generate(prompt, 4, temperature=0, inference=inference)
-        as_keywords = model.generate(prompt, 4, temperature=0, steps=3, mlp_steps=4, adaptive_tol=1e-2, adaptive_rule="update", guard=2)
         with model.test_time(inference):
             plain = model.generate(prompt, 4, temperature=0)
-    assert torch.equal(as_value, as_keywords) and torch.equal(as_value, plain)
-    with pytest.raises(ValueError, match="unknown test-time setting"):
-        model.generate(prompt, 4, stepz=3)
+    assert torch.equal(as_value, plain)
+    with pytest.raises(ValueError, match="must be an Inference"):
+        model.generate(prompt, 4, inference={"steps": 3})

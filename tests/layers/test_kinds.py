@@ -24,7 +24,7 @@ def test_blocks_are_built_by_their_kind(arch):
     cfg = model_config("micro", arch)
     with torch.device("meta"):
         block = LanguageModel(cfg).blocks[0]
-    for layer, kind, reuse in ((block.attn, ATTENTION_KINDS[cfg.attn], cfg.attn_reuse), (block.mlp, MLP_KINDS[cfg.mlp], cfg.mlp_reuse)):
+    for layer, kind, reuse in ((block.attn, ATTENTION_KINDS[cfg.attn.kind], cfg.attn.reuse), (block.mlp, MLP_KINDS[cfg.mlp.kind], cfg.mlp.reuse)):
         if reuse > 1:
             assert isinstance(layer, Reuse) and layer.times == reuse
             layer = layer.layer
@@ -33,7 +33,8 @@ def test_blocks_are_built_by_their_kind(arch):
 
 def test_a_new_kind_needs_only_its_registration(monkeypatch):
     """A kind registered elsewhere is built, validated and counted like the built-in ones."""
-    toy = SublayerKind(GatedMLP, build=lambda cfg: GatedMLP(cfg.dim, 8), flops=lambda cfg, seq_len: 1000 + seq_len)
+    toy = SublayerKind(GatedMLP, build=lambda shape, c: GatedMLP(shape.dim, 8), flops=lambda shape, c, seq_len: 1000 + seq_len,
+                       settings=lambda c: ("reuse",))
     monkeypatch.setitem(MLP_KINDS, "toy", toy)
     cfg = model_config("micro", "cem-attn", mlp="toy", mlp_reuse=2)
     model = LanguageModel(cfg)
@@ -53,14 +54,33 @@ def test_each_layer_says_which_sublayer_it_is():
 
 
 def test_builders_take_their_sublayers_typed_config():
+    """The model config's parts are the sublayers' typed configs, built as they are (with the model's widths)."""
     cfg = model_config("micro", "cem-t2", kq_diag="per_head", mlp_width_mult=1.5, norm_eps=1e-5)
-    a, m = cfg.attention_config(), cfg.mlp_config()
+    a, m = cfg.attn, cfg.mlp
     assert isinstance(a, AttentionConfig) and isinstance(m, MLPConfig)
-    assert (a.dim, a.n_heads, a.kq_diag, a.precond, a.eps, a.recursion) == (48, 4, "per_head", "diag_lowrank", 1e-5, cfg.recursion("attn"))
-    assert (m.hidden_dim, m.precond, m.recursion) == (cfg.mlp_hidden, "diag_lowrank", cfg.recursion("mlp"))
-    layer = ATTENTION_KINDS["cem"].build(a)
-    assert layer.kq_diag.shape == (4, 48) and layer.steps == 2 and layer.norm.eps == 1e-5
-    assert MLP_KINDS["cem"].build(m).hidden_dim == cfg.mlp_hidden
+    assert (a.kind, a.kq_diag, a.precond, a.recursion.steps) == ("cem", "per_head", "diag_lowrank", 2)
+    assert (m.kind, m.precond, m.width_mult, m.recursion.steps) == ("cem", "diag_lowrank", 1.5, 2)
+    assert (cfg.shape.dim, cfg.shape.n_heads, cfg.shape.hidden_dim, cfg.shape.eps) == (48, 4, cfg.mlp_hidden, 1e-5)
+    layer = ATTENTION_KINDS["cem"].build(cfg.shape, a)
+    assert layer.kq_diag.shape == (4, 48) and layer.recursion == a.recursion and layer.norm.eps == 1e-5
+    assert MLP_KINDS["cem"].build(cfg.shape, m).hidden_dim == cfg.mlp_hidden
+
+
+def test_a_setting_its_kind_does_not_read_is_refused_and_not_shown():
+    """CEM attention always uses ALiBi: `position` is Llama attention's only (issue 61, item 9); a setting the
+    kind does not read is refused, and the config's dict shows only what each sublayer's kind reads."""
+    cem = model_config("micro", "cem-t2")
+    assert "position" not in cem.to_dict()["attn"] and "recursion" in cem.to_dict()["attn"]
+    llama = model_config("micro", "llama")
+    assert llama.to_dict()["attn"] == {"kind": "llama", "position": "rope", "reuse": 1}
+    assert "training" not in llama.to_dict() and "inference" not in llama.to_dict()
+    assert model_config("micro", "llama-alibi").to_dict()["attn"]["alibi"] == "standard"
+    with pytest.raises(ValueError, match="position='alibi' does nothing in cem attention"):
+        model_config("micro", "cem", position="alibi")
+    with pytest.raises(ValueError, match=r"attn_steps=2 does nothing in llama attention \(it reads position, reuse\)"):
+        model_config("micro", "llama", attn_steps=2)
+    with pytest.raises(ValueError, match="start='norm' does nothing: the model has no CEM sublayer"):
+        model_config("micro", "llama", start="norm")
 
 
 def test_an_unknown_key_query_diagonal_is_refused_naming_the_kinds():
@@ -90,9 +110,9 @@ def test_each_key_query_diagonal_means_the_same_to_layer_kernel_and_planner(name
     assert kq_diag_of(qd) == name
     q = k = torch.randn(2, K, J, D // K)
     cfg = model_config("micro", "cem-attn", kq_diag=name, vocab_size=32)
-    scratch = ATTENTION_KINDS["cem"].kernel.scratch(cfg.attention_config(), 2, J, 4)
+    scratch = ATTENTION_KINDS["cem"].kernel.scratch(cfg.attn, 2, J, 4)
     assert KernelLaunch(q, k, qd, hn, 0, None, backward=True).scores == (scratch > 0) == (name == "shared")
     monkeypatch.setattr(memory, "activation_bytes", lambda *a, **kw: (0, 0))  # the planner's terms without its probes
     logits = 2 * 64 * cfg.vocab_size * 2
     assert memory.plan_memory(cfg, 2, 64).transient == max(logits, kind.kernel_scratch(2, 64, 2)) == (4 * logits if name == "shared" else logits)
-    assert ATTENTION_KINDS["llama"].kernel is None and memory.plan_memory(cfg.replace(attn="llama"), 2, 64).transient == logits
+    assert ATTENTION_KINDS["llama"].kernel is None and memory.plan_memory(cfg.replace(attn={"kind": "llama"}), 2, 64).transient == logits

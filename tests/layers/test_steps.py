@@ -3,12 +3,14 @@ x^(0) = RMSNorm(h) of Algorithm 1 read literally, App. A's ALiBi slopes, random-
 training options for test-time compute (heavy-tailed depths, truncated backpropagation, the fixed-point
 penalty, the anchor)."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
 from cem.layers import CEMMLP, CEMAttention
 from cem.layers.position import alibi_slopes
-from cem.layers.steps import Recursion, StepSize
+from cem.layers.steps import Inference, Recursion, StepSize
 from cem.model import LanguageModel, model_config
 from cem_reference import attention_head_energies, mlp_energy, precond_dense, rms_norm
 
@@ -124,7 +126,7 @@ def test_app_a_slopes_and_energy(rand):
     ],
 )
 def test_bad_recursion_options(bad, match):
-    """Recursion validates itself once, for the layers and for the config's `recursion(kind)`."""
+    """Recursion validates itself once, for the layers and for the config's sublayers."""
     name, value = next(iter(bad.items()))
     with pytest.raises(ValueError, match=match):
         Recursion(**{{"step_schedule": "schedule", "step_decay": "decay", "anchor_weight": "anchor"}.get(name, name): value})
@@ -135,12 +137,14 @@ def test_bad_recursion_options(bad, match):
 def test_config_gives_one_recursion_per_sublayer():
     cfg = model_config("micro", "cem", attn_steps=2, mlp_steps=3, mlp_step_size=0.5, start="norm", step_schedule="learned",
                        learn_step_size=True, train_depth="layer", train_depth_max=4)
-    assert cfg.recursion("attn") == Recursion(2, 1.0, "learned", 4, "norm", True)
-    assert cfg.recursion("mlp") == Recursion(3, 0.5, "learned", 4, "norm", True)
-    assert model_config("micro", "cem", mlp_steps=3).recursion("mlp").learned_steps == 3  # fixed depth: T gains
-    assert model_config("micro", "cem", anchor_weight=0.5).recursion("attn").anchor == 0.5
-    with pytest.raises(ValueError, match="unknown sublayer 'head'"):
-        cfg.recursion("head")
+    assert cfg.attn.recursion == Recursion(2, 1.0, "learned", 4, "norm", True)
+    assert cfg.mlp.recursion == Recursion(3, 0.5, "learned", 4, "norm", True)
+    assert model_config("micro", "cem", mlp_steps=3, step_schedule="learned").mlp.recursion.learned_steps == 3  # fixed depth: T gains
+    assert model_config("micro", "cem", mlp_steps=3).mlp.recursion.learned_steps is None  # no learned schedule: no gains
+    assert model_config("micro", "cem", anchor_weight=0.5).attn.recursion.anchor == 0.5
+    assert model_config("micro", "cem-attn", start="norm").attn.recursion.start == "norm"  # a shared key: the CEM sublayers
+    with pytest.raises(ValueError, match="unknown model config key"):
+        cfg.replace(head_steps=2)
 
 
 @pytest.mark.parametrize("per", ["model", "layer"])
@@ -168,7 +172,7 @@ def test_random_depth_draws_in_training_only(per):
     assert all(m.depth() == 2 for m in layers)
     with torch.no_grad():
         out = model(ids)
-        model.set_steps(2)
+        model.set_inference(Inference(steps=2))
         torch.testing.assert_close(out, model(ids))
 
 
@@ -182,27 +186,32 @@ def test_layer_test_time_is_temporary(rand):
     layer = build("mlp", rand, recursion=Recursion(steps=2))
     h = torch.randn(B, J, D, dtype=torch.float64)
     with torch.no_grad():
-        with layer.test_time(steps=3, guard=1, step_size=0.5) as same:
-            assert same is layer and (layer.steps, layer.adaptive_tol, layer.guard, layer.step_size) == (3, None, 1, 0.5)
+        with layer.test_time(Inference(steps=3, guard=1), step_size=0.5) as same:
+            assert same is layer and (layer.steps, layer.inference, layer.step_size) == (3, Inference(guard=1).options(), 0.5)
             out = layer(h)
-        assert (layer.steps, layer.adaptive_tol, layer.guard, layer.step_size) == (2, None, 0, 1.0)
-        layer.steps, layer.guard, layer.step_size = 3, 1, 0.5
+        assert (layer.steps, layer.inference, layer.step_size) == (2, Inference().options(), 1.0)
+        layer.set_inference(Inference(steps=3, guard=1))
+        layer.step_size = 0.5
         torch.testing.assert_close(out, layer(h))
-        layer.steps, layer.guard, layer.step_size = 2, 0, 1.0
+        layer.set_inference(Inference(steps=2))
+        layer.step_size = 1.0
         assert not torch.allclose(out, layer(h))
-        for bad in (dict(adaptive_tol=-1.0), dict(step_size=0.0)):
-            with pytest.raises(ValueError, match=next(iter(bad))), layer.test_time(steps=4, **bad):
-                pass
-    assert (layer.steps, layer.adaptive_tol, layer.guard, layer.step_size) == (2, None, 0, 1.0)
+        with pytest.raises(ValueError, match="step_size"), layer.test_time(Inference(steps=4), step_size=-1.0):
+            pass
+        with pytest.raises(ValueError, match="must be an Inference"), layer.test_time({"steps": 4}):
+            pass
+        with pytest.raises(ValueError, match="keeps its recursion's schedule"):
+            layer.recursion = Recursion(steps=2, schedule="inverse")
+    assert (layer.steps, layer.inference, layer.step_size) == (2, Inference().options(), 1.0)
 
 
-def test_set_steps_on_a_users_own_model():
-    """`cem.layers.set_steps` sets T on every CEM layer of any module, by kind, checking every value first."""
+def test_set_inference_on_a_users_own_model():
+    """`cem.layers.set_inference` sets T on every CEM layer of any module, by kind, from one checked `Inference`."""
     import pydoc
 
     from torch import nn
 
-    from cem.layers import CEMMLP, CEMAttention, set_steps
+    from cem.layers import CEMMLP, CEMAttention, set_inference
 
     class Mine(nn.Module):
         def __init__(self):
@@ -211,16 +220,19 @@ def test_set_steps_on_a_users_own_model():
             self.head = nn.Linear(16, 3)
 
     model = Mine()
-    assert set_steps(model, 3) == 4
+    assert set_inference(model, Inference(steps=3)) == 4
     assert [m.steps for m in model.modules() if isinstance(m, (CEMAttention, CEMMLP))] == [3, 3, 3, 3]
-    assert set_steps(model, 2, mlp_steps=5) == 4
+    assert set_inference(model, Inference(steps=2, mlp_steps=5)) == 4
     assert [(type(m).__name__, m.steps) for m in model.modules() if isinstance(m, (CEMAttention, CEMMLP))] == [
         ("CEMAttention", 2), ("CEMMLP", 5), ("CEMAttention", 2), ("CEMMLP", 5)]
-    assert set_steps(model, attn_steps=4) == 2
+    set_inference(model, Inference(attn_steps=4))
+    assert [m.steps for m in model.modules() if isinstance(m, (CEMAttention, CEMMLP))] == [4, 5, 4, 5]
     with pytest.raises(ValueError, match="mlp_steps"):
-        set_steps(model, 1, mlp_steps=0)
+        set_inference(model, Inference(steps=1, mlp_steps=0))
+    with pytest.raises(ValueError, match="must be an Inference"):
+        set_inference(model, 3)
     assert [m.steps for m in model.modules() if isinstance(m, CEMMLP)] == [5, 5]  # nothing changed
-    assert set_steps(nn.Linear(2, 2), 3) == 0
+    assert set_inference(nn.Linear(2, 2), Inference(steps=3)) == 0
     # the constructors' arguments are documented where help() looks
     for cls, words in ((CEMAttention, ("kq_diag", "backend", "n_heads")), (CEMMLP, ("hidden_dim", "energy"))):
         text = pydoc.render_doc(cls)
@@ -271,7 +283,7 @@ def test_poisson_lognormal_depths_are_heavy_tailed_with_the_asked_mean():
 def truncated_reference(layer, h, steps, k):
     """x^(T) with only the last k steps differentiated and the first T - k read as the identity, written out
     with the layer's `direction` (not `descend`): x^(T-k) = c + h - stop_gradient(h), c from a no-grad run."""
-    with torch.no_grad(), layer.test_time(steps=steps - k):
+    with torch.no_grad(), layer.test_time(Inference(steps=steps - k)):
         c = layer(h)
     if isinstance(layer, CEMAttention):
         _, keys, ctx, q_start = layer.context(h)
@@ -312,7 +324,7 @@ def test_truncated_backprop_value_gradients_and_memory(rand, kind, schedule):
             count[0] += t.numel()
             return t
 
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), m.test_time(steps=steps):
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), m.test_time(Inference(steps=steps)):
             m(h)
         return count[0]
 
@@ -386,14 +398,14 @@ def test_anchor_pulls_every_step_back_to_the_start(rand, kind):
         torch.testing.assert_close(layer(h), expected, rtol=1e-10, atol=1e-10)
         plain = build(kind, rand, recursion=Recursion(steps=T, step_size=eta), precond="diag")
         assert not torch.allclose(plain(h), expected, rtol=1e-3)
-        with layer.test_time(steps=1), plain.test_time(steps=1):
+        with layer.test_time(Inference(steps=1)), plain.test_time(Inference(steps=1)):
             torch.testing.assert_close(layer(h), plain(h), rtol=0, atol=0)  # the first step starts at x^(0): no pull
-        with layer.test_time(adaptive_tol=0.0, adaptive_rule="update"):  # the checked loop, never stopping
+        with layer.test_time(Inference(adaptive_tol=0.0, adaptive_rule="update")):  # the checked loop, never stopping
             torch.testing.assert_close(layer(h), expected, rtol=1e-10, atol=1e-10)
     layer.train()
     layer.checkpoint_steps = True
     torch.testing.assert_close(layer(h.requires_grad_(True)).detach(), expected, rtol=1e-10, atol=1e-10)
-    layer.checkpoint_steps, layer.backprop_steps = False, 1
+    layer.checkpoint_steps, layer.recursion = False, replace(layer.recursion, backprop_steps=1)
     torch.testing.assert_close(layer(h).detach(), expected, rtol=1e-10, atol=1e-10)
 
 
@@ -407,7 +419,7 @@ def test_anchored_guard_never_raises_the_anchored_objective(rand, kind):
     def path(guard):
         out = []
         for T in range(1, 7):
-            with layer.test_time(steps=T, guard=guard):
+            with layer.test_time(Inference(steps=T, guard=guard)):
                 x = layer(h)
             out.append(layer.energy(layer.norm(x), h) + 0.5 * lam * (x - h).pow(2).sum(-1))
         return torch.stack([layer.energy(layer.norm(h), h)] + out)

@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+from cem.layers import Inference
 from cem.model import LanguageModel, model_config
 from cem.model.cache import CacheSlot
 
@@ -28,7 +29,7 @@ def build(variant, steps):
     kw = dict(VARIANTS[variant])
     arch = kw.pop("arch")
     torch.manual_seed(0)
-    model = LanguageModel(model_config("tiny", arch, vocab_size=61, attn_steps=steps, mlp_steps=steps, **kw)).double()
+    model = LanguageModel(model_config("tiny", arch, vocab_size=61, **kw).at(Inference(steps=steps))).double()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "kq_diag" in name or "self_bias" in name:
@@ -61,11 +62,10 @@ def test_cached_inference_options_equal_full_forward(variant, options):
     """With adaptive or guarded steps every position takes its own steps, from its own u and causal context:
     decoding with the cache takes the same steps (same totals) and gives the same logits as the full pass."""
     model = build(variant, 5)
-    model.set_steps(5 if "guard" not in options else 3)
+    model.set_inference(Inference(steps=5 if "guard" not in options else 3, **options))
     if "guard" in options:
         for m in model.descent_layers():
             m.step_size = 4.0  # large enough that the guard halves some steps
-    model.set_inference(**options)
     ids = torch.randint(0, 61, (2, 13))
     with torch.no_grad():
         full = model(ids)
@@ -80,7 +80,7 @@ def test_cached_inference_options_equal_full_forward(variant, options):
         assert 1 <= full_used["all"] < model.descent_layers()[0].steps  # some positions stopped early
     if "guard" in options and variant != "cem-exact":  # the guard changed some steps (exact gradients
         # at this init never raise the energy, even with large steps: u = norm(x) stays on the sphere)
-        model.set_inference()
+        model.set_inference(Inference())
         with torch.no_grad():
             assert not torch.allclose(model(ids), full)
 
@@ -99,7 +99,7 @@ def test_generate_matches_greedy_full_forward():
 def test_generate_steps_override_is_temporary():
     model = build("cem-shared", 1)
     prompt = torch.randint(0, 61, (5,))
-    out = model.generate(prompt, 3, temperature=0.8, top_k=10, top_p=0.9, steps=3, generator=torch.Generator().manual_seed(1))
+    out = model.generate(prompt, 3, temperature=0.8, top_k=10, top_p=0.9, inference=Inference(steps=3), generator=torch.Generator().manual_seed(1))
     assert out.shape == (8,) and torch.equal(out[:5], prompt)
     assert {m.steps for m in model.descent_layers()} == {1}
 
@@ -107,9 +107,9 @@ def test_generate_steps_override_is_temporary():
 def test_generate_inference_options_are_temporary_and_match_full_forward():
     model = build("cem-shared", 4)
     prompt = torch.randint(0, 61, (2, 4))
-    out = model.generate(prompt, 5, temperature=0, adaptive_tol=0.02, guard=2)
-    assert all((m.adaptive_tol, m.guard) == (None, 0) for m in model.descent_layers())
-    model.set_inference(adaptive_tol=0.02, guard=2)
+    out = model.generate(prompt, 5, temperature=0, inference=Inference(adaptive_tol=0.02, guard=2))
+    assert all(m.inference == Inference().options() for m in model.descent_layers())
+    model.set_inference(Inference(adaptive_tol=0.02, guard=2))
     ids = prompt
     with torch.no_grad():
         for _ in range(5):

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from cem.layers import CEMMLP, CEMAttention, GatedMLP, LlamaAttention, Recursion, Reuse
+from cem.layers import CEMMLP, CEMAttention, GatedMLP, Inference, LlamaAttention, Recursion, Reuse
 from cem.model import LanguageModel, model_config
 
 
@@ -30,7 +30,7 @@ from cem.model import LanguageModel, model_config
         (lambda: model_config("tiny", "cem", n_layers=10**6), "n_layers must be at most 1,024"),
         (lambda: model_config("tiny", "cem", dim=1 << 20, n_heads=4), "dim must be at most 65,536"),
         (lambda: model_config("tiny", "cem", guard=1000), "guard must be at most 64"),
-        (lambda: LanguageModel(model_config("tiny", "cem", vocab_size=32)).set_steps(10**9), "steps must be at most 256"),
+        (lambda: LanguageModel(model_config("tiny", "cem", vocab_size=32)).set_inference(Inference(steps=10**9)), "steps must be at most 256"),
     ],
 )
 def test_bad_construction(build, match):

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from cem.layers import Inference
 from cem.model import ARCHS, LanguageModel, model_config, parameter_breakdown
 
 
@@ -37,7 +38,8 @@ def test_parameter_ratios_134m():
 
 @pytest.mark.parametrize("arch", sorted(ARCHS))
 def test_causal_and_gradients_reach_every_parameter(arch):
-    model = tiny(arch, attn_precond="diag_lowrank", mlp_precond="diag_lowrank", attn_steps=2, mlp_steps=2)
+    cem = model_config("tiny", arch).recursing()  # the CEM sublayers, whose settings these are
+    model = tiny(arch, **{f"{s}_{k}": v for s in cem for k, v in (("precond", "diag_lowrank"), ("steps", 2))})
     with torch.no_grad():  # V = 0 at init would leave U without gradient: move off the init
         for name, p in model.named_parameters():
             if name.endswith("precond.v"):
@@ -70,34 +72,36 @@ def test_steps_change_at_test_time():
     ids = torch.randint(0, 97, (1, 10))
     with torch.no_grad():
         a = model(ids)
-        model.set_steps(3)
+        model.set_inference(Inference(steps=3))
         assert {m.steps for m in model.descent_layers()} == {3}
         b = model(ids)
-        model.set_steps(attn_steps=1, mlp_steps=1)
+        model.set_inference(Inference(attn_steps=1, mlp_steps=1))
         torch.testing.assert_close(model(ids), a)
     assert not torch.allclose(a, b)
 
 
 def test_test_time_sets_and_restores_the_knobs():
     model = tiny("cem")
-    model.set_inference(adaptive_tol=1e-3)
-    knobs = lambda: [(m.steps, m.adaptive_tol, m.guard) for m in model.descent_layers()]  # noqa: E731
+    model.set_inference(Inference(adaptive_tol=1e-3))
+    knobs = lambda: [(m.steps, m.inference.adaptive_tol, m.inference.guard) for m in model.descent_layers()]  # noqa: E731
     before = knobs()
     ids = torch.randint(0, 97, (1, 10))
     with torch.no_grad():
-        with model.test_time(steps=3):
+        with model.test_time(Inference(steps=3)):
             t3 = model(ids)
-        model.set_steps(3)
+        model.set_inference(Inference(steps=3, adaptive_tol=1e-3))
         torch.testing.assert_close(t3, model(ids))  # the same as the permanent setter
-        model.set_steps(1)
+        model.set_inference(Inference(steps=1, adaptive_tol=1e-3))
     assert knobs() == before
-    with model.test_time(steps=2, mlp_steps=4, guard=2):
+    with model.test_time(Inference(steps=2, mlp_steps=4, guard=2)):
         assert knobs() == [(2, 1e-3, 2), (4, 1e-3, 2)] * 2  # attn, mlp per block; adaptive_tol kept
-        with model.test_time(attn_steps=5, adaptive_tol=0.1):
+        with model.test_time(Inference(attn_steps=5, adaptive_tol=0.1)):
             assert knobs() == [(5, 0.1, 2), (4, 0.1, 2)] * 2
         assert knobs() == [(2, 1e-3, 2), (4, 1e-3, 2)] * 2
     assert knobs() == before
-    with pytest.raises(RuntimeError, match="inside"), model.test_time(steps=4):
+    with pytest.raises(ValueError, match="must be an Inference"), model.test_time({"steps": 4}):
+        pass
+    with pytest.raises(RuntimeError, match="inside"), model.test_time(Inference(steps=4)):
         raise RuntimeError("inside")
     assert knobs() == before
 
@@ -110,7 +114,7 @@ def test_test_time_checks_everything_before_changing_a_layer(knobs, match):
     model = tiny("cem")
     seen = []
     with pytest.raises(ValueError, match=match):
-        with model.test_time(**knobs):
+        with model.test_time(Inference(**knobs)):
             seen.append(True)
     assert not seen and {m.steps for m in model.descent_layers()} == {1}
 
@@ -125,16 +129,17 @@ def test_test_time_steps_survive_save(tmp_path):
     from cem.model import load_pretrained, save_pretrained
 
     model = tiny("cem")
-    model.set_steps(attn_steps=3)
+    model.set_inference(Inference(attn_steps=3, guard=2))
     for m in model.descent_layers():
         if m.steps == 1:
             m.step_size = 0.5
     cfg = model.current_config()
-    assert (cfg.attn_steps, cfg.mlp_steps, cfg.attn_step_size, cfg.mlp_step_size) == (3, 1, 1.0, 0.5)
+    assert (cfg.attn.recursion.steps, cfg.mlp.recursion.steps, cfg.attn.recursion.step_size, cfg.mlp.recursion.step_size) == (3, 1, 1.0, 0.5)
+    assert cfg.inference == Inference(guard=2).options()
     loaded = load_pretrained(save_pretrained(model, tmp_path / "m"))
-    assert [(m.steps, m.step_size) for m in loaded.descent_layers()] == [(3, 1.0), (1, 0.5)] * 2
+    assert [(m.steps, m.step_size, m.inference.guard) for m in loaded.descent_layers()] == [(3, 1.0, 2), (1, 0.5, 2)] * 2
     model.blocks[0].attn.steps = 2
-    with pytest.raises(ValueError, match="differ in steps"):
+    with pytest.raises(ValueError, match="differ in their recursion"):
         model.current_config()
 
 

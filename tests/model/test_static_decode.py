@@ -4,6 +4,7 @@
 import pytest
 import torch
 
+from cem.layers import Inference
 from cem.model import LanguageModel, model_config
 from cem.model.cache import StaticCache
 from cem.model.generate import compiled_step, static_step
@@ -66,7 +67,7 @@ def test_generate_static_past_the_context_equals_eager():
 def test_compile_refuses_adaptive_steps():
     model = build("cem-shared", 2)
     with pytest.raises(ValueError, match="fixed steps"):
-        model.generate(torch.randint(0, 61, (1, 3)), 2, temperature=0, compile=True, adaptive_tol=0.1)
+        model.generate(torch.randint(0, 61, (1, 3)), 2, temperature=0, compile=True, inference=Inference(adaptive_tol=0.1))
 
 
 def float_model(arch, **kw):

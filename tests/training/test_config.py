@@ -10,7 +10,7 @@ def test_overrides_and_types(tmp_path):
     assert run.train.lr == 0.001 and run.train.batch_size == 3 and run.train.compile is True and run.train.max_steps == 1000
     assert run.model_overrides == {"attn_steps": 2, "kq_diag": "per_head", "mlp_steps": 3}
     cfg = run.model(vocab_size=300)
-    assert cfg.attn_steps == 2 and cfg.mlp_steps == 3 and cfg.vocab_size == 300 and cfg.attn == "cem"
+    assert cfg.attn.recursion.steps == 2 and cfg.mlp.recursion.steps == 3 and cfg.vocab_size == 300 and cfg.attn.kind == "cem"
 
 
 def test_a_runs_model_config_is_built_once():
@@ -19,7 +19,7 @@ def test_a_runs_model_config_is_built_once():
     from cem.model import model_config
 
     run = load_run_config(None, ["kq_diag=per_head", "attn_backend=sdpa", "seq_len=300"], arch="cem", preset="micro", tokenizer="bpe:400")
-    assert run.model() is run.model() is run.model(400) and run.model().attn_backend == "sdpa"
+    assert run.model() is run.model() is run.model(400) and run.model().attn.backend == "sdpa"
     assert run.model(380) == model_config("micro", "cem", kq_diag="per_head", attn_backend="sdpa", vocab_size=380, context=300)
     with pytest.raises(ValueError, match="vocab_size=400 does not match the tokenizer 'bpe:500'"):
         load_run_config(None, ["vocab_size=400"], tokenizer="bpe:500").model(500)
@@ -146,3 +146,17 @@ def test_an_hf_corpus_streams_text_for_the_budget_of_the_hinted_vocabulary():
     assert hf_bytes_for_budget(run) == HF_BYTES_PER_TOKEN * chinchilla_tokens("tiny", 8192, 128)
     assert hf_bytes_for_budget(load_run_config(None, ["data=hf:some/corpus", "tokens=1e5"])) == HF_BYTES_PER_TOKEN * 100_000
     assert hf_bytes_for_budget(load_run_config(None, ["data=hf:some/corpus"])) is None  # no budget
+
+
+def test_nested_and_flat_spellings_are_one_config(tmp_path):
+    """The nested YAML (`model: attn: {kind: cem, recursion: {steps: 2}}`) and the flat keys it aliases
+    (`attn=cem attn_steps=2`, one table: `cem.model.FLAT`) give one config; a flat key's error names it."""
+    nested = tmp_path / "nested.yaml"
+    nested.write_text("model:\n  attn:\n    kind: cem\n    recursion: {steps: 2}\n    precond: diag\n  inference: {guard: 2}\n")
+    flat = load_run_config(None, ["attn=cem", "attn_steps=2", "attn_precond=diag", "guard=2"], arch="llama")
+    assert load_run_config(nested, [], arch="llama").model() == flat.model()
+    assert flat.model().to_dict()["attn"]["recursion"]["steps"] == 2 and flat.model().flat("attn_steps") == 2
+    with pytest.raises(ValueError, match="unknown attn_precond 'newton'"):
+        load_run_config(None, ["attn_precond=newton"], arch="cem")
+    with pytest.raises(ValueError, match="unknown model config key.*attn.steps"):
+        load_run_config(None, [], arch="cem", ).model().replace(attn={"steps": 2})

@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+from pathlib import Path
 
 import pytest
 
@@ -140,7 +141,7 @@ def test_a_model_setting_missing_from_an_old_record_counts_as_its_default(tmp_pa
     from cem.model import model_config
 
     cfg = model_config("micro", "cem", vocab_size=32)
-    identity = run_identity(load_run_config(None, []), cfg)
+    identity = {**run_identity(load_run_config(None, []), cfg), "model": cfg.flat_dict()}  # a flat record, as older runs wrote
     for name in ("fixed_point_weight", "adaptive_rule", "step_decay"):
         del identity["model"][name]
     (tmp_path / "run.json").write_text(json.dumps(identity))
@@ -200,3 +201,34 @@ def test_tensorboard_notice_is_said_once_and_never_under_quiet(tmp_path, capsys,
     assert capsys.readouterr().err.count("TensorBoard is not installed") == 1
     MetricsLogger(tmp_path / "b", tensorboard=True, notices=False).close()
     assert "TensorBoard" not in capsys.readouterr().err
+
+
+FLAT_RUNS = sorted((Path(__file__).resolve().parents[1] / "flat_runs").glob("*/run.json"))
+# `cem train`'s folder for each (`default_run_dir`), as the code before the nested config named them
+DEFAULT_DIRS = {
+    "cpu128-cem-attn-alibi=app-a-05c0a6-s0": "runs/cem-attn-cpu128-wikitext-2-s0-seq_len=256-tokens=chinchilla-alibi=app-a",
+    "cpu128-cem-mlp-fd4535-s0": "runs/cem-mlp-cpu128-wikitext-2-s0-seq_len=256-tokens=chinchilla",
+    "cpu128-llama-alibi-alibi=app-a-05c0a6-s0": "runs/llama-alibi-cpu128-wikitext-2-s0-seq_len=256-tokens=chinchilla-alibi=app-a",
+    "cpu128-llama-attn_reuse=2-1a59cd-s0": "runs/llama-cpu128-wikitext-2-s0-seq_len=256-tokens=chinchilla-attn_reuse=2",
+    "cpu96-cem-t2-fd4535-s0": "runs/cem-t2-cpu96-wikitext-2-s0-seq_len=256-tokens=chinchilla",
+}
+
+
+def test_flat_records_keep_their_folder_names_and_identity():
+    """Run records from before the nested config (the study's run.json files, flat model keys; one of each kind
+    it trained, in tests/flat_runs): the same folder name from their flat overrides, and the identity this cem
+    gives their settings (a nested model config) is the recorded one; one model setting changed is another run."""
+    from cem.model import ModelConfig
+    from cem.training.config import RunConfig
+    from cem.training.rundir import default_run_dir
+
+    assert sorted(p.parent.name for p in FLAT_RUNS) == sorted(DEFAULT_DIRS)
+    for path in FLAT_RUNS:
+        recorded = json.loads(path.read_text())
+        run = RunConfig.from_dict(recorded["config"], str(path))
+        model = run.model(recorded["model"]["vocab_size"])
+        assert str(default_run_dir(run)) == DEFAULT_DIRS[path.parent.name]
+        assert ModelConfig.from_dict(recorded["model"]) == model
+        assert ("position" in model.to_dict()["attn"]) == (model.attn.kind == "llama")  # CEM attention: always ALiBi
+        assert RunDir(path.parent).differences(run_identity(run, model)) == [], path
+        assert RunDir(path.parent).differences(run_identity(run, model.replace(n_layers=model.n_layers + 1))) == ["model"]

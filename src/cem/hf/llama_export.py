@@ -54,15 +54,15 @@ _LAYER_MAP = (
 def llama_blockers(cfg: ModelConfig) -> list[str]:
     """Why a model of `cfg` is not a plain Llama (empty list when it is)."""
     reasons = []
-    attn, mlp = ATTENTION_KINDS[cfg.attn].module, MLP_KINDS[cfg.mlp].module
+    attn, mlp = ATTENTION_KINDS[cfg.attn.kind].module, MLP_KINDS[cfg.mlp.kind].module
     if attn is not LlamaAttention:
-        reasons.append(f"attention is {cfg.attn!r} ({attn.__name__}), not Llama")
-    elif cfg.position != "rope":
-        reasons.append(f"positions are {cfg.position!r}, not RoPE")
+        reasons.append(f"attention is {cfg.attn.kind!r} ({attn.__name__}), not Llama")
+    elif cfg.attn.position != "rope":
+        reasons.append(f"positions are {cfg.attn.position!r}, not RoPE")
     if mlp is not GatedMLP:
-        reasons.append(f"the MLP is {cfg.mlp!r} ({mlp.__name__}), not SwiGLU")
-    if cfg.attn_reuse != 1 or cfg.mlp_reuse != 1:
-        reasons.append(f"layer reuse (attn_reuse={cfg.attn_reuse}, mlp_reuse={cfg.mlp_reuse})")
+        reasons.append(f"the MLP is {cfg.mlp.kind!r} ({mlp.__name__}), not SwiGLU")
+    if cfg.attn.reuse != 1 or cfg.mlp.reuse != 1:
+        reasons.append(f"layer reuse (attn_reuse={cfg.attn.reuse}, mlp_reuse={cfg.mlp.reuse})")
     return reasons
 
 
@@ -208,9 +208,6 @@ def model_config_from_llama(config) -> ModelConfig:
         n_heads=heads,
         hidden_dim=config.intermediate_size,
         context=config.max_position_embeddings,
-        attn="llama",
-        mlp="llama",
-        position="rope",
         norm_eps=config.rms_norm_eps,
         init_std=getattr(config, "initializer_range", 0.02),
         tie_embeddings=bool(getattr(config, "tie_word_embeddings", False)),

@@ -26,6 +26,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from ..layers import CEMAttention, Preconditioner
 from ..layers.steps import Inference, StepSize
 from ..model import Cache, LanguageModel, ModelConfig
+from ..model.config import FLAT
 from ..model.loss import next_token_loss
 from .cache import HFCache, RowCache
 from .llama_export import import_llama
@@ -42,7 +43,8 @@ MODEL_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(ModelConfig))
 
 
 class CEMConfig(PretrainedConfig):
-    """A `transformers` config carrying every field of `cem.model.ModelConfig` under the same name.
+    """A `transformers` config carrying every field of `cem.model.ModelConfig` under the same name (its nested
+    parts as mappings, `ModelConfig.to_dict`; an older export's flat keys, `cem.model.FLAT`, are read too).
 
     The usual `transformers` names read (and write) the cem fields: `hidden_size` is `dim`,
     `num_hidden_layers` `n_layers`, `num_attention_heads` `n_heads`, `intermediate_size` `hidden_dim`,
@@ -70,17 +72,29 @@ class CEMConfig(PretrainedConfig):
                 if name in kwargs and kwargs[name] != value:
                     raise ValueError(f"conflicting values for {name} ({kwargs[name]!r}) and {hf_name} ({value!r})")
                 kwargs[name] = value
-        defaults = ModelConfig()
-        values = {name: kwargs.pop(name, getattr(defaults, name)) for name in MODEL_FIELDS}
-        ModelConfig(**values)  # validate (ValueError on an unknown choice, bad heads, ...)
-        for name, value in values.items():
+        cfg = ModelConfig.from_dict({name: kwargs.pop(name) for name in (*MODEL_FIELDS, *FLAT) if name in kwargs})  # validated
+        for name, value in cfg.to_dict().items():
             setattr(self, name, value)
         # passed explicitly: older transformers default tie_word_embeddings to True in the base __init__
-        super().__init__(tie_word_embeddings=values["tie_embeddings"], **kwargs)
+        super().__init__(tie_word_embeddings=cfg.tie_embeddings, **kwargs)
+
+    def __getattr__(self, name: str):
+        """A flat key (`cem.model.FLAT`, e.g. `attn_steps`) reads the nested setting it spells (so that
+        `from_pretrained(path, attn_precond="diag")` finds it, as transformers looks for a config attribute)."""
+        if name in FLAT and "attn" in self.__dict__:
+            return self.to_model_config().flat(name)
+        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
+
+    def __setattr__(self, name: str, value) -> None:
+        if name in FLAT and "attn" in self.__dict__ and not (name in MODEL_FIELDS and not isinstance(value, str)):
+            for key, part in self.to_model_config().replace(**{name: value}).to_dict().items():  # validated
+                super().__setattr__(key, part)
+            return
+        super().__setattr__(name, value)
 
     def to_model_config(self) -> ModelConfig:
         """The `cem.model.ModelConfig` of this config."""
-        return ModelConfig(**{name: getattr(self, name) for name in MODEL_FIELDS})
+        return ModelConfig.from_dict({name: getattr(self, name) for name in MODEL_FIELDS if hasattr(self, name)})
 
     @classmethod
     def from_model_config(cls, cfg: ModelConfig, **kwargs) -> "CEMConfig":
@@ -156,21 +170,16 @@ class CEMForCausalLM(CEMPreTrainedModel, GenerationMixin):
         context = self.config.context
         return HFCache(min(max_len or context, context), limit=context)
 
-    def set_steps(self, *args, **kwargs) -> None:
-        """`LanguageModel.set_steps` (its arguments) on the wrapped model, then `sync_config` (so `config` says what runs)."""
-        self.model.set_steps(*args, **kwargs)
+    def set_inference(self, inference: Inference) -> None:
+        """`LanguageModel.set_inference` (T, adaptive and energy-guarded steps) on the wrapped model, then
+        `sync_config`: later `generate` and forward calls use it, and `save_pretrained` saves it."""
+        self.model.set_inference(inference)
         self.sync_config()
 
-    def set_inference(self, *args, **kwargs) -> None:
-        """`LanguageModel.set_inference` (its arguments: adaptive and energy-guarded steps) on the wrapped model,
-        then `sync_config`: later `generate` and forward calls use it, and `save_pretrained` saves it."""
-        self.model.set_inference(*args, **kwargs)
-        self.sync_config()
-
-    def test_time(self, inference: Inference | None = None, **knobs):
-        """`LanguageModel.test_time` on the wrapped model: an `Inference` (or its fields as keywords) for one
-        `with` block (`config` unchanged, as the model has its own back afterwards)."""
-        return self.model.test_time(inference, **knobs)
+    def test_time(self, inference: Inference):
+        """`LanguageModel.test_time` on the wrapped model: an `Inference` for one `with` block (`config`
+        unchanged, as the model has its own back afterwards)."""
+        return self.model.test_time(inference)
 
     def steps_used(self) -> dict:
         """`LanguageModel.steps_used`: average recursion steps per position since `reset_steps_used`."""
@@ -181,9 +190,8 @@ class CEMForCausalLM(CEMPreTrainedModel, GenerationMixin):
 
     def sync_config(self) -> CEMConfig:
         """Copy the live recursion depths, step sizes and inference options of the CEM layers (changed
-        with `set_steps` / `set_inference` or by hand) into `config`, so that a saved model reloads as it
-        runs now."""
-        for name, value in self.model.live_steps().items():
+        with `set_inference` or by hand) into `config`, so that a saved model reloads as it runs now."""
+        for name, value in self.model.current_config().to_dict().items():
             setattr(self.config, name, value)
         return self.config
 

@@ -25,7 +25,7 @@ from .position import ALIBI_SLOPES, Positions
 from .norm import RMSNorm
 from .precond import PRECONDITIONERS, make_preconditioner
 from .steps import DescentLayer, Recursion
-from .kinds import ATTENTION_KINDS, AttentionConfig, KernelPath, SublayerKind
+from .kinds import ATTENTION_KINDS, AttentionConfig, KernelPath, Shape, SublayerKind
 
 
 @dataclass(frozen=True)
@@ -280,16 +280,16 @@ class CEMAttention(DescentLayer):
         precond = "identity" if self.precond is None else f"rank {self.precond.rank}"
         return (
             f"dim={self.dim}, n_heads={self.n_heads}, steps={self.steps}, step_size={self.step_size}, "
-            f"kq_diag={self.kq_kind}, precond={precond}, exact_gradient={self.exact_gradient}, start={self.start}, alibi={self.alibi}"
+            f"kq_diag={self.kq_kind}, precond={precond}, exact_gradient={self.exact_gradient}, start={self.recursion.start}, alibi={self.alibi}"
         )
 
 
-def cem_attention_flops(c: AttentionConfig, seq_len: int) -> int:
+def cem_attention_flops(s: Shape, c: AttentionConfig, seq_len: int) -> int:
     """Per token at full context `seq_len` (J): the keys W_K ĥ once (2D²), then per step W_Q u and W_Qᵀ o
     (2 · 2D²), scores and values (2 · 2JD), the key-query diagonal (`KQDiagonalKind.flops`) and the exact
     gradient's value-side term (2JDK). P is folded into W_Qᵀ once per forward (D rows, spread over the J
     tokens), or, in the value-side term's per-head form, applied to the K head outputs in every step."""
-    D, J, K = c.dim, seq_len, c.n_heads
+    D, J, K = s.dim, seq_len, s.n_heads
     diag = KQ_DIAGONALS[c.kq_diag].flops(J, D, K)
     value_diag = 2 * J * D * K if (c.exact_gradient and diag) else 0
     p = PRECONDITIONERS[c.precond]
@@ -301,10 +301,10 @@ def cem_attention_flops(c: AttentionConfig, seq_len: int) -> int:
     return 2 * D * D + fold + c.recursion.steps * per_step
 
 
-def build_cem_attention(c: AttentionConfig) -> CEMAttention:
+def build_cem_attention(s: Shape, c: AttentionConfig) -> CEMAttention:
     """The CEM attention of an attention config (eq. 12 with its recursion)."""
-    return CEMAttention(c.dim, c.n_heads, recursion=c.recursion, kq_diag=c.kq_diag, precond=c.precond, precond_rank=c.precond_rank,
-                        exact_gradient=c.exact_gradient, alibi=c.alibi, backend=c.backend, eps=c.eps)
+    return CEMAttention(s.dim, s.n_heads, recursion=c.recursion, kq_diag=c.kq_diag, precond=c.precond, precond_rank=c.precond_rank,
+                        exact_gradient=c.exact_gradient, alibi=c.alibi, backend=c.backend, eps=s.eps)
 
 
 # What a GPU training run of CEM attention runs ("auto" on CUDA): the fused Triton kernel of `cem.kernels`
@@ -313,4 +313,7 @@ TRITON_KERNEL = KernelPath(
     available=lambda: IMPLEMENTATIONS["triton"].missing() is None,
     scratch=lambda c, batch, seq, elem: KQ_DIAGONALS[c.kq_diag].kernel_scratch(batch, seq, elem),
 )
-ATTENTION_KINDS["cem"] = SublayerKind(CEMAttention, build=build_cem_attention, flops=cem_attention_flops, kernel=TRITON_KERNEL)
+CEM_ATTENTION_SETTINGS = ("alibi", "recursion", "kq_diag", "precond", "precond_rank", "exact_gradient", "backend", "reuse")  # not `position`: always ALiBi
+ATTENTION_KINDS["cem"] = SublayerKind(CEMAttention, build=build_cem_attention, flops=cem_attention_flops, settings=lambda c: CEM_ATTENTION_SETTINGS,
+                                      kernel=TRITON_KERNEL)
+AttentionConfig.CHOICES["kq_diag"] = KQ_DIAGONALS

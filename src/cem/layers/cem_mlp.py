@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..checks import check_choice, check_positive_int, check_residual, check_same_shape
-from .kinds import MLP_KINDS, MLPConfig, SublayerKind
+from .kinds import MLP_KINDS, MLPConfig, Shape, SublayerKind
 from .norm import RMSNorm
 from .precond import PRECONDITIONERS, make_preconditioner
 from .steps import DescentLayer, Recursion
@@ -156,23 +156,24 @@ class CEMMLP(DescentLayer):
         precond = "identity" if self.precond is None else f"rank {self.precond.rank}"
         return (
             f"dim={self.dim}, hidden_dim={self.hidden_dim}, steps={self.steps}, step_size={self.step_size}, "
-            f"precond={precond}, energy={'convex' if self.convex else 'gated'}, start={self.start}"
+            f"precond={precond}, energy={'convex' if self.convex else 'gated'}, start={self.recursion.start}"
         )
 
 
-def cem_mlp_flops(c: MLPConfig, seq_len: int) -> int:
+def cem_mlp_flops(s: Shape, c: MLPConfig, seq_len: int) -> int:
     """Per token: the gate W ĥ once (2Dm), then per step V u and Vᵀ g (2 · 2Dm); P folded into the down
     projection V once per forward (m rows), spread over the `seq_len` tokens (a sequence of at least m
     tokens, as in LM training; `CEMMLP` applies P per token when it has fewer)."""
-    D, m = c.dim, c.hidden_dim
+    D, m = s.dim, s.hidden_dim
     fold = PRECONDITIONERS[c.precond].folded_flops(m, D, c.precond_rank, seq_len)
     return 2 * D * m + fold + c.recursion.steps * 2 * 2 * D * m
 
 
-def build_cem_mlp(c: MLPConfig) -> CEMMLP:
+def build_cem_mlp(s: Shape, c: MLPConfig) -> CEMMLP:
     """The CEM MLP of an MLP config (eq. 13 with its recursion)."""
-    return CEMMLP(c.dim, c.hidden_dim, recursion=c.recursion, precond=c.precond, precond_rank=c.precond_rank,
-                  energy=c.energy, eps=c.eps)
+    return CEMMLP(s.dim, s.hidden_dim, recursion=c.recursion, precond=c.precond, precond_rank=c.precond_rank,
+                  energy=c.energy, eps=s.eps)
 
 
-MLP_KINDS["cem"] = SublayerKind(CEMMLP, build=build_cem_mlp, flops=cem_mlp_flops)
+MLP_KINDS["cem"] = SublayerKind(CEMMLP, build=build_cem_mlp, flops=cem_mlp_flops, settings=lambda c: tuple(f for f in MLPConfig.__dataclass_fields__ if f != "kind"))
+MLPConfig.CHOICES["energy"] = MLP_ENERGIES

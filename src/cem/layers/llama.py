@@ -6,12 +6,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..checks import check_choice, check_heads, check_positive_int, check_residual
-from .position import ALIBI_SLOPES, Positions, apply_rope, causal_mask, follows_cache, rope_cos_sin
-from .kinds import ATTENTION_KINDS, MLP_KINDS, AttentionConfig, MLPConfig, SublayerKind
+from .position import ALIBI_SLOPES, POSITIONS, Positions, apply_rope, causal_mask, follows_cache, rope_cos_sin
+from .kinds import ATTENTION_KINDS, MLP_KINDS, AttentionConfig, MLPConfig, Shape, SublayerKind
 from .norm import RMSNorm
 from .sdpa import sdpa
-
-POSITIONS = ("rope", "alibi")
 
 
 class LlamaAttention(nn.Module):
@@ -66,15 +64,16 @@ class LlamaAttention(nn.Module):
         return h + self.w_o(o.transpose(1, 2).flatten(2))
 
 
-def llama_attention_flops(c: AttentionConfig, seq_len: int) -> int:
+def llama_attention_flops(s: Shape, c: AttentionConfig, seq_len: int) -> int:
     """W_Q, W_K, W_V, W_O (4 · 2D²) and the scores and values over `seq_len` keys (2 · 2JD), per token."""
-    return 4 * 2 * c.dim * c.dim + 2 * 2 * seq_len * c.dim
+    return 4 * 2 * s.dim * s.dim + 2 * 2 * seq_len * s.dim
 
 
 ATTENTION_KINDS["llama"] = SublayerKind(
     LlamaAttention,
-    build=lambda c: LlamaAttention(c.dim, c.n_heads, c.position, alibi=c.alibi, eps=c.eps),
+    build=lambda s, c: LlamaAttention(s.dim, s.n_heads, c.position, alibi=c.alibi, eps=s.eps),
     flops=llama_attention_flops,
+    settings=lambda c: ("position", "reuse", *(("alibi",) if c.position == "alibi" else ())),
 )
 
 
@@ -103,13 +102,14 @@ class GatedMLP(nn.Module):
         return h + self.w_down(self.w_gate(hn) * F.silu(self.w_up(hn)))
 
 
-def gated_mlp_flops(c: MLPConfig, seq_len: int) -> int:
+def gated_mlp_flops(s: Shape, c: MLPConfig, seq_len: int) -> int:
     """W_g, W_u and W_d (3 · 2Dm) per token, whatever `seq_len`."""
-    return 3 * 2 * c.dim * c.hidden_dim
+    return 3 * 2 * s.dim * s.hidden_dim
 
 
 MLP_KINDS["llama"] = SublayerKind(
     GatedMLP,
-    build=lambda c: GatedMLP(c.dim, c.hidden_dim, eps=c.eps),
+    build=lambda s, c: GatedMLP(s.dim, s.hidden_dim, eps=s.eps),
     flops=gated_mlp_flops,
+    settings=lambda c: ("width_mult", "reuse"),
 )

@@ -14,6 +14,7 @@ _SLOPES = {  # kind -> m_k from k = 1..K (float64) and K
     "app-a": lambda k, n_heads: torch.pow(2.0, -k),  # the example of the paper's App. A
 }
 ALIBI_SLOPES = tuple(_SLOPES)
+POSITIONS = ("rope", "alibi")  # the Llama attention's: rotary embeddings or the ALiBi bias
 
 
 def alibi_slopes(n_heads: int, device: torch.device | str | None = None, kind: str = "standard") -> Tensor:

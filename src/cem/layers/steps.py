@@ -11,7 +11,7 @@ Step-size schedules (η_t for step t = 0..T-1 of T):
 `learn_step_size=True` multiplies every step by one more learned scalar gain (any schedule).
 
 Training options of the recursion (test-time compute that keeps helping):
-- `backprop_steps` = k (None = all): truncated backpropagation, as in recurrent-depth models (Huginn):
+- `backprop_steps` = k (0 = all): truncated backpropagation, as in recurrent-depth models (Huginn):
   while recording gradients, the first T - k steps run without a graph and only the last k steps are
   differentiated, so the activation memory is that of k steps whatever the (drawn) T. The skipped steps are
   taken as the identity in the backward pass: x^(T-k) = x^(0) + stop_gradient(x^(T-k) - x^(0)), so the
@@ -85,14 +85,25 @@ class Recursion:
     step back towards x^(0). Validated when made."""
 
     steps: int = 1
+    """recursion steps T: descent steps of the energy per forward (§2.3)"""
     step_size: float = 1.0
+    """step size η of each descent step (> 0)"""
     schedule: str = "constant"
+    """η_t over the T steps: constant (η), inverse (η / T), learned (η · a learned gain per step), geometric (η · decay^t)"""
     learned_steps: int | None = None
+    """the learned schedule's number of per-step gains (None: T; a model config sets it from its random depths)"""
     start: str = "residual"
+    """x^(0): residual (= h, docs/design.md) or norm (= RMSNorm(h), Algorithm 1 read literally)"""
     learn_step_size: bool = False
+    """multiply every step by one more learned scalar gain"""
     decay: float = 0.5
-    backprop_steps: int | None = None
+    """ρ of the geometric schedule, in (0, 1]"""
+    backprop_steps: int = 0
+    """truncated backpropagation: differentiate only the last k steps of each CEM layer (0 = all)"""
     anchor: float = 0.0
+    """λ: each step also pulls x back towards x^(0), x += η_t (d(u) - λ (x - x^(0))) (0 = off)"""
+
+    CHOICES = {"schedule": STEP_SCHEDULES, "start": STARTS}
 
     def __post_init__(self) -> None:
         Inference.check("steps", self.steps)
@@ -102,8 +113,7 @@ class Recursion:
             check_positive_int("learned_steps", self.learned_steps)
         check_choice("start", self.start, STARTS)
         check_finite("step_decay", self.decay, 0, 1, low_open=True)
-        if self.backprop_steps is not None:
-            check_positive_int("backprop_steps", self.backprop_steps)
+        check_nonnegative_int("backprop_steps", self.backprop_steps, MAX_STEPS)
         check_finite("anchor_weight", self.anchor, 0)
         if not isinstance(self.learn_step_size, bool):
             raise ValueError(f"learn_step_size must be true or false, got {self.learn_step_size!r}")
@@ -151,21 +161,22 @@ class Inference:
         of the layers' attributes and of a config's)."""
         cls.CHECKS[name](name, value)
 
-    @classmethod
-    def of(cls, inference: Inference | None = None, **knobs) -> Inference:
-        """`inference` (default: every setting kept) with `knobs`, fields by name, changed: the keyword
-        spelling `test_time(steps=8, guard=4)`."""
-        if inference is not None and not isinstance(inference, cls):
-            raise ValueError(f"test-time settings must be an Inference, got {type(inference).__name__} {inference!r}")
-        unknown = sorted(set(knobs) - {f.name for f in fields(cls)})
-        if unknown:
-            raise ValueError(f"unknown test-time setting(s) {', '.join(unknown)}; expected {', '.join(f.name for f in fields(cls))}")
-        return replace(inference or cls(), **knobs)
-
     def depth(self, sublayer: str) -> int | None:
         """The T of a CEM layer of the `sublayer` kind ("attn" or "mlp"): its kind's own, else `steps` (None: keep)."""
         own = {"attn": self.attn_steps, "mlp": self.mlp_steps}.get(sublayer)
         return self.steps if own is None else own
+
+    def changed(self, changes: Inference) -> Inference:
+        """These settings with every setting `changes` gives (not None) in place of its own."""
+        return replace(self, **{f.name: getattr(changes, f.name) for f in fields(changes) if getattr(changes, f.name) is not None})
+
+    def options(self) -> Inference:
+        """The inference options exactly as given (None: off, the exit rule `energy`, no guard), without depths:
+        what a layer holds (its T is its `Recursion`'s)."""
+        return Inference(adaptive_tol=self.adaptive_tol, adaptive_rule=self.adaptive_rule or "energy", guard=self.guard or 0)
+
+
+OFF = Inference().options()  # a layer's inference options as built: no adaptive steps, no guard
 
 
 class StepSize(nn.Module):
@@ -174,9 +185,7 @@ class StepSize(nn.Module):
 
     def __init__(self, recursion: Recursion) -> None:
         super().__init__()
-        self.step_size = float(recursion.step_size)
-        self.schedule = recursion.schedule
-        self.decay = float(recursion.decay)
+        self.recursion = recursion
         self.gain = nn.Parameter(torch.empty(())) if recursion.learn_step_size else None
         gains = recursion.learned_steps or recursion.steps
         self.step_gains = nn.Parameter(torch.empty(gains)) if recursion.schedule == "learned" else None
@@ -191,9 +200,10 @@ class StepSize(nn.Module):
 
     def forward(self, t: int = 0, steps: int = 1) -> float | Tensor:
         """η_t for step t (0-based) of `steps`."""
-        eta: float | Tensor = self.step_size / steps if self.schedule == "inverse" else self.step_size
-        if self.schedule == "geometric":
-            eta = eta * self.decay**t
+        r = self.recursion
+        eta: float | Tensor = r.step_size / steps if r.schedule == "inverse" else float(r.step_size)
+        if r.schedule == "geometric":
+            eta = eta * r.decay**t
         if self.step_gains is not None:
             eta = eta * self.step_gains[min(t, self.step_gains.numel() - 1)]
         return eta if self.gain is None else eta * self.gain
@@ -204,32 +214,27 @@ class StepSize(nn.Module):
         return float(sum(self(t, steps) for t in range(steps)))
 
     def extra_repr(self) -> str:
-        decay = f", decay={self.decay}" if self.schedule == "geometric" else ""
-        return f"step_size={self.step_size}, schedule={self.schedule}{decay}, learnable={self.gain is not None}"
+        r = self.recursion
+        decay = f", decay={r.decay}" if r.schedule == "geometric" else ""
+        return f"step_size={r.step_size}, schedule={r.schedule}{decay}, learnable={self.gain is not None}"
 
 
 class DescentLayer(nn.Module):
-    """Base of the CEM layers, built from a `Recursion`: `steps` (T) and `step_size` (η) are plain
-    attributes, changeable on a built or trained model (the test-time compute knob of §2.3).
+    """Base of the CEM layers, built from a `Recursion`, which it keeps as `recursion`: its T (`steps`) and η
+    (`step_size`) are changeable on a built or trained model (the test-time compute knob of §2.3).
 
     In training, `drawn_steps` can set the T of the next forward passes (random-depth training); evaluation
-    always uses `steps`. `adaptive_tol`, `adaptive_rule` and `guard` are the inference options of the module
-    docstring (checked as `Inference` checks them); `test_time` changes T and them for one `with` block.
+    always uses `steps`. `inference` holds the inference options of the module docstring (an `Inference`
+    without depths, `Inference.options`); `test_time` swaps T and them for one `with` block.
     """
 
-    sublayer = ""  # which of a block's `SUBLAYERS` the layer is, "attn" or "mlp" (`set_steps(attn_steps=..., mlp_steps=...)`)
+    sublayer = ""  # which of a block's `SUBLAYERS` the layer is, "attn" or "mlp" (`Inference.depth`)
 
     def __init__(self, recursion: Recursion) -> None:
         super().__init__()
-        self.steps = recursion.steps
-        self.start = recursion.start
         self.eta = StepSize(recursion)
+        self.inference = OFF
         self.drawn_steps: int | None = None
-        self.backprop_steps = recursion.backprop_steps
-        self.anchor = float(recursion.anchor)
-        self.adaptive_tol: float | None = None
-        self.adaptive_rule = "energy"
-        self.guard = 0
         self.last_steps_used: Tensor | None = None
         self.checkpoint_steps = False  # recompute each step in the backward pass (`LanguageModel.set_activation_checkpointing`)
         self.track_fixed_point = False  # keep `fixed_point_residual` in training forwards (module docstring)
@@ -237,64 +242,60 @@ class DescentLayer(nn.Module):
         self.reset_steps_used()
 
     @property
+    def recursion(self) -> Recursion:
+        """The layer's recursion (held by its step sizes `eta`); a new one keeps what the learned gains are made
+        for (`schedule`, `learned_steps`, `learn_step_size`)."""
+        return self.eta.recursion
+
+    @recursion.setter
+    def recursion(self, value: Recursion) -> None:
+        made_for = ("schedule", "learned_steps", "learn_step_size")
+        if not isinstance(value, Recursion) or any(getattr(value, k) != getattr(self.recursion, k) for k in made_for):
+            raise ValueError(f"a built CEM layer keeps its recursion's {', '.join(made_for)} (its parameters are made for them), got {value!r}")
+        self.eta.recursion = value
+
+    @property
     def steps(self) -> int:
-        return self._steps
+        return self.recursion.steps
 
     @steps.setter
     def steps(self, value: int) -> None:
-        Inference.check("steps", value)
-        self._steps = value
+        self.recursion = replace(self.recursion, steps=value)
 
     @property
     def step_size(self) -> float:
-        return self.eta.step_size
+        return self.recursion.step_size
 
     @step_size.setter
     def step_size(self, value: float) -> None:
-        check_finite("step_size", value, 0, low_open=True)
-        self.eta.step_size = float(value)
+        self.recursion = replace(self.recursion, step_size=value)
 
-    @property
-    def adaptive_tol(self) -> float | None:
-        return self._adaptive_tol
+    adaptive_tol = property(lambda self: self.inference.adaptive_tol, doc="the exit rule's tolerance (`inference`; None: off)")
+    adaptive_rule = property(lambda self: self.inference.adaptive_rule, doc="the exit rule (`inference`)")
+    guard = property(lambda self: self.inference.guard, doc="the energy guard's halvings (`inference`; 0: off)")
 
-    @adaptive_tol.setter
-    def adaptive_tol(self, value: float | None) -> None:
-        Inference.check("adaptive_tol", value)
-        self._adaptive_tol = None if value is None else float(value)
-
-    @property
-    def adaptive_rule(self) -> str:
-        return self._adaptive_rule
-
-    @adaptive_rule.setter
-    def adaptive_rule(self, value: str) -> None:
-        Inference.check("adaptive_rule", value)
-        self._adaptive_rule = value
-
-    @property
-    def guard(self) -> int:
-        return self._guard
-
-    @guard.setter
-    def guard(self, value: int) -> None:
-        Inference.check("guard", value)
-        self._guard = value
+    def set_inference(self, inference: Inference) -> None:
+        """T from `inference` (its depth for this layer's kind; None keeps it) and its options exactly (`Inference.options`)."""
+        depth = inference.depth(self.sublayer)
+        if depth is not None:
+            self.steps = depth
+        self.inference = inference.options()
 
     @contextmanager
-    def test_time(self, inference: Inference | None = None, *, step_size: float | None = None, **knobs):
-        """Run the `with` block at these test-time settings (an `Inference`, or its fields as keywords; None
-        keeps this layer's own) and η = `step_size`; afterwards the layer has its own back, whatever happened."""
-        inference = Inference.of(inference, **knobs)
-        saved = self.steps, self.adaptive_tol, self.guard, self.adaptive_rule, self.step_size
+    def test_time(self, inference: Inference = Inference(), step_size: float | None = None):
+        """Run the `with` block at these test-time settings (an `Inference`: None keeps this layer's own) and η =
+        `step_size`; afterwards the layer has its own back, whatever happened."""
+        if not isinstance(inference, Inference):
+            raise ValueError(f"test-time settings must be an Inference, got {type(inference).__name__} {inference!r}")
+        saved = self.recursion, self.inference
         try:
-            for name, value in (("step_size", step_size), ("steps", inference.depth(self.sublayer)), ("adaptive_tol", inference.adaptive_tol),
-                                ("guard", inference.guard), ("adaptive_rule", inference.adaptive_rule)):
-                if value is not None:
-                    setattr(self, name, value)
+            depth = inference.depth(self.sublayer)
+            self.recursion = replace(self.recursion, steps=self.steps if depth is None else depth,
+                                     step_size=self.step_size if step_size is None else step_size)
+            self.inference = self.inference.changed(inference).options()
             yield self
         finally:
-            self.steps, self.adaptive_tol, self.guard, self.adaptive_rule, self.step_size = saved
+            self.eta.recursion, self.inference = saved
 
     def reset_steps_used(self) -> None:
         """Zero the step counters read by `steps_used`."""
@@ -316,7 +317,7 @@ class DescentLayer(nn.Module):
 
     def start_point(self, h: Tensor, hn: Tensor) -> tuple[Tensor, Tensor | None]:
         """x^(0) and, when it is already known, u^(0) = norm(x^(0)) (with x^(0) = h it is ĥ)."""
-        return (h, hn) if self.start == "residual" else (hn, None)
+        return (h, hn) if self.recursion.start == "residual" else (hn, None)
 
     def descend(self, h: Tensor, hn: Tensor, direction) -> Tensor:
         """x^(0) from `start`, then x^(t+1) = x^(t) + η_t direction(norm(x^(t))) for t < T (minus η_t λ (x^(t) - x^(0))
@@ -327,12 +328,13 @@ class DescentLayer(nn.Module):
         """
         x, u = self.start_point(h, hn)
         steps = self.depth()
-        if self.adaptive_tol is not None or self.guard:
+        if self.inference.adaptive_tol is not None or self.inference.guard:
             return self._descend_checked(x, u, steps, direction)
         grad = torch.is_grad_enabled()
         checkpointed = self.checkpoint_steps and grad
         # truncated backpropagation: the first T - k steps without a graph (module docstring)
-        skipped = max(steps - self.backprop_steps, 0) if (grad and self.backprop_steps) else 0
+        k = self.recursion.backprop_steps
+        skipped = max(steps - k, 0) if (grad and k) else 0
         x0 = x
         for t in range(steps):
             u_t = u if t == 0 else None
@@ -352,7 +354,8 @@ class DescentLayer(nn.Module):
 
     def _pull(self, d: Tensor, x: Tensor, x0: Tensor) -> Tensor:
         """The step's direction with the anchor: d - λ (x - x^(0)) (d itself when λ = 0)."""
-        return d - self.anchor * (x - x0) if self.anchor else d
+        anchor = self.recursion.anchor
+        return d - anchor * (x - x0) if anchor else d
 
     def _next_step_size(self, x: Tensor, steps: int, direction, x0: Tensor) -> Tensor:
         """r = mean_i ‖η_T d(u_i^(T))‖² / ‖x_i^(T)‖²: the relative size of the step after the last (a scalar;
@@ -369,11 +372,11 @@ class DescentLayer(nn.Module):
         """The recursion with `adaptive_tol` and / or `guard` (module docstring): per-position steps."""
         if self.training and torch.is_grad_enabled():
             raise ValueError(
-                f"adaptive_tol={self.adaptive_tol} and guard={self.guard} are inference options (eval mode or "
-                "torch.no_grad()); turn them off (set_inference()) to train"
+                f"adaptive_tol={self.inference.adaptive_tol} and guard={self.inference.guard} are inference options (eval mode or "
+                "torch.no_grad()); turn them off (set_inference(Inference())) to train"
             )
-        tol, guard = self.adaptive_tol, self.guard
-        by_energy = tol is not None and self.adaptive_rule == "energy"
+        tol, guard = self.inference.adaptive_tol, self.inference.guard
+        by_energy = tol is not None and self.inference.adaptive_rule == "energy"
         need_energy = bool(guard) or by_energy  # the update rule alone needs no energy
 
         x0 = x
@@ -385,8 +388,8 @@ class DescentLayer(nn.Module):
             if not need_energy:
                 return direction(u_point), None
             d_point, e_point = direction(u_point, with_energy=True)
-            if self.anchor:
-                e_point = e_point + 0.5 * self.anchor * (point - x0).pow(2).sum(-1)
+            if self.recursion.anchor:
+                e_point = e_point + 0.5 * self.recursion.anchor * (point - x0).pow(2).sum(-1)
             return d_point, e_point
 
         d, e = step_direction(x, u)
@@ -459,15 +462,17 @@ def draw_depths(distribution: str, n: int, high: int, mean: float) -> list[int]:
     return DEPTH_DISTRIBUTIONS[distribution](n, high, mean).tolist()
 
 
-def set_steps(module: nn.Module, steps: int | None = None, *, attn_steps: int | None = None, mlp_steps: int | None = None) -> int:
-    """Set the recursion depth T of every CEM layer inside any `module` (your own model too): `attn_steps` for
-    the `CEMAttention` layers, `mlp_steps` for the `CEMMLP` layers, `steps` for those not named; all values are
-    checked before any layer changes. Returns how many layers were set.
+def set_inference(module: nn.Module, inference: Inference) -> int:
+    """Set the test-time settings of every CEM layer inside any `module` (your own model too), for good: T from
+    `inference` by kind (`Inference.depth`: `attn_steps` for the `CEMAttention` layers, `mlp_steps` for the
+    `CEMMLP` layers, `steps` for those not named; None keeps a layer's T) and the inference options exactly as
+    given (`Inference.options`: None is off). Returns how many layers were set.
 
     This changes the test-time compute, not what the layers learned: a layer trained at T = 2 is usually worse
     at T = 4 or 8, unless trained for it (random depths)."""
-    inference = Inference(steps=steps, attn_steps=attn_steps, mlp_steps=mlp_steps)  # every value checked first
-    layers = [m for m in module.modules() if isinstance(m, DescentLayer) and inference.depth(m.sublayer) is not None]
+    if not isinstance(inference, Inference):
+        raise ValueError(f"test-time settings must be an Inference, got {type(inference).__name__} {inference!r}")
+    layers = [m for m in module.modules() if isinstance(m, DescentLayer)]
     for m in layers:
-        m.steps = inference.depth(m.sublayer)
+        m.set_inference(inference)
     return len(layers)

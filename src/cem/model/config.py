@@ -1,4 +1,5 @@
-"""One config dataclass for every model cem builds, with named size presets and architectures."""
+"""One config dataclass for every model cem builds (nested: its sublayers, their recursion, its training and
+inference), the flat spellings of its settings, and named size presets and architectures."""
 
 from __future__ import annotations
 
@@ -6,128 +7,194 @@ import dataclasses
 import math
 from dataclasses import dataclass, fields
 
-from ..layers import ALIBI_SLOPES, KQ_DIAGONALS, MLP_ENERGIES, POSITIONS, PRECONDITIONERS, SUBLAYERS, AttentionConfig, MLPConfig, Recursion
-from ..checks import check_choice, check_finite, check_heads, check_nonnegative_int, check_positive_int
-from ..layers.attention_core import check_backend
-from ..layers.steps import DEPTH_DISTRIBUTIONS, MAX_STEPS, Inference
+from ..layers import SUBLAYERS, AttentionConfig, MLPConfig, Recursion, Shape
+from ..checks import check_choice, check_finite, check_heads, check_positive_int
+from ..layers.steps import DEPTH_DISTRIBUTIONS, MAX_STEPS, OFF, Inference
 
 TRAIN_DEPTHS = ("fixed", "model", "layer")
 
 
-# The largest value each size and depth may take: a config comes from files a user may not have written (an
-# export's config.json, a run's run.json), and attn_steps=10**9 there hung the first forward pass (issue 20).
-# Far above any model this package trains (the 256M preset: dim 1024, 15 layers; depths of at most 5).
+@dataclass(frozen=True)
+class RecursionTraining:
+    """Training the recursion for test-time compute (`cem.layers.steps`): random depths
+    drawn per batch, and a penalty that pulls each CEM layer's x^(T) towards a fixed point."""
+
+    depth: str = "fixed"
+    """training T: fixed (each sublayer's recursion steps), or drawn per batch for the whole model (model) or each CEM layer (layer)"""
+    depth_dist: str = "uniform"
+    """the drawn T: uniform on 1..depth_max, or poisson-lognormal (heavy-tailed with mean depth_mean, capped at depth_max)"""
+    depth_max: int = 3
+    """the deepest drawn T"""
+    depth_mean: float = 2.0
+    """the poisson-lognormal draw's mean, in [1, depth_max]"""
+    fixed_point_weight: float = 0.0
+    """λ: training loss + λ · mean over CEM layers of the next step's relative size² (0 = off)"""
+
+    CHOICES = {"depth": TRAIN_DEPTHS, "depth_dist": DEPTH_DISTRIBUTIONS}
+
+    def __post_init__(self) -> None:
+        check_choice("train_depth", self.depth, TRAIN_DEPTHS)
+        check_choice("train_depth_dist", self.depth_dist, tuple(DEPTH_DISTRIBUTIONS))
+        check_positive_int("train_depth_max", self.depth_max, MAX_STEPS)
+        check_finite("train_depth_mean", self.depth_mean, 1)
+        if self.depth_mean > self.depth_max:  # e.g. train_depth_max=1 with the default mean: say what to set
+            raise ValueError(f"train_depth_mean={self.depth_mean:g} is above train_depth_max={self.depth_max} (train_depth_mean "
+                             f"defaults to {RecursionTraining.depth_mean:g}): set train_depth_mean={self.depth_max} (or less) as well")
+        check_finite("fixed_point_weight", self.fixed_point_weight, 0)
+
+    def learned_steps(self, steps: int) -> int:
+        """The per-step gains a `learned` schedule of T = `steps` holds: one for the deepest T it is trained at."""
+        return max(steps, self.depth_max) if self.depth != "fixed" else steps
+
+
+# The largest value each size may take: a config comes from files a user may not have written (an export's
+# config.json, a run's run.json), and attn_steps=10**9 there hung the first forward pass (issue 20); the depths
+# are bounded by `Recursion` (MAX_STEPS). Far above any model this package trains (the 256M preset: dim 1024, 15 layers).
 MAXIMA = {
     "vocab_size": 1 << 24, "dim": 1 << 16, "n_heads": 1 << 12, "n_layers": 1 << 10, "hidden_dim": 1 << 18, "context": 1 << 20,
-    "attn_steps": MAX_STEPS, "mlp_steps": MAX_STEPS, "attn_reuse": 256, "mlp_reuse": 256, "train_depth_max": MAX_STEPS,
-    "attn_precond_rank": 1 << 12, "mlp_precond_rank": 1 << 12,
+    "attn_reuse": 256, "mlp_reuse": 256, "attn_precond_rank": 1 << 12, "mlp_precond_rank": 1 << 12,
 }  # fmt: skip
 
+# The flat spellings of the nested settings: the command line's and YAML's `attn_steps=2`, old run.json files and
+# checkpoints, and the study's run names. Each names the path it sets; "*" is each sublayer that recurses (CEM).
+FLAT: dict[str, tuple[str, ...]] = {
+    "attn": ("attn", "kind"), "position": ("attn", "position"), "alibi": ("attn", "alibi"),
+    "attn_steps": ("attn", "recursion", "steps"), "attn_step_size": ("attn", "recursion", "step_size"),
+    "kq_diag": ("attn", "kq_diag"), "attn_precond": ("attn", "precond"), "attn_precond_rank": ("attn", "precond_rank"),
+    "exact_gradient": ("attn", "exact_gradient"), "attn_backend": ("attn", "backend"), "attn_reuse": ("attn", "reuse"),
+    "mlp": ("mlp", "kind"), "mlp_steps": ("mlp", "recursion", "steps"), "mlp_step_size": ("mlp", "recursion", "step_size"),
+    "mlp_precond": ("mlp", "precond"), "mlp_precond_rank": ("mlp", "precond_rank"), "mlp_energy": ("mlp", "energy"),
+    "mlp_width_mult": ("mlp", "width_mult"), "mlp_reuse": ("mlp", "reuse"),
+    "start": ("*", "recursion", "start"), "step_schedule": ("*", "recursion", "schedule"), "step_decay": ("*", "recursion", "decay"),
+    "learn_step_size": ("*", "recursion", "learn_step_size"), "backprop_steps": ("*", "recursion", "backprop_steps"),
+    "anchor_weight": ("*", "recursion", "anchor"),
+    "train_depth": ("training", "depth"), "train_depth_dist": ("training", "depth_dist"), "train_depth_max": ("training", "depth_max"),
+    "train_depth_mean": ("training", "depth_mean"), "fixed_point_weight": ("training", "fixed_point_weight"),
+    "adaptive_tol": ("inference", "adaptive_tol"), "adaptive_rule": ("inference", "adaptive_rule"), "guard": ("inference", "guard"),
+}  # fmt: skip
+PARTS = {"attn": AttentionConfig, "mlp": MLPConfig, "training": RecursionTraining, "inference": Inference}  # the nested fields
+_DERIVED = {"learned_steps"}  # set from the random depths (`RecursionTraining.learned_steps`): not a setting
 
-@dataclass
+
+def flat_field(key: str) -> tuple[type, dataclasses.Field]:
+    """The dataclass and field a flat key (`FLAT`) or a top-level field names (for its type, default and docstring)."""
+    path = FLAT.get(key, (key,))
+    owner: type = ModelConfig
+    for i, name in enumerate(path):
+        if name == "*":
+            owner = AttentionConfig
+            continue
+        field = {f.name: f for f in fields(owner)}[name]
+        if i < len(path) - 1:
+            owner = field.default.__class__
+    return owner, field
+
+
+def _part(name: str, value):
+    """A nested part (`PARTS`) from itself or a mapping of its fields (nested again for a sublayer's recursion)."""
+    cls = PARTS[name]
+    if isinstance(value, cls):
+        return value
+    if not isinstance(value, dict):
+        raise ValueError(f"model setting {name} must be a mapping of settings, got {type(value).__name__} {value!r}")
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(value) - known - _DERIVED)
+    if unknown:
+        raise ValueError(f"unknown model config key(s): {', '.join(f'{name}.{k}' for k in unknown)}")
+    value = {k: v for k, v in value.items() if k in known}
+    if isinstance(value.get("recursion"), dict):
+        value["recursion"] = Recursion(**{k: v for k, v in value["recursion"].items()})
+    part = cls(**value)
+    if cls is Inference and part.depth("attn") is None and part.depth("mlp") is None:  # the options given, the others off
+        return part.options()
+    return part
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """A decoder language model: embeddings, `n_layers` blocks (attention then MLP, each pre-norm
-    residual), a final RMSNorm and an untied output head (as Llama and the paper's Table 1 counts)."""
+    residual), a final RMSNorm and an untied output head (as Llama and the paper's Table 1 counts).
+
+    The attention and MLP sublayers are typed parts (`attn`, `mlp`: their kind, its settings, a CEM sublayer's
+    `Recursion`), with the recursion's training (`training`) and inference options (`inference`) beside them;
+    `replace` and `from_dict` also take the flat spellings of `FLAT` (`attn_steps=2`)."""
 
     vocab_size: int = 32000
+    """vocabulary size (set from the tokenizer when training)"""
     dim: int = 768
+    """model width D"""
     n_layers: int = 12
+    """number of blocks (attention then MLP)"""
     n_heads: int = 12
+    """attention heads K (D divisible by K)"""
     hidden_dim: int = 2048
+    """the MLP's intermediate width m"""
     context: int = 2048
-    # attention sublayer
-    attn: str = "llama"  # "llama" | "cem"
-    position: str = "rope"  # Llama attention only: "rope" | "alibi" (CEM attention always uses ALiBi)
-    alibi: str = "standard"  # ALiBi slopes: "standard" 2^(-8k/K) | "app-a" 2^(-k) (the paper's App. A example)
-    attn_steps: int = 1
-    attn_step_size: float = 1.0
-    kq_diag: str = "shared"  # "none" | "shared" | "per_head"
-    attn_precond: str = "identity"  # "identity" | "diag" | "diag_lowrank"
-    attn_precond_rank: int = 4
-    exact_gradient: bool = False
-    attn_backend: str = "auto"  # "auto" | "eager" | "sdpa" | "flex" | "triton" | "cpu" (cem.layers.attention_core.BACKENDS)
-    attn_reuse: int = 1  # plain layer reuse of the attention sublayer (Llama control for recursion)
-    # MLP sublayer
-    mlp: str = "llama"  # "llama" | "cem"
-    mlp_steps: int = 1
-    mlp_step_size: float = 1.0
-    mlp_precond: str = "identity"
-    mlp_precond_rank: int = 16
-    mlp_energy: str = "gated"  # "gated" | "convex" (App. B)
-    mlp_width_mult: float = 1.0  # 1.5 gives the parameter-matched CEM MLP (m' = 1.5 m)
-    mlp_reuse: int = 1
-    # recursion, shared by both CEM sublayers (cem.layers.steps)
-    start: str = "residual"  # x^(0): "residual" (= h, docs/design.md) | "norm" (= RMSNorm(h), Algorithm 1 read literally)
-    step_schedule: str = "constant"  # η_t: "constant" (η) | "inverse" (η / T) | "learned" (η · learned gain per step) | "geometric" (η · step_decay^t)
-    step_decay: float = 0.5  # ρ of the geometric schedule, in (0, 1]
-    learn_step_size: bool = False
-    # training the recursion for test-time compute (cem.layers.steps): random depths, truncated backprop, a fixed-point penalty, an anchor
-    train_depth: str = "fixed"  # training T: "fixed" (attn_steps / mlp_steps) | "model" / "layer" (drawn per batch for the model / each CEM layer)
-    train_depth_dist: str = "uniform"  # the drawn T: "uniform" on 1..train_depth_max | "poisson-lognormal" (heavy-tailed, mean train_depth_mean, capped)
-    train_depth_max: int = 3
-    train_depth_mean: float = 2.0  # the poisson-lognormal draw's mean, in [1, train_depth_max]
-    backprop_steps: int = 0  # differentiate only the last k steps of each CEM layer (0 = all)
-    fixed_point_weight: float = 0.0  # λ: training loss + λ · mean over CEM layers of the next step's relative size² (0 = off)
-    anchor_weight: float = 0.0  # λ: each step also pulls x back towards x^(0), x += η_t (d(u) - λ (x - x^(0))) (0 = off)
-    # inference options of the recursion (cem.layers.steps; eval / no_grad only), saved with the model
-    adaptive_tol: float | None = None  # stop a position once the exit rule's quantity <= adaptive_tol (None = off)
-    adaptive_rule: str = "energy"  # the exit rule: "energy" (relative energy decrease) | "update" (relative step size)
-    guard: int = 0  # energy-guarded steps: halve η_t per position up to `guard` times until E does not rise (0 = off)
+    """the longest sequence, in tokens"""
+    attn: AttentionConfig = AttentionConfig()
+    """the attention sublayer"""
+    mlp: MLPConfig = MLPConfig()
+    """the MLP sublayer"""
+    training: RecursionTraining = RecursionTraining()
+    """training the CEM sublayers' recursion: random depths, a fixed-point penalty"""
+    inference: Inference = OFF
+    """the CEM sublayers' inference options (eval / no_grad only), saved with the model"""
     norm_eps: float = 1e-6
+    """the RMSNorm epsilon"""
     init_std: float = 0.02
+    """standard deviation of the initial linear and embedding weights"""
     tie_embeddings: bool = False
+    """share the embedding and output weights"""
 
     def __post_init__(self) -> None:
         check_heads(self.dim, self.n_heads)
         for name, high in MAXIMA.items():
-            check_positive_int(name, getattr(self, name), high)
-        for name in ("attn_step_size", "mlp_step_size", "norm_eps", "init_std", "mlp_width_mult"):
-            check_finite(name, getattr(self, name), 0, low_open=True)
+            check_positive_int(name, self.flat(name), high)
+        for name in ("norm_eps", "init_std", "mlp_width_mult", "attn_step_size", "mlp_step_size"):
+            check_finite(name, self.flat(name), 0, low_open=True)
         for name in ("exact_gradient", "tie_embeddings"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
-        for sublayer, s in SUBLAYERS.items():  # the fields `attn` and `mlp` name their sublayer's kind
-            check_choice(sublayer, getattr(self, sublayer), tuple(s.kinds))
-        check_choice("position", self.position, POSITIONS)
-        check_choice("kq_diag", self.kq_diag, tuple(KQ_DIAGONALS))
-        self.attn_backend = check_backend(self.attn_backend, "attn_backend")  # an old name becomes its name now
-        check_choice("attn_precond", self.attn_precond, tuple(PRECONDITIONERS))
-        check_choice("mlp_precond", self.mlp_precond, tuple(PRECONDITIONERS))
-        check_choice("mlp_energy", self.mlp_energy, MLP_ENERGIES)
-        check_choice("alibi", self.alibi, ALIBI_SLOPES)
-        check_choice("train_depth", self.train_depth, TRAIN_DEPTHS)
-        check_choice("train_depth_dist", self.train_depth_dist, tuple(DEPTH_DISTRIBUTIONS))
-        check_finite("train_depth_mean", self.train_depth_mean, 1)
-        if self.train_depth_mean > self.train_depth_max:  # e.g. train_depth_max=1 with the default mean: say what to set
-            raise ValueError(f"train_depth_mean={self.train_depth_mean:g} is above train_depth_max={self.train_depth_max} (train_depth_mean "
-                             f"defaults to {ModelConfig.train_depth_mean:g}): set train_depth_mean={self.train_depth_max} (or less) as well")
-        check_nonnegative_int("backprop_steps", self.backprop_steps, MAXIMA["attn_steps"])
-        check_finite("fixed_point_weight", self.fixed_point_weight, 0)
-        for name in ("adaptive_tol", "adaptive_rule", "guard"):
-            Inference.check(name, getattr(self, name))  # the bounds of every test-time setting
-        for sublayer in SUBLAYERS:
-            self.recursion(sublayer)  # the recursion checks start, step_schedule, step_decay, learn_step_size and anchor_weight
+            if not isinstance(self.flat(name), bool):
+                raise ValueError(f"{name} must be true or false, got {self.flat(name)!r}")
+        for name, cls in PARTS.items():
+            if not isinstance(getattr(self, name), cls):
+                raise ValueError(f"model setting {name} must be a {cls.__name__}, got {getattr(self, name)!r}")
+        if self.inference != self.inference.options():
+            raise ValueError(f"a model's inference options hold no depths (its T is each sublayer's recursion steps), got {self.inference}")
+        for sublayer in self.recursing():  # a learned schedule holds a gain for the deepest T it is trained at
+            part = getattr(self, sublayer)
+            learned = self.training.learned_steps(part.recursion.steps) if part.recursion.schedule == "learned" else None
+            if part.recursion.learned_steps != learned:
+                object.__setattr__(self, sublayer, dataclasses.replace(part, recursion=dataclasses.replace(part.recursion, learned_steps=learned)))
 
-    def recursion(self, kind: str) -> Recursion:
-        """The recursion of the CEM `kind` sublayer ("attn" or "mlp"): its own T and η, the schedule, start
-        and learned gain both share; a `learned` schedule holds a gain for the deepest T it is trained at."""
-        own = {"attn": (self.attn_steps, self.attn_step_size), "mlp": (self.mlp_steps, self.mlp_step_size)}
-        check_choice("sublayer", kind, tuple(SUBLAYERS))
-        steps, step_size = own[kind]
-        learned_steps = max(steps, self.train_depth_max) if self.train_depth != "fixed" else steps
-        return Recursion(steps, step_size, self.step_schedule, learned_steps, self.start, self.learn_step_size,
-                         self.step_decay, self.backprop_steps or None, self.anchor_weight)
+    def recursing(self) -> tuple[str, ...]:
+        """The sublayers (`SUBLAYERS` names) whose kind recurses (reads a `Recursion`: CEM)."""
+        return tuple(s for s in SUBLAYERS if "recursion" in SUBLAYERS[s].kinds[getattr(self, s).kind].settings(getattr(self, s)))
 
-    def attention_config(self) -> AttentionConfig:
-        """What the attention sublayer is built and counted from (`cem.layers.ATTENTION_KINDS`)."""
-        return AttentionConfig(dim=self.dim, n_heads=self.n_heads, eps=self.norm_eps, position=self.position, alibi=self.alibi,
-                               recursion=self.recursion("attn"), kq_diag=self.kq_diag, precond=self.attn_precond,
-                               precond_rank=self.attn_precond_rank, exact_gradient=self.exact_gradient, backend=self.attn_backend)
+    def at(self, inference: Inference) -> "ModelConfig":
+        """This config at test-time settings: each CEM sublayer's T from `inference` (`Inference.depth`; None keeps
+        it) and the inference options it gives in place of these (None keeps them)."""
+        parts = {}
+        for s in self.recursing():
+            part, depth = getattr(self, s), inference.depth(s)
+            if depth is not None:
+                parts[s] = dataclasses.replace(part, recursion=dataclasses.replace(part.recursion, steps=depth))
+        return self.replace(inference=self.inference.changed(inference).options(), **parts)
 
-    def mlp_config(self) -> MLPConfig:
-        """What the MLP sublayer is built and counted from (`cem.layers.MLP_KINDS`)."""
-        return MLPConfig(dim=self.dim, hidden_dim=self.mlp_hidden, eps=self.norm_eps, recursion=self.recursion("mlp"),
-                         precond=self.mlp_precond, precond_rank=self.mlp_precond_rank, energy=self.mlp_energy)
+    def flat(self, key: str):
+        """The value of a flat key (`FLAT`) or top-level field; a "*" path reads the recursing sublayers' (which
+        agree), else its default."""
+        path = FLAT.get(key, (key,))
+        if path[0] == "*":
+            values = {_get(getattr(self, s), path[1:]) for s in self.recursing()}
+            if len(values) > 1:
+                raise ValueError(f"the CEM sublayers differ in {key} {sorted(values, key=str)}: no flat value")
+            return values.pop() if values else _get(Recursion(), path[2:])
+        return _get(self, path)
+
+    def flat_dict(self) -> dict:
+        """Every flat key (`FLAT`) and top-level setting with its value: the spelling of a run's overrides."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in PARTS}
+        return {**out, **{key: self.flat(key) for key in FLAT}}
 
     @property
     def head_dim(self) -> int:
@@ -135,26 +202,92 @@ class ModelConfig:
 
     @property
     def mlp_hidden(self) -> int:
-        """Intermediate width m (times mlp_width_mult, rounded to a multiple of 8)."""
-        if self.mlp_width_mult == 1:
+        """Intermediate width m (times the MLP's width_mult, rounded to a multiple of 8)."""
+        if self.mlp.width_mult == 1:
             return self.hidden_dim
-        return int(math.ceil(self.hidden_dim * self.mlp_width_mult / 8)) * 8
+        return int(math.ceil(self.hidden_dim * self.mlp.width_mult / 8)) * 8
+
+    @property
+    def shape(self) -> Shape:
+        """The widths the sublayers are built with."""
+        return Shape(self.dim, self.n_heads, self.mlp_hidden, self.norm_eps)
 
     def replace(self, **overrides) -> "ModelConfig":
-        """A copy with some fields changed (validated); unknown keys raise ValueError."""
-        unknown = sorted(set(overrides) - {f.name for f in fields(self)})
+        """A copy with some settings changed (validated): top-level fields, the nested parts (`PARTS`, each given
+        whole, as itself or a mapping) and the flat keys of `FLAT` (sublayer kinds first); unknown keys raise
+        ValueError."""
+        field_names = {f.name for f in fields(self)}
+        nested = {k: v for k, v in overrides.items() if k in field_names and not (k in FLAT and isinstance(v, str))}
+        flat = {k: v for k, v in overrides.items() if k not in nested}
+        unknown = sorted(k for k in flat if k not in FLAT)
         if unknown:
-            raise ValueError(f"unknown model config key(s): {', '.join(unknown)}")
-        return dataclasses.replace(self, **overrides)
+            raise ValueError(f"unknown model config key(s): {', '.join(unknown)} (see `cem info --keys`)")
+        for key, value in flat.items():  # a kind, a depth or an inference option, checked under its flat name
+            if FLAT[key][-1] == "kind":
+                check_choice(key, value, tuple(SUBLAYERS[FLAT[key][0]].kinds))
+            if key in Inference.CHECKS and value is not None:
+                Inference.check(key, value)
+        tree = {f.name: getattr(self, f.name) for f in fields(self)}
+        tree.update({k: _part(k, v) if k in PARTS else v for k, v in nested.items()})
+        tree.update({k: dataclasses.asdict(tree[k]) for k in PARTS})
+        kinds = {k: v for k, v in flat.items() if FLAT[k][-1] == "kind"}
+        for key, value in {**kinds, **flat}.items():
+            path = FLAT[key]
+            if path[0] == "*":
+                targets = [s for s in SUBLAYERS if "recursion" in SUBLAYERS[s].kinds[tree[s]["kind"]].settings(_part(s, {"kind": tree[s]["kind"]}))]
+                if not targets and value != _get(Recursion(), path[2:]):
+                    raise ValueError(f"{key}={value!r} does nothing: the model has no CEM sublayer (attn={tree['attn']['kind']}, mlp={tree['mlp']['kind']})")
+            else:
+                targets = [path[0]]
+            for target in targets:
+                node = tree[target]
+                for name in path[1:-1]:
+                    node = node[name]
+                node[path[-1]] = value
+        try:
+            return ModelConfig(**{k: _part(k, v) if k in PARTS else v for k, v in tree.items()})
+        except ValueError as e:  # a part's message names its field: name the flat key that was given
+            text = str(e)
+            for key, value in flat.items():
+                path = FLAT[key]
+                if path[0] in SUBLAYERS and text.startswith(f"{path[1]}=") and " does nothing in " in text:
+                    raise ValueError(f"{key}={value!r}{text[text.index(' does nothing in '):]}") from None
+                name = path[-1]
+                for head in (f"{name} ", f"unknown {name} "):
+                    if text.startswith(head):
+                        raise ValueError(head.replace(name, key) + text[len(head):]) from None
+            raise
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """The config as plain values, nested as the dataclass is; a sublayer shows the settings its kind reads,
+        and `training` and `inference` are shown for a model with a CEM sublayer only."""
+        out: dict = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in SUBLAYERS:
+                used = SUBLAYERS[f.name].kinds[value.kind].settings(value)
+                value = {"kind": value.kind, **{k: v for k, v in dataclasses.asdict(value).items() if k in used}}
+                if "recursion" in value:
+                    value["recursion"] = {k: v for k, v in value["recursion"].items() if k not in _DERIVED}
+            elif f.name in ("training", "inference"):
+                if not self.recursing():
+                    continue
+                value = {k: v for k, v in dataclasses.asdict(value).items() if f.name == "training" or k in ("adaptive_tol", "adaptive_rule", "guard")}
+            out[f.name] = value
+        return out
 
     @classmethod
     def from_dict(cls, d: dict) -> "ModelConfig":
+        """The config `to_dict` wrote, or the flat one of older run.json files and checkpoints (`FLAT`)."""
         if not isinstance(d, dict):
             raise ValueError(f"a model config must be a mapping of settings, got {type(d).__name__}")
         return cls().replace(**d)
+
+
+def _get(obj, path: tuple[str, ...]):
+    for name in path:
+        obj = getattr(obj, name)
+    return obj
 
 
 # Sizes: the paper's Table 1 (vocab 32,000, context 2,048) plus a 256M on the same line, and small presets

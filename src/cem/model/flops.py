@@ -12,13 +12,13 @@ from .config import ModelConfig
 def attention_flops(cfg: ModelConfig, seq_len: int) -> int:
     """Forward FLOPs of one attention sublayer for one token at full context `seq_len` (scores + values):
     its kind's count (`cem.layers.ATTENTION_KINDS`), times the plain reuse."""
-    return cfg.attn_reuse * ATTENTION_KINDS[cfg.attn].flops(cfg.attention_config(), seq_len)
+    return cfg.attn.reuse * ATTENTION_KINDS[cfg.attn.kind].flops(cfg.shape, cfg.attn, seq_len)
 
 
 def mlp_flops(cfg: ModelConfig, seq_len: int | None = None) -> int:
     """Forward FLOPs of one MLP sublayer for one token (of a sequence of `seq_len`, default the context):
     its kind's count (`cem.layers.MLP_KINDS`), times the plain reuse."""
-    return cfg.mlp_reuse * MLP_KINDS[cfg.mlp].flops(cfg.mlp_config(), seq_len or cfg.context)
+    return cfg.mlp.reuse * MLP_KINDS[cfg.mlp.kind].flops(cfg.shape, cfg.mlp, seq_len or cfg.context)
 
 
 def forward_flops_per_token(cfg: ModelConfig, seq_len: int | None = None) -> int:

@@ -77,14 +77,13 @@ def generate(
     top_p: float | None = None,
     *,
     generator: torch.Generator | None = None,
-    inference: Inference | None = None,
+    inference: Inference = Inference(),
     static: bool = False,
     compile: bool = False,
-    **knobs,
 ) -> Tensor:
     """Prompt (B, J) or (J,) followed by `max_new_tokens` sampled ids, with `inference`'s test-time settings
-    for this call only, or its fields as keywords (`steps=3`: the recursion T of every CEM layer, the test-time
-    compute knob; `adaptive_tol`, `adaptive_rule`, `guard`; None keeps the model's): `LanguageModel.test_time`.
+    for this call only (`Inference(steps=3)`: the recursion T of every CEM layer, the test-time compute knob;
+    `adaptive_tol`, `adaptive_rule`, `guard`; None keeps the model's): `LanguageModel.test_time`.
 
     Past the context the model sees a window: the prompt is cropped to its last `context` tokens, and when
     the cache is full it is rebuilt from the last `context - context // 4` tokens (one prefill every
@@ -107,7 +106,7 @@ def generate(
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or not 0 <= max_new_tokens <= MAX_NEW_TOKENS:
         raise ValueError(f"max_new_tokens must be an integer in [0, {MAX_NEW_TOKENS:,}], got {max_new_tokens!r}")
     keep = max(1, context - context // 4)
-    with model.test_time(inference, **knobs):
+    with model.test_time(inference):
         was_training = model.training
         model.eval()
         try:

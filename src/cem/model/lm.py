@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from contextlib import ExitStack, contextmanager
 
@@ -12,7 +13,7 @@ from torch import Tensor, nn
 from ..layers import ATTENTION_KINDS, MLP_KINDS, SUBLAYERS, Reuse, RMSNorm
 from ..layers.precond import Preconditioner
 from ..checks import check_choice
-from ..layers.steps import DescentLayer, Inference, draw_depths, set_steps
+from ..layers.steps import DescentLayer, Inference, draw_depths, set_inference
 from .cache import Cache
 from .config import ModelConfig
 from .generate import generate
@@ -21,14 +22,14 @@ from .loss import next_token_loss
 
 def build_attention(cfg: ModelConfig) -> nn.Module:
     """The attention sublayer of `cfg`: its kind's layer (CEM, eq. 12 with recursion, or Llama), optionally reused."""
-    layer = ATTENTION_KINDS[cfg.attn].build(cfg.attention_config())
-    return Reuse(layer, cfg.attn_reuse) if cfg.attn_reuse > 1 else layer
+    layer = ATTENTION_KINDS[cfg.attn.kind].build(cfg.shape, cfg.attn)
+    return Reuse(layer, cfg.attn.reuse) if cfg.attn.reuse > 1 else layer
 
 
 def build_mlp(cfg: ModelConfig) -> nn.Module:
     """The MLP sublayer of `cfg`: its kind's layer (CEM, eq. 13 with recursion, or SwiGLU), optionally reused."""
-    layer = MLP_KINDS[cfg.mlp].build(cfg.mlp_config())
-    return Reuse(layer, cfg.mlp_reuse) if cfg.mlp_reuse > 1 else layer
+    layer = MLP_KINDS[cfg.mlp.kind].build(cfg.shape, cfg.mlp)
+    return Reuse(layer, cfg.mlp.reuse) if cfg.mlp.reuse > 1 else layer
 
 
 class Block(nn.Module):
@@ -85,9 +86,9 @@ class LanguageModel(nn.Module):
         self.init_weights(init_seed)
         if cfg.tie_embeddings:
             self.head.weight = self.embed.weight
-        self.set_inference(cfg.adaptive_tol, cfg.guard, cfg.adaptive_rule)
+        self.set_inference(cfg.inference)
         for m in self.descent_layers():
-            m.track_fixed_point = cfg.fixed_point_weight > 0
+            m.track_fixed_point = cfg.training.fixed_point_weight > 0
 
     @torch.no_grad()
     def init_weights(self, seed: int | None = None) -> None:
@@ -151,7 +152,7 @@ class LanguageModel(nn.Module):
         self.check_ids(ids, 0 if cache is None else cache.length)
         if ids.dtype not in (torch.int64, torch.int32):  # e.g. uint16 straight from a token cache
             ids = ids.long()
-        if self.training and self.config.train_depth != "fixed":
+        if self.training and self.config.training.depth != "fixed":
             self.draw_depths()
         h = self.embed(ids)
         for i, block in enumerate(self.blocks):
@@ -162,8 +163,9 @@ class LanguageModel(nn.Module):
         if targets is None:
             return logits
         loss = next_token_loss(logits, targets, reduction)
-        if self.training and self.config.fixed_point_weight > 0 and reduction == "mean" and torch.is_grad_enabled():
-            loss = loss + self.config.fixed_point_weight * self.fixed_point_penalty()
+        weight = self.config.training.fixed_point_weight
+        if self.training and weight > 0 and reduction == "mean" and torch.is_grad_enabled():
+            loss = loss + weight * self.fixed_point_penalty()
         return loss
 
     def fixed_point_penalty(self) -> Tensor:
@@ -192,17 +194,13 @@ class LanguageModel(nn.Module):
         heavy-tailed with mean `train_depth_mean`), one draw for the whole model (`train_depth="model"`) or one
         per CEM layer (`"layer"`), from torch's global generator (so a resumed run draws the same depths).
         Evaluation ignores the draws and uses each layer's `steps`."""
-        cfg = self.config
+        t = self.config.training
         layers = self.descent_layers()
-        n = 1 if cfg.train_depth == "model" else len(layers)
-        drawn = draw_depths(cfg.train_depth_dist, n, cfg.train_depth_max, cfg.train_depth_mean)
+        n = 1 if t.depth == "model" else len(layers)
+        drawn = draw_depths(t.depth_dist, n, t.depth_max, t.depth_mean)
         for i, layer in enumerate(layers):
             layer.drawn_steps = drawn[0 if n == 1 else i]
         return drawn
-
-    def set_steps(self, steps: int | None = None, attn_steps: int | None = None, mlp_steps: int | None = None) -> None:
-        """Change the recursion depth T of CEM layers on a built or trained model (no retraining): `cem.layers.set_steps`."""
-        set_steps(self, steps, attn_steps=attn_steps, mlp_steps=mlp_steps)
 
     def set_activation_checkpointing(self, mode: str) -> None:
         """Recompute activations in the backward pass instead of keeping them (`CHECKPOINTING`): "layer"
@@ -217,24 +215,21 @@ class LanguageModel(nn.Module):
             if isinstance(module, DescentLayer):
                 module.checkpoint_steps = mode == "step"
 
-    def set_inference(self, adaptive_tol: float | None = None, guard: int = 0, adaptive_rule: str = "energy") -> None:
-        """Set the inference options of every CEM layer (`cem.layers.steps`), exactly as given: adaptive
-        steps stop a position once its exit rule's quantity is <= `adaptive_tol` (None = off, the fixed T of
-        `set_steps` is then the maximum): `adaptive_rule` "energy", the relative energy decrease, or
-        "update", the relative size of the step; `guard` > 0 halves a step that raises the energy up to
-        `guard` times (0 = off). Eval mode or `torch.no_grad()` only."""
-        for name, value in (("adaptive_tol", adaptive_tol), ("guard", guard), ("adaptive_rule", adaptive_rule)):
-            Inference.check(name, value)  # before changing any layer
-        for m in self.descent_layers():
-            m.adaptive_tol, m.guard, m.adaptive_rule = adaptive_tol, guard, adaptive_rule
+    def set_inference(self, inference: Inference) -> None:
+        """Set the test-time settings of every CEM layer for good (`cem.layers.set_inference`): T by kind from
+        `inference`'s depths (None keeps it) and its inference options exactly as given (None is off): adaptive
+        steps stop a position once its exit rule's quantity is <= `adaptive_tol` (the fixed T is then the
+        maximum); `guard` > 0 halves a step that raises the energy up to `guard` times. The options run in eval
+        mode or under `torch.no_grad()` only; `current_config` (and a saved model) records them."""
+        set_inference(self, inference)
 
     @contextmanager
-    def test_time(self, inference: Inference | None = None, **knobs):
-        """Run the `with` block at these test-time settings, the one way to change them for a while: an
-        `Inference` or its fields as keywords (`steps`, `attn_steps`, `mlp_steps` as in `set_steps`,
-        `adaptive_tol`, `adaptive_rule`, `guard` as in `set_inference`; None keeps each CEM layer's own).
-        Everything is checked before any layer changes; afterwards every layer has its own back."""
-        inference = Inference.of(inference, **knobs)
+    def test_time(self, inference: Inference):
+        """Run the `with` block at these test-time settings (an `Inference`; None keeps each CEM layer's own),
+        the one way to change them for a while: checked when made, so no layer changes for a bad one;
+        afterwards every layer has its own back."""
+        if not isinstance(inference, Inference):
+            raise ValueError(f"test-time settings must be an Inference, got {type(inference).__name__} {inference!r}")
         with ExitStack() as stack:
             for m in self.descent_layers():
                 stack.enter_context(m.test_time(inference))
@@ -257,32 +252,21 @@ class LanguageModel(nn.Module):
             out[kind] = float(sum(m.steps_total for m in group)) / positions if positions else None
         return out
 
-    def live_steps(self) -> dict:
-        """attn_steps / attn_step_size / mlp_steps / mlp_step_size (and adaptive_tol / guard / adaptive_rule)
-        as the CEM layers hold them now."""
-        out: dict = {}
-        layers = self.descent_layers()
-        for name in ("adaptive_tol", "guard", "adaptive_rule"):
-            values = {getattr(m, name) for m in layers}
-            if len(values) > 1:
-                raise ValueError(f"the CEM layers differ in {name} {sorted(values, key=str)}; a config holds one value")
-            if values:
-                out[name] = values.pop()
-        for kind in SUBLAYERS:
-            layers = [m for m in self.descent_layers() if m.sublayer == kind]
-            if not layers:
-                continue
-            steps, sizes = {m.steps for m in layers}, {m.step_size for m in layers}
-            if len(steps) > 1 or len(sizes) > 1:
-                raise ValueError(
-                    f"the {kind} CEM layers differ in steps {sorted(steps)} or step size {sorted(sizes)}; "
-                    "a config holds one value per sublayer kind"
-                )
-            out[f"{kind}_steps"], out[f"{kind}_step_size"] = steps.pop(), sizes.pop()
-        return out
-
     def current_config(self) -> ModelConfig:
-        """The config with the recursion depths and step sizes the CEM layers run now (test-time changes)."""
-        return self.config.replace(**self.live_steps())
+        """The config with the recursion (T, η) and inference options the CEM layers run now (test-time changes);
+        ValueError where layers of one sublayer kind differ (a config holds one value per kind)."""
+        layers = self.descent_layers()
+        options = {m.inference for m in layers}
+        if len(options) > 1:
+            raise ValueError(f"the CEM layers differ in their inference options {sorted(map(str, options))}; a config holds one value")
+        changes: dict = {"inference": options.pop()} if options else {}
+        for kind in SUBLAYERS:
+            recursions = {m.recursion for m in layers if m.sublayer == kind}
+            if len(recursions) > 1:
+                raise ValueError(f"the {kind} CEM layers differ in their recursion (steps or step size) "
+                                 f"{sorted((r.steps, r.step_size) for r in recursions)}; a config holds one value per sublayer kind")
+            if recursions:
+                changes[kind] = dataclasses.replace(getattr(self.config, kind), recursion=recursions.pop())
+        return self.config.replace(**changes)
 
     generate = generate  # `cem.model.generate.generate` as a method: model.generate(prompt_ids, max_new_tokens, ...)

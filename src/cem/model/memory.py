@@ -24,6 +24,7 @@ measured.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -31,7 +32,7 @@ import torch.utils.checkpoint
 
 from ..checks import check_choice, check_positive_int
 from ..device import PARALLEL, PRECISIONS
-from ..layers import ATTENTION_KINDS
+from ..layers import ATTENTION_KINDS, Inference
 from .config import ModelConfig
 
 PLANNED_PARALLEL = ("none", *PARALLEL)  # one device, or a torchrun run's way of sharing the model
@@ -114,25 +115,25 @@ def _kept_bytes(module: torch.nn.Module, args: tuple, bf16: bool) -> int:
 
 def _probe_backend(cfg: ModelConfig) -> str:
     """The attention backend the probes run: the kind's GPU training kernel where it can run here, else the config's."""
-    kernel = ATTENTION_KINDS[cfg.attn].kernel
-    return kernel.backend if kernel is not None and kernel.available() else cfg.attn_backend
+    kernel = ATTENTION_KINDS[cfg.attn.kind].kernel
+    return kernel.backend if kernel is not None and kernel.available() else cfg.attn.backend
 
 
 def other_backend(cfg: ModelConfig) -> str | None:
     """The attention backend a plan could count instead of `_probe_backend`'s: the config's own where the GPU
     kernel is counted (what a machine without triton counts), else None."""
-    return cfg.attn_backend if _probe_backend(cfg) != cfg.attn_backend else None
+    return cfg.attn.backend if _probe_backend(cfg) != cfg.attn.backend else None
 
 
 def path_note(cfg: ModelConfig, plan: "MemoryPlan", other: "MemoryPlan | None" = None) -> str | None:
     """Which attention path `plan` counted, and `other`'s peak where it differs (None without a fused kernel)."""
-    kernel = ATTENTION_KINDS[cfg.attn].kernel
+    kernel = ATTENTION_KINDS[cfg.attn.kind].kernel
     if kernel is None:
         return None
     if plan.attention == kernel.backend:
         text = f"attention path counted: the fused {kernel.backend} kernel a CUDA run uses (in its interpreter here)"
     else:
-        why = "not installed here" if not kernel.available() else f"attn_backend={cfg.attn_backend}"
+        why = "not installed here" if not kernel.available() else f"attn_backend={cfg.attn.backend}"
         text = (f"attention path counted: attn_backend={plan.attention}, not the fused {kernel.backend} kernel a CUDA run uses "
                 f"({why}; that kernel keeps a few percent less)")
     if other is not None and other.total != plan.total:
@@ -144,17 +145,19 @@ def deepest(cfg: ModelConfig) -> ModelConfig:
     """`cfg` at the largest training depth it can draw: with random depth (`train_depth` "model" or "layer"),
     every CEM layer at T = `train_depth_max` (a drawn T replaces each layer's own), else `cfg` itself. What
     the planner measures, so that a plan is deterministic and covers every batch."""
-    if cfg.train_depth == "fixed":
+    t = cfg.training
+    if t.depth == "fixed":
         return cfg
-    return cfg.replace(train_depth="fixed", attn_steps=cfg.train_depth_max, mlp_steps=cfg.train_depth_max)
+    return cfg.at(Inference(steps=t.depth_max)).replace(training=dataclasses.replace(t, depth="fixed"))
 
 
 def depth_note(cfg: ModelConfig) -> str | None:
     """What a plan of `cfg` says about a random training depth (None without one)."""
-    if cfg.train_depth == "fixed":
+    t = cfg.training
+    if t.depth == "fixed":
         return None
-    return (f"random training depth (train_depth={cfg.train_depth}, T drawn in 1..{cfg.train_depth_max}): "
-            f"planned for the deepest draw, T = {cfg.train_depth_max} in every CEM layer")
+    return (f"random training depth (train_depth={t.depth}, T drawn in 1..{t.depth_max}): "
+            f"planned for the deepest draw, T = {t.depth_max} in every CEM layer")
 
 
 def activation_bytes(cfg: ModelConfig, batch: int, seq: int, precision: str = "bf16", checkpointing: str = "none",
@@ -168,7 +171,9 @@ def activation_bytes(cfg: ModelConfig, batch: int, seq: int, precision: str = "b
     bf16 = precision == "bf16"
     cfg = deepest(cfg)
     probes = _probe_tokens(cfg)
-    small = cfg.replace(n_layers=1, context=max(cfg.context, max(probes)), attn_backend=backend or _probe_backend(cfg))
+    small = cfg.replace(n_layers=1, context=max(cfg.context, max(probes)))
+    if "backend" in ATTENTION_KINDS[cfg.attn.kind].settings(cfg.attn):
+        small = small.replace(attn_backend=backend or _probe_backend(cfg))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         model = LanguageModel(small).train()
@@ -228,9 +233,9 @@ def plan_memory(
     transient = batch * seq * cfg.vocab_size * elem  # the logits' gradient at the start of the backward pass
     if checkpointing == "layer":  # one block recomputed in full
         transient = max(transient, activation_bytes(cfg, batch, seq, precision, "none", backend)[1])
-    kernel = ATTENTION_KINDS[cfg.attn].kernel
+    kernel = ATTENTION_KINDS[cfg.attn.kind].kernel
     if kernel is not None:  # what the attention kernel allocates at the peak (CEM: the diagonal's score matrix and Σ dS)
-        transient = max(transient, kernel.scratch(deepest(cfg).attention_config(), batch, seq, elem))
+        transient = max(transient, kernel.scratch(deepest(cfg).attn, batch, seq, elem))
     return MemoryPlan(params, grads, optimizer, activations, transient, backend if kernel is not None else None)
 
 

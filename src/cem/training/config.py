@@ -17,7 +17,8 @@ import yaml
 from ..device import PARALLEL, PRECISIONS
 from ..checks import check_choice, check_finite, check_positive_int, parse_bool
 from ..data.tokenizers import ByteTokenizer, check_spec
-from ..model import ARCHS, SIZES, ModelConfig, model_config
+from ..model import ARCHS, FLAT, SIZES, ModelConfig, model_config
+from ..model.config import PARTS, flat_field
 from ..model.lm import CHECKPOINTING
 
 LLAMA_VOCAB = 32_000  # the paper's Llama tokenizer: the guess for a pretrained tokenizer not loaded yet
@@ -216,12 +217,18 @@ class RunConfig:
 
 
 _TRAIN_FIELDS = {f.name: f for f in fields(TrainConfig)}
-_MODEL_FIELDS = {f.name: f for f in fields(ModelConfig)}
+_MODEL_FIELDS = {f.name: f for f in fields(ModelConfig)} | {key: None for key in FLAT}  # the nested fields and their flat spellings
 
 
 def _parse_value(key: str, raw) -> object:
     """Convert `raw` (a string from the command line, or a YAML value) to the field's type."""
-    hint = typing.get_type_hints(TrainConfig).get(key) if key in _TRAIN_FIELDS else typing.get_type_hints(ModelConfig)[key]
+    if key in _TRAIN_FIELDS:
+        hint = typing.get_type_hints(TrainConfig)[key]
+    else:
+        owner, f = flat_field(key)
+        hint = typing.get_type_hints(owner)[f.name]
+        if key in PARTS and isinstance(raw, dict):  # a nested part (YAML), checked as ModelConfig checks it
+            return raw
     base = [t for t in typing.get_args(hint) if t is not type(None)] or [hint]
     target = base[0]
     optional = type(None) in typing.get_args(hint)

@@ -41,9 +41,16 @@ RUNTIME_KEYS = frozenset(
 # the training budget: a finished run asked for more steps is extended (the rule in `RunDir.claim`)
 BUDGET_KEYS = frozenset({"max_steps", "tokens"})
 _TRAIN_DEFAULTS = dataclasses.asdict(TrainConfig())
-# a model setting a record lacks was added to ModelConfig since: the record ran with the field's default
-# (each new field's default keeps the behaviour from before it existed)
-_MODEL_FIELD_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
+
+
+def _same_model(recorded, model: dict) -> bool:
+    """Whether a recorded model config (flat, as older run.json files hold it, or nested) is `model`'s. A setting
+    the record lacks was added to ModelConfig since: the record ran with its default (each new setting's
+    default keeps the behaviour from before it existed)."""
+    try:
+        return ModelConfig.from_dict(recorded) == ModelConfig.from_dict(model)
+    except ValueError:  # a record this cem cannot read is not this run
+        return False
 
 
 def run_identity(run: RunConfig, model: ModelConfig | None = None, tokenizer: str | None = None, corpus: dict | None = None) -> dict:
@@ -187,8 +194,7 @@ class RunDir:
             return []
         diff = [key for key in ("tokenizer", "corpus") if key in identity and recorded.get(key) != identity[key]]
         if "model" in identity:
-            saved_model = recorded.get("model")
-            if not isinstance(saved_model, dict) or {**_MODEL_FIELD_DEFAULTS, **saved_model} != {**_MODEL_FIELD_DEFAULTS, **identity["model"]}:
+            if not _same_model(recorded.get("model"), identity["model"]):
                 diff.append("model")
         saved = recorded.get("train", {})
         for key, value in identity.get("train", {}).items():

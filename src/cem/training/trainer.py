@@ -86,7 +86,7 @@ def train(run: RunConfig, out: str | Path, resume: bool = False, progress: bool 
     """
     run.train.validate()
     device = pick_device(run.train.device)
-    if run.model().attn_backend == "triton" and device.type != "cuda":
+    if run.model().attn.backend == "triton" and device.type != "cuda":
         raise ValueError(f"attn_backend=triton needs a CUDA device (the run's device is {device}; on the CPU Triton would only run its slow interpreter); use attn_backend=auto")
     info = init_distributed(device.type)
     if info.enabled and device.type == "cuda":  # torchrun: one GPU per process
@@ -278,8 +278,8 @@ def _restore(rundir: RunDir, resume: bool, model: LanguageModel, sampler: Sequen
     try:
         model.load_state_dict(saved_model.state_dict())
     except RuntimeError:  # torch lists every tensor that differs (kilobytes); say which settings do
-        mine = model.config.to_dict()
-        diff = [f"{k} {v!r} there, {mine.get(k)!r} in run.json" for k, v in saved_model.config.to_dict().items() if mine.get(k) != v]
+        mine = model.config.flat_dict()  # by flat key: `attn 'cem' there, 'llama' in run.json`
+        diff = [f"{k} {v!r} there, {mine.get(k)!r} in run.json" for k, v in saved_model.config.flat_dict().items() if mine.get(k) != v]
         raise ValueError(f"checkpoint {found} holds another model than the run records: the architectures differ "
                          f"({'; '.join(diff[:3]) + ('; ...' if len(diff) > 3 else '') or 'tensor shapes'})") from None
     sampler.load_state_dict(saved["sampler"][info.rank])

@@ -16,7 +16,7 @@ from cem.io import atomic_write_json
 from cem.data import iter_eval_batches, load_tokenizer
 from cem.data.tokenshards import token_split
 from cem.layers import SUBLAYERS
-from cem.layers.steps import DescentLayer
+from cem.layers.steps import DescentLayer, Inference
 from cem.model.flops import forward_flops_per_token
 from cem.training import RunDir
 from .findings import Context, Finding, by_seed, row
@@ -46,7 +46,7 @@ def flops_at(cfg, seq_len: int, attn_steps: float, mlp_steps: float) -> float:
     computes is not counted)."""
 
     def at(a: int, m: int) -> int:
-        return forward_flops_per_token(cfg.replace(attn_steps=a, mlp_steps=m), seq_len)
+        return forward_flops_per_token(cfg.at(Inference(attn_steps=a, mlp_steps=m)), seq_len)
 
     base = at(1, 1)
     return base + (attn_steps - 1) * (at(2, 1) - base) + (mlp_steps - 1) * (at(1, 2) - base)
@@ -115,22 +115,22 @@ def depth_study(
         """Per-token losses and the curve row at the model's current T (with an exit rule: at most T)."""
         if cem:
             rule, tol = adaptive or ("energy", None)
-            model.set_inference(adaptive_tol=tol, adaptive_rule=rule)
+            model.set_inference(Inference(adaptive_tol=tol, adaptive_rule=rule))
             model.reset_steps_used()
         losses = token_losses(model, split, seq_len, dev, max_batches, steps=used_steps)
         row = {"test_loss": float(losses.mean()), "test_perplexity": math.exp(min(float(losses.mean()), 700)),
                "test_bits_per_byte": float(losses.mean()) * per_bpb, "tokens": losses.numel()}
         if cem:
             used = model.steps_used()
-            a = used["attn"] if used["attn"] is not None else cfg.attn_steps
-            b = used["mlp"] if used["mlp"] is not None else cfg.mlp_steps
+            a = used["attn"] if used["attn"] is not None else cfg.attn.recursion.steps
+            b = used["mlp"] if used["mlp"] is not None else cfg.mlp.recursion.steps
             row.update(attn_steps_used=a, mlp_steps_used=b, flops_per_token=flops_at(cfg, seq_len, a, b))
         return losses, row
 
     curve, table = [], []
     for t in steps:
         if cem:
-            model.set_steps(t)
+            model.set_inference(Inference(steps=t))
         else:
             _reuse(model, t)
         losses, row = measure()
@@ -146,7 +146,7 @@ def depth_study(
               "mean_best_steps": float(best_steps.mean())}
     out = {"curve": curve, "oracle": oracle, "rules": []}
     if cem:
-        model.set_steps(max(steps))
+        model.set_inference(Inference(steps=max(steps)))
         flops, fixed = [r["flops_per_token"] for r in curve], [r["test_loss"] for r in curve]
         best_steps = best_steps.numpy()
         for rule, tol in rules:
@@ -157,7 +157,7 @@ def depth_study(
             row.update(rule=rule, tol=tol, eval_steps=max(steps), fixed_loss_at_flops=float(np.interp(row["flops_per_token"], flops, fixed)),
                        oracle_rank_correlation=rho)
             out["rules"].append(row)
-        model.set_inference()
+        model.set_inference(Inference())
     return out
 
 
@@ -193,7 +193,7 @@ def extra_steps(run_dir: Path, base: int, more: int, data_dir: str | None = None
     named = {n: m for n, m in model.named_modules() if isinstance(m, DescentLayer)}
     if not named:
         raise ValueError(f"{run_dir}: extra_steps needs a model with CEM layers")
-    model.set_steps(base)
+    model.set_inference(Inference(steps=base))
 
     def loss(names: list[str], finer: bool = False) -> float:
         """The loss with the layers `names` at `more` steps, the others as they are; `finer`: with η scaled so
@@ -202,7 +202,7 @@ def extra_steps(run_dir: Path, base: int, more: int, data_dir: str | None = None
             for n in names:
                 m = named[n]
                 eta = m.step_size * m.eta.path_length(base) / m.eta.path_length(more) if finer else None
-                stack.enter_context(m.test_time(steps=more, step_size=eta))
+                stack.enter_context(m.test_time(Inference(steps=more), step_size=eta))
             return float(token_losses(model, split, seq_len, dev, max_batches).mean())
 
     kinds = {"attention": [n for n, m in named.items() if isinstance(m, CEMAttention)],
@@ -210,7 +210,7 @@ def extra_steps(run_dir: Path, base: int, more: int, data_dir: str | None = None
     out = {"base": base, "more": more, "loss": {"none": loss([]), "all": loss(list(named))}}
     out["loss"].update({kind: loss(names) for kind, names in kinds.items() if names})
     out["layers"] = {n: loss([n]) for n in named}
-    with model.test_time(guard=guard):
+    with model.test_time(Inference(guard=guard)):
         out["guarded"] = {"guard": guard, "base": loss([]), "more": loss(list(named))}
     out["finer"] = loss(list(named), finer=True)
     return out
@@ -406,7 +406,7 @@ def energy_trace(run_dir: Path, max_steps: int = 4, n_seqs: int = 4, data_dir: s
         for t in range(max_steps + 1):
             x = x0
             if t > 0:
-                with layer.test_time(steps=t):
+                with layer.test_time(Inference(steps=t)):
                     x = layer(h)
             energies.append(layer.energy(layer.norm(x), h).mean().item())
         kind = SUBLAYERS[layer.sublayer].label
@@ -429,7 +429,7 @@ def drift(run_dir: Path, steps: tuple = DRIFT_STEPS, n_seqs: int = 4, data_dir: 
     for name, (layer, h) in _layer_inputs(model, ids).items():
         outs = []
         for t in steps:
-            with layer.test_time(steps=t):
+            with layer.test_time(Inference(steps=t)):
                 outs.append(layer(h))
         layers[name] = {"drift": [((x - h).norm(dim=-1) / h.norm(dim=-1)).mean().item() for x in outs],
                         "cos_h": [cos(x, h) for x in outs],

@@ -36,7 +36,7 @@ class RunSpec:
         from cem.model import model_config
         from cem.training.config import TrainConfig
 
-        base = model_config(size, arch).to_dict()
+        base = model_config(size, arch).flat_dict()
         model = {k: v for k, v in model.items() if base.get(k, object()) != v}
         defaults = TrainConfig()
         train = {k: v for k, v in (train or {}).items() if getattr(defaults, k, object()) != v}
