@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import hashlib
 import os
 from importlib import resources
 import re
@@ -11,6 +12,7 @@ import zipfile
 from pathlib import Path
 
 from cem.data.corpus import SPLITS, Corpus
+from cem.data.prepare import TINYSHAKESPEARE_SHA256
 from cem.data.splitting import hash_split
 
 STDLIB_MAX_BYTES = 8_000_000
@@ -57,6 +59,21 @@ def stdlib_paths(root: Path) -> list[str]:
 SHAKESPEARE_SPEECHES_PER_DOC = 10
 
 
+def _embedded(name: str) -> bytes:
+    """The bytes of the package's `embedded/NAME.txt.gz`, decompressed."""
+    return gzip.decompress(resources.files("cem.data").joinpath(f"embedded/{name}.txt.gz").read_bytes())
+
+
+def embedded_shakespeare() -> str:
+    """The embedded text (`embedded/shakespeare.txt.gz`): char-rnn's tinyshakespeare input.txt, checked against
+    the sha256 `cem data prepare` requires of the download (`prepare.TINYSHAKESPEARE_SHA256`)."""
+    data = _embedded("shakespeare")
+    if hashlib.sha256(data).hexdigest() != TINYSHAKESPEARE_SHA256:
+        raise ValueError("the embedded shakespeare.txt.gz is not char-rnn's tinyshakespeare input.txt (sha256 mismatch): "
+                         "the installed cem package is damaged; reinstall it")
+    return data.decode("utf-8")
+
+
 def load_shakespeare() -> Corpus:
     """Tiny Shakespeare, embedded (`embedded/shakespeare.txt.gz`, public domain; see `embedded/NOTICE`).
 
@@ -65,8 +82,7 @@ def load_shakespeare() -> Corpus:
     are hashed 90/5/5 by index (`hash_split`: 651 train, 36 valid, 36 test), so valid and test are
     scattered passages of the same plays, fixed for every Python version and machine.
     """
-    data = resources.files("cem.data").joinpath("embedded/shakespeare.txt.gz").read_bytes()
-    speeches = re.split(r"(?<=\n\n)", gzip.decompress(data).decode("utf-8"))
+    speeches = re.split(r"(?<=\n\n)", embedded_shakespeare())
     n = SHAKESPEARE_SPEECHES_PER_DOC
     docs = ["".join(speeches[i : i + n]) for i in range(0, len(speeches), n)]
     parts = hash_split([str(i) for i in range(len(docs))], 0.05, 0.05, source="embedded shakespeare")
@@ -108,8 +124,10 @@ def load_wikitext2(data_dir: Path) -> Corpus:
 
 
 def load_tinyshakespeare(data_dir: Path) -> Corpus:
-    """Tiny Shakespeare from tinyshakespeare/input.txt: characters split 90% train, 5% valid, 5% test, in order."""
-    text = _read_text(_require(data_dir, "tinyshakespeare", "tinyshakespeare/input.txt"))
+    """Tiny Shakespeare from tinyshakespeare/input.txt, else (no such file in the data directory) from the same
+    text embedded in the package (`embedded_shakespeare`): characters split 90% train, 5% valid, 5% test, in order."""
+    path = data_dir / "tinyshakespeare/input.txt"
+    text = _read_text(path) if path.is_file() else embedded_shakespeare()
     a, b = len(text) * 90 // 100, len(text) * 95 // 100
     return Corpus("tinyshakespeare", {"train": [text[:a]], "valid": [text[a:b]], "test": [text[b:]]})
 
