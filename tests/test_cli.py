@@ -933,7 +933,7 @@ def test_train_ends_with_a_sample_and_where_the_run_went(tiny_args, tmp_path, ca
     assert main(["train", "--data", tiny_args["data"], "--preset", "tiny", "--max-steps", "2", "--batch-size", "2", "--out", str(out),
                  "context=32", "tensorboard=false"]) == 0  # fmt: skip
     stdout = capsys.readouterr().out
-    assert "--- a sample (120 tokens" in stdout and f"run: {out} (results.json" in stdout
+    assert "--- a sample (at most 120 tokens" in stdout and f"run: {out} (results.json" in stdout
 
 
 def _subcommand(name):
@@ -1027,6 +1027,36 @@ def test_generate_static_flag_gives_the_eager_text(monkeypatch, capsys):
         assert main(["generate", "--ckpt", "run", "--prompt", "ab", "--max-new-tokens", "6", "--temperature", "0", *extra]) == 0
         texts.append(capsys.readouterr().out)
     assert texts[0] == texts[1] and len(texts[0]) > 2
+
+
+def test_generate_and_the_sample_stop_at_the_end_of_text_and_never_print_it(monkeypatch, tmp_path, capsys):
+    """Issue 61: `cem generate` printed `<|endoftext|>` mid-text (and first of all without a prompt) and went on
+    past it. Both it and the end-of-training sample now stop at the end-of-text token and show the text before it."""
+    import importlib
+
+    import cem.cli as cli
+    from cem.data.tokenizers import EOT_TOKEN, ByteTokenizer
+    from cem.model import LanguageModel, model_config
+
+    tokenizer = ByteTokenizer()
+    model = LanguageModel(model_config("micro", "cem", vocab_size=tokenizer.vocab_size))
+    monkeypatch.setattr(cli, "_load_run", lambda path: (model, tokenizer, None))
+    drawn = []
+
+    def sample_next(logits, *args, **kwargs):  # "ok", then the end of text, then "zz" if asked for more
+        drawn.append(len(drawn))
+        return torch.full(logits.shape[:1], [ord("o"), ord("k"), tokenizer.eot_id, ord("z"), ord("z")][len(drawn) - 1])
+
+    monkeypatch.setattr(importlib.import_module("cem.model.generate"), "sample_next", sample_next)  # the module, not the function `cem.model.generate`
+    for prompt, expect in (("say ", "say ok"), ("", "ok")):
+        drawn.clear()
+        assert main(["generate", "--ckpt", "run", "--prompt", prompt, "--max-new-tokens", "5"]) == 0
+        out, err = capsys.readouterr()
+        assert out == expect + "\n" and len(drawn) == 3 and "stopped at the end of text after 2 of at most 5 tokens" in err
+    drawn.clear()
+    cli._show_sample(tmp_path)
+    out = capsys.readouterr().out
+    assert "up to the end of text" in out and "\nok\n---" in out and EOT_TOKEN not in out and "\ufffd" not in out and len(drawn) == 3
 
 
 def test_analyse_only_trains_nothing_and_says_what_each_experiment_waits_for(tmp_path, capsys):

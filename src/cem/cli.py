@@ -178,10 +178,18 @@ def _show_sample(out: Path) -> None:
     if tokenizer is None or tokenizer.vocab_size != model.config.vocab_size:
         return
     prompt = tokenizer.encode("\n") or [tokenizer.eot_id]
-    ids = model.generate(torch.tensor(prompt), SAMPLE_TOKENS, temperature=0.8, generator=torch.Generator().manual_seed(0))
-    text = tokenizer.decode(ids[len(prompt):].tolist())
-    print(f"--- a sample ({SAMPLE_TOKENS} tokens, temperature 0.8; more with: cem generate --ckpt {out})\n{text}\n---")
+    ids = model.generate(torch.tensor(prompt), SAMPLE_TOKENS, temperature=0.8, top_p=0.95, generator=torch.Generator().manual_seed(0),
+                         eos_id=tokenizer.eot_id)
+    text, ended = _sampled_text(tokenizer, [], ids[len(prompt):].tolist())
+    print(f"--- a sample (at most {SAMPLE_TOKENS} tokens, temperature 0.8, top-p 0.95{', up to the end of text' if ended else ''}; "
+          f"more with: cem generate --ckpt {out})\n{text}\n---")
     print(f"run: {out} (results.json, metrics.jsonl, ckpt/, tokenizer/); cem eval --ckpt {out} | cem export {out} OUT")
+
+
+def _sampled_text(tokenizer, prompt: list[int], sampled: list[int]) -> tuple[str, bool]:
+    """The text of `prompt` and the `sampled` ids up to the first end-of-text (not shown), and whether there was one."""
+    ended = tokenizer.eot_id in sampled
+    return tokenizer.decode(prompt + (sampled[: sampled.index(tokenizer.eot_id)] if ended else sampled)), ended
 
 
 def _load_run(path: str):
@@ -237,15 +245,20 @@ def cmd_generate(args) -> int:
     if not 0 <= args.seed < 2**63:
         raise ValueError(f"--seed must be in [0, 2**63), got {args.seed}")
     try:
-        ids = tokenizer.encode(args.prompt) or [tokenizer.eot_id]
+        prompt = tokenizer.encode(args.prompt)
     except UnicodeEncodeError as e:  # argv bytes that are not UTF-8 arrive as lone surrogates
         raise ValueError(f"--prompt is not valid UTF-8 text (character {e.object[e.start:e.end]!r} at {e.start})") from None
     gen = torch.Generator(device).manual_seed(args.seed)
     model.reset_steps_used()
     most = max((inference.depth(m.sublayer) or m.steps for m in model.descent_layers()), default=0)
+    ids = prompt or [tokenizer.eot_id]  # no prompt: continue from the start of a document
     out = model.to(device).generate(torch.tensor(ids, device=device), args.max_new_tokens, args.temperature, args.top_k, args.top_p,
-                                     generator=gen, inference=inference, static=args.static, compile=args.compile)
-    print(tokenizer.decode(out.tolist()))
+                                     generator=gen, inference=inference, static=args.static, compile=args.compile, eos_id=tokenizer.eot_id)
+    sampled = out[len(ids):].tolist()
+    text, ended = _sampled_text(tokenizer, prompt, sampled)
+    print(text)
+    if ended:
+        print(f"stopped at the end of text after {sampled.index(tokenizer.eot_id)} of at most {args.max_new_tokens} tokens", file=sys.stderr)
     used = model.steps_used()
     adaptive = inference.adaptive_tol if inference.adaptive_tol is not None else model.config.adaptive_tol
     if adaptive is not None and used["all"] is not None:
