@@ -936,6 +936,21 @@ def test_train_ends_with_a_sample_and_where_the_run_went(tiny_args, tmp_path, ca
     assert "--- a sample (at most 120 tokens" in stdout and f"run: {out} (results.json" in stdout
 
 
+def test_resume_of_a_finished_run_says_nothing_to_do_and_loads_no_model(tiny_args, tmp_path, monkeypatch, capsys):
+    """Issue 61: `cem train --resume` on a finished run said "nothing to do", then loaded the model and printed
+    a sample (a minute on the loaded machine)."""
+    import cem.cli as cli
+
+    out = tmp_path / "run"
+    assert main(["train", "--data", tiny_args["data"], "--preset", "tiny", "--max-steps", "2", "--batch-size", "2", "--out", str(out),
+                 "--quiet", "context=32", "tensorboard=false"]) == 0  # fmt: skip
+    capsys.readouterr()
+    monkeypatch.setattr(cli, "_load_run", lambda path: pytest.fail("a finished run's model was loaded"))
+    assert main(["train", "--out", str(out), "--resume"]) == 0
+    captured = capsys.readouterr()
+    assert "holds this run, finished (2 steps); nothing to do" in captured.err and "a sample" not in captured.out
+
+
 def _subcommand(name):
     """The parser of `cem NAME`."""
     return build_parser()._subparsers._group_actions[0].choices[name]

@@ -137,7 +137,7 @@ def _seeds(text: str) -> tuple[int, ...]:
 
 
 def cmd_train(args) -> int:
-    from .training import Interrupted, train
+    from .training import Interrupted, NothingToDo, train
     from .training.budget import with_default_steps
     from .training.rundir import default_run_dir
 
@@ -162,7 +162,7 @@ def cmd_train(args) -> int:
     if int(os.environ.get("RANK", "0")) == 0:
         if args.quiet:
             print(json.dumps({k: result[k] for k in ("test_loss", "test_perplexity", "test_bits_per_byte")}))
-        else:
+        elif not isinstance(result, NothingToDo):  # a run finished before: the trainer said so, nothing more to show
             _show_sample(out)
     return 0
 

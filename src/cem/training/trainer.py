@@ -63,6 +63,10 @@ class Interrupted:
     checkpoint: Path
 
 
+class NothingToDo(dict):
+    """What `train` returns for a run that had finished already: its results (results.json); nothing was trained."""
+
+
 def param_groups(model: LanguageModel, weight_decay: float) -> list[dict]:
     """Weight decay on projection matrices and embeddings; none on gains, biases, the key-query diagonal,
     the preconditioners' diagonal p and step-size gains (they start at meaningful non-zero values or 0)."""
@@ -75,7 +79,8 @@ def param_groups(model: LanguageModel, weight_decay: float) -> list[dict]:
 
 
 def train(run: RunConfig, out: str | Path, resume: bool = False, progress: bool = True, stop_at: int | None = None, overwrite: bool = False):
-    """Train, evaluate on the test split, write `results.json`; returns the results (or `Interrupted`).
+    """Train, evaluate on the test split, write `results.json`; returns the results (`NothingToDo`, results
+    too, for a run that had finished already), or `Interrupted`.
 
     `stop_at` ends the run after that optimiser step with a checkpoint, without changing the schedule.
     A directory that holds this run already (`RunDir.claim`): unfinished, it needs `resume`; finished, its
@@ -181,7 +186,7 @@ def _train(run: RunConfig, rundir: RunDir, resume: bool, progress: bool, stop_at
     if status == "finished":
         _say(f"{rundir.path} holds this run, finished ({rundir.results()['steps']} steps); nothing to do "
              f"(ask for more steps to extend it, or --overwrite to train it again)", progress)
-        return rundir.results()
+        return NothingToDo(rundir.results())
     resume = resume or status == "extend"
 
     torch.manual_seed(t.seed)  # the global generator: random depths and anything else drawn in training
@@ -267,7 +272,7 @@ def _restore(rundir: RunDir, resume: bool, model: LanguageModel, sampler: Sequen
     with the model weights, this process's data position and RNG streams put back; else a fresh state."""
     found = rundir.checkpoint() if resume else None
     if resume and found is None and rundir.results() is not None:
-        return rundir.results()  # finished, and its checkpoint removed since
+        return NothingToDo(rundir.results())  # finished, and its checkpoint removed since
     if found is None:
         if resume:
             _say(f"--resume: no checkpoint in {rundir.path}; starting from step 0", info.is_main)
@@ -285,7 +290,7 @@ def _restore(rundir: RunDir, resume: bool, model: LanguageModel, sampler: Sequen
     state = TrainState(saved["step"], saved["tokens_seen"], saved["elapsed"], sessions=list(saved.get("sessions", [])))
     _say(f"resumed from {found} at step {state.step}/{steps_total}", progress)
     if state.step >= steps_total and rundir.results() is not None:
-        return rundir.results()
+        return NothingToDo(rundir.results())
     return state, saved
 
 
