@@ -369,6 +369,8 @@ def cmd_info(args) -> int:
     run = _run_config(args)
     vocab, vocab_source = _info_vocab(args, run)
     cfg = run.model(vocab)
+    if args.memory:  # the answer first, then what it was worked out for
+        _print_memory_plan(args, run, cfg)
     print(json.dumps({"train": run.to_dict()["train"], "model": cfg.to_dict()}, indent=2))
     rows = {}
     for name, c in (("llama", model_config(run.train.preset, "llama", vocab_size=vocab, context=cfg.context)), (run.train.arch, cfg)):
@@ -377,26 +379,30 @@ def cmd_info(args) -> int:
     print(f"note: vocabulary {vocab:,} ({vocab_source})")
     print(format_breakdown(rows))
     print(f"training FLOPs per token: {train_flops_per_token(cfg):,}")
-    if args.memory:
-        from .model.memory import depth_note, format_plan, other_backend, path_note, plan_memory
-
-        batch = args.mem_batch if args.mem_batch is not None else run.train.batch_size
-        seq = args.mem_seq if args.mem_seq is not None else (run.train.seq_len or cfg.context)
-        parallel = args.mem_parallel or ("ddp" if args.gpus > 1 else "none")
-        checkpointing = args.checkpointing or run.train.activation_checkpointing
-        if seq > cfg.context:
-            print(f"cem info: warning: --seq {seq} exceeds the model's context ({cfg.context:,}): planned as if trained with context={seq}", file=sys.stderr)
-        planned = cfg.replace(context=max(cfg.context, seq))
-        plan = plan_memory(planned, batch, seq, args.mem_precision, args.gpus, parallel, checkpointing)
-        alt = other_backend(planned)  # the attention path a machine without triton counts: its figure beside this one
-        other = plan_memory(planned, batch, seq, args.mem_precision, args.gpus, parallel, checkpointing, backend=alt) if alt else None
-        print(f"predicted training memory per device, in GiB (2^30 bytes): batch {batch} x {seq} tokens, vocabulary {planned.vocab_size:,}, "
-              f"{args.mem_precision}, {args.gpus} device(s), parallel {parallel}, checkpointing {checkpointing} (cem.model.memory)")
-        for note in (depth_note(planned), path_note(planned, plan, other)):
-            if note:
-                print(note)
-        print(format_plan(plan, args.device_gib))
     return 0
+
+
+def _print_memory_plan(args, run, cfg) -> None:
+    """`cem info --memory`: the predicted peak and whether it fits, then what it was counted for and its terms."""
+    from .model.memory import depth_note, format_answer, format_plan, other_backend, path_note, plan_memory
+
+    batch = args.mem_batch if args.mem_batch is not None else run.train.batch_size
+    seq = args.mem_seq if args.mem_seq is not None else (run.train.seq_len or cfg.context)
+    parallel = args.mem_parallel or ("ddp" if args.gpus > 1 else "none")
+    checkpointing = args.checkpointing or run.train.activation_checkpointing
+    if seq > cfg.context:
+        print(f"cem info: warning: --seq {seq} exceeds the model's context ({cfg.context:,}): planned as if trained with context={seq}", file=sys.stderr)
+    planned = cfg.replace(context=max(cfg.context, seq))
+    plan = plan_memory(planned, batch, seq, args.mem_precision, args.gpus, parallel, checkpointing)
+    alt = other_backend(planned)  # the attention path a machine without triton counts: its figure beside this one
+    other = plan_memory(planned, batch, seq, args.mem_precision, args.gpus, parallel, checkpointing, backend=alt) if alt else None
+    print(format_answer(plan, args.device_gib))
+    print(f"  for batch {batch} x {seq} tokens, vocabulary {planned.vocab_size:,}, {args.mem_precision}, {args.gpus} device(s), "
+          f"parallel {parallel}, checkpointing {checkpointing}, in GiB (2^30 bytes; cem.model.memory)")
+    for note in (depth_note(planned), path_note(planned, plan, other)):
+        if note:
+            print(f"  {note}")
+    print(format_plan(plan))
 
 
 def cmd_data_prepare(args) -> int:
