@@ -322,7 +322,7 @@ def cmd_export(args) -> int:
         out = export_hf(model, args.out, tokenizer=tokenizer, format="llama" if args.format == "llama" else "auto", remote_code=args.remote_code)
     except (OSError, SafetensorError) as e:  # a full disk, a file size limit, a folder not writable
         raise OSError(f"could not write the export into {args.out} ({_one_line(e)}); the folder was left as it was") from None
-    kind = "LlamaForCausalLM format" if is_plain_llama(model) else "CEM format: the model loads after `import cem.hf`"
+    kind = "LlamaForCausalLM format" if is_plain_llama(model) else f"CEM format: the model loads after `import cem.hf`, as {out / 'README.md'} says"
     print(f"exported {run.path} to {out} ({kind}); load it with AutoTokenizer / AutoModelForCausalLM.from_pretrained")
     return 0
 
