@@ -937,6 +937,38 @@ def test_train_ends_with_a_sample_and_where_the_run_went(tiny_args, tmp_path, ca
     assert "--- a sample (at most 120 tokens" in stdout and f"run: {out} (results.json" in stdout
 
 
+def test_train_says_what_it_trains_where_and_how_long_with_a_loss_from_the_first_step(tiny_args, tmp_path, monkeypatch, capsys):
+    """Issue 61: the start of `cem train` said neither what was trained nor where (that line went to train.log
+    only), and the bar had no loss for the first log_every (10) steps."""
+    from tqdm import tqdm
+
+    import cem.training.trainer as trainer
+    from cem.model import LanguageModel, model_config, parameter_breakdown
+
+    shown = []
+
+    class Bar(tqdm):
+        def set_postfix(self, *args, **kwargs):
+            shown.append((self.n, kwargs))
+            return super().set_postfix(*args, **kwargs)
+
+    monkeypatch.setattr(trainer, "tqdm", Bar)
+    out = tmp_path / "run"
+    assert main(["train", "--data", tiny_args["data"], "--preset", "tiny", "--max-steps", "8", "--batch-size", "2", "--out", str(out),
+                 "context=32", "tensorboard=false"]) == 0  # fmt: skip
+    err = capsys.readouterr().err
+    n = parameter_breakdown(LanguageModel(model_config("tiny", "cem", vocab_size=257, context=32)))["total"]
+    assert f"training cem tiny ({n:,} parameters) on {tiny_args['data']}: 8 steps of 64 tokens (512 tokens) on cpu, into {out}\n" in err
+    assert "expected time: about " in err and " s a step over steps 2-6; " in err
+    assert shown[0][0] == 0 and "loss" in shown[0][1]  # set after the first step, before the bar counts it
+    import cem.training
+    from cem.training import Interrupted
+
+    monkeypatch.setattr(cem.training, "train", lambda run, out, **kw: Interrupted(0, 0, out))  # what `cem train` alone would train
+    assert main(["train", "--out", str(tmp_path / "default")]) == 0
+    assert "the default budget of 600 steps (a quick first run: cem train --max-steps 100)" in capsys.readouterr().err
+
+
 def test_resume_of_a_finished_run_says_nothing_to_do_and_loads_no_model(tiny_args, tmp_path, monkeypatch, capsys):
     """Issue 61: `cem train --resume` on a finished run said "nothing to do", then loaded the model and printed
     a sample (a minute on the loaded machine)."""

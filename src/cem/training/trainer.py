@@ -342,8 +342,9 @@ def _loop(s: _Session, stop_at: int | None) -> Interrupted | None:
     s.state.resumed_at = time.perf_counter()
     s.state.sessions.append({**provenance(s.device), "compiled": hasattr(s.wrapped, "_orig_mod"), "from_step": s.state.step})
     _STDERR.broken = False
-    _say(f"training {s.rundir.path} from step {s.state.step} to {s.budget.steps} on {s.device}", False)
+    _say(_what_is_trained(s), s.progress)
     bar = tqdm(total=s.budget.steps, initial=s.state.step, disable=not s.progress, unit="step", dynamic_ncols=True, file=_STDERR)
+    first_step, timed_from = s.state.step, None
     try:
         while s.state.step < s.budget.steps:
             loss, grad_norm, lr = _optimizer_step(s, autocast)
@@ -351,6 +352,12 @@ def _loop(s: _Session, stop_at: int | None) -> Interrupted | None:
             meter.add(s.budget.tokens_per_step)
             if step % t.log_every == 0 or step == s.budget.steps:
                 _log_step(s, bar, meter, loss=loss, lr=lr, grad_norm=grad_norm)
+            elif step - first_step < t.log_every:  # until the first logged step: the latest loss on the bar
+                bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", refresh=False)
+            if step == first_step + 1:  # the first step pays one-time costs: the estimate times the ones after it
+                timed_from = time.perf_counter()
+            elif step == first_step + 1 + ESTIMATE_STEPS and step < s.budget.steps:
+                _say(_expected_time(s, (time.perf_counter() - timed_from) / ESTIMATE_STEPS, step), s.progress)
             bar.update(1)
             if t.eval_every and step % t.eval_every == 0 and step < s.budget.steps:
                 _validate(s, bar, autocast)
@@ -369,6 +376,26 @@ def _loop(s: _Session, stop_at: int | None) -> Interrupted | None:
         if s.logger:
             s.logger.close()
     return None
+
+
+ESTIMATE_STEPS = 5  # steps timed, after the first, for the expected time `cem train` prints
+
+
+def _what_is_trained(s: _Session) -> str:
+    """The line a run starts with: the model, its size, the budget, the corpus, the device and the run folder."""
+    t, b = s.run.train, s.budget
+    start = f"from step {s.state.step} " if s.state.step else ""
+    count = lambda n: f"{n / 1e6:.2f}M" if n >= 1e6 else f"{n:,}"  # noqa: E731
+    return (f"training {t.arch} {t.preset} ({count(parameter_breakdown(s.model)['total'])} parameters) on {t.data}: {start}{b.steps:,} steps "
+            f"of {b.tokens_per_step:,} tokens ({count(b.trained_tokens)} tokens) on {s.device}, into {s.rundir.path}")
+
+
+def _expected_time(s: _Session, per_step: float, step: int) -> str:
+    """The expected training time of the steps left, from `per_step` seconds a step as measured, said as such."""
+    left = per_step * (s.budget.steps - step)
+    when = f"{left:.0f} s" if left < 90 else f"{left / 60:.0f} min" if left < 5400 else f"{left / 3600:.1f} h"
+    return (f"expected time: about {when} more for the {s.budget.steps - step:,} steps left ({per_step:.2f} s a step over steps "
+            f"{step - ESTIMATE_STEPS + 1}-{step}; a busy machine takes longer), besides validation, checkpoints and the final evaluation")
 
 
 def _optimizer_step(s: _Session, autocast) -> tuple[float, float, float]:
