@@ -14,6 +14,7 @@ import os
 import shutil
 import signal
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -961,12 +962,10 @@ def test_train_says_what_it_trains_where_and_how_long_with_a_loss_from_the_first
     assert f"training cem tiny ({n:,} parameters) on {tiny_args['data']}: 8 steps of 64 tokens (512 tokens) on cpu, into {out}\n" in err
     assert "expected time: about " in err and " s a step over steps 2-6; " in err
     assert shown[0][0] == 0 and "loss" in shown[0][1]  # set after the first step, before the bar counts it
-    import cem.training
-    from cem.training import Interrupted
-
-    monkeypatch.setattr(cem.training, "train", lambda run, out, **kw: Interrupted(0, 0, out))  # what `cem train` alone would train
-    assert main(["train", "--out", str(tmp_path / "default")]) == 0
-    assert "the default budget of 600 steps (a quick first run: cem train --max-steps 100)" in capsys.readouterr().err
+    default = types.SimpleNamespace(budget=types.SimpleNamespace(steps=600))  # `cem train`'s 600 steps at 0.5 s a step
+    assert trainer._expected_time(default, 0.5, 6).startswith("expected time: about 5 min more for the 594 steps left (0.50 s a step over steps 2-6;")
+    assert trainer._expected_time(default, 0.5, 6).endswith("; a quicker first run: --max-steps 240 (about 2 min here)")
+    assert "quicker" not in trainer._expected_time(default, 0.1, 6)  # a minute: no need
 
 
 def test_resume_of_a_finished_run_says_nothing_to_do_and_loads_no_model(tiny_args, tmp_path, monkeypatch, capsys):

@@ -138,7 +138,7 @@ def _seeds(text: str) -> tuple[int, ...]:
 
 def cmd_train(args) -> int:
     from .training import Interrupted, NothingToDo, train
-    from .training.budget import DEFAULT_STEPS, with_default_steps
+    from .training.budget import with_default_steps
     from .training.rundir import default_run_dir
 
     _check_named("--out", args.out, "give a folder, or leave --out out for the default runs/NAME")
@@ -150,8 +150,6 @@ def cmd_train(args) -> int:
     t = run.train
     if args.stop_at is not None and args.stop_at < 1:
         raise ValueError(f"--stop-at must be a step >= 1, got {args.stop_at}")
-    if t.max_steps is None and t.tokens is None and not args.quiet and int(os.environ.get("RANK", "0")) == 0:
-        print(f"no --max-steps or --tokens: the default budget of {DEFAULT_STEPS} steps (a quick first run: cem train --max-steps 100)", file=sys.stderr)
     with_default_steps(t)
     if Path(t.data).expanduser().exists():  # a local corpus: recorded by its absolute path, usable from anywhere
         t.data = str(Path(t.data).expanduser().resolve())

@@ -390,12 +390,18 @@ def _what_is_trained(s: _Session) -> str:
             f"of {b.tokens_per_step:,} tokens ({count(b.trained_tokens)} tokens) on {s.device}, into {s.rundir.path}")
 
 
+QUICK_RUN_S = 120  # a run expected to take longer is told how many steps take about this long
+
+
 def _expected_time(s: _Session, per_step: float, step: int) -> str:
-    """The expected training time of the steps left, from `per_step` seconds a step as measured, said as such."""
+    """The expected training time of the steps left, from `per_step` seconds a step as measured, said as such;
+    for a long run, the --max-steps that takes about QUICK_RUN_S."""
     left = per_step * (s.budget.steps - step)
     when = f"{left:.0f} s" if left < 90 else f"{left / 60:.0f} min" if left < 5400 else f"{left / 3600:.1f} h"
+    quick = max(step + 1, round(QUICK_RUN_S / per_step, -1))
+    shorter = f"; a quicker first run: --max-steps {quick:.0f} (about {QUICK_RUN_S / 60:.0f} min here)" if left > QUICK_RUN_S and quick < s.budget.steps else ""
     return (f"expected time: about {when} more for the {s.budget.steps - step:,} steps left ({per_step:.2f} s a step over steps "
-            f"{step - ESTIMATE_STEPS + 1}-{step}; a busy machine takes longer), besides validation, checkpoints and the final evaluation")
+            f"{step - ESTIMATE_STEPS + 1}-{step}; a busy machine takes longer), besides validation, checkpoints and the final evaluation{shorter}")
 
 
 def _optimizer_step(s: _Session, autocast) -> tuple[float, float, float]:
