@@ -14,6 +14,7 @@ import os
 import shutil
 import signal
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -799,7 +800,8 @@ def test_cli_train_eval_generate(tiny_args, tmp_path, capsys):
     assert "| attention | 28.312M | 14.165M | 0.500 |" in capsys.readouterr().out
     assert main(["info", "--preset", "small", "--memory", "--batch", "2", "--seq", "64", "--device-gb", "0.5"]) == 0
     out = capsys.readouterr().out
-    assert "predicted training memory per device, in GiB (2^30 bytes): batch 2 x 64 tokens" in out and "peak" in out and "does NOT fit a 0.5 GiB device" in out
+    assert out.startswith("predicted peak training memory per device: ") and "does NOT fit a 0.5 GiB device" in out.splitlines()[0]
+    assert "  for batch 2 x 64 tokens" in out
 
 
 def test_cli_errors_are_one_line(tiny_args, tmp_path, capsys):
@@ -882,7 +884,52 @@ def test_train_ends_with_a_sample_and_where_the_run_went(tiny_args, tmp_path, ca
     assert main(["train", "--data", tiny_args["data"], "--preset", "tiny", "--max-steps", "2", "--batch-size", "2", "--out", str(out),
                  "context=32", "tensorboard=false"]) == 0  # fmt: skip
     stdout = capsys.readouterr().out
-    assert "--- a sample (120 tokens" in stdout and f"run: {out} (results.json" in stdout
+    assert "--- a sample (at most 120 tokens" in stdout and f"run: {out} (results.json" in stdout
+
+
+def test_train_says_what_it_trains_where_and_how_long_with_a_loss_from_the_first_step(tiny_args, tmp_path, monkeypatch, capsys):
+    """Issue 61: the start of `cem train` said neither what was trained nor where (that line went to train.log
+    only), and the bar had no loss for the first log_every (10) steps."""
+    from tqdm import tqdm
+
+    import cem.training.trainer as trainer
+    from cem.model import LanguageModel, model_config, parameter_breakdown
+
+    shown = []
+
+    class Bar(tqdm):
+        def set_postfix(self, *args, **kwargs):
+            shown.append((self.n, kwargs))
+            return super().set_postfix(*args, **kwargs)
+
+    monkeypatch.setattr(trainer, "tqdm", Bar)
+    out = tmp_path / "run"
+    assert main(["train", "--data", tiny_args["data"], "--preset", "tiny", "--max-steps", "8", "--batch-size", "2", "--out", str(out),
+                 "context=32", "tensorboard=false"]) == 0  # fmt: skip
+    err = capsys.readouterr().err
+    n = parameter_breakdown(LanguageModel(model_config("tiny", "cem", vocab_size=257, context=32)))["total"]
+    assert f"training cem tiny ({n:,} parameters) on {tiny_args['data']}: 8 steps of 64 tokens (512 tokens) on cpu, into {out}\n" in err
+    assert "expected time: about " in err and " s a step over steps 2-6; " in err
+    assert shown[0][0] == 0 and "loss" in shown[0][1]  # set after the first step, before the bar counts it
+    default = types.SimpleNamespace(budget=types.SimpleNamespace(steps=600))  # `cem train`'s 600 steps at 0.5 s a step
+    assert trainer._expected_time(default, 0.5, 6).startswith("expected time: about 5 min more for the 594 steps left (0.50 s a step over steps 2-6;")
+    assert trainer._expected_time(default, 0.5, 6).endswith("; a quicker first run: --max-steps 240 (about 2 min here)")
+    assert "quicker" not in trainer._expected_time(default, 0.1, 6)  # a minute: no need
+
+
+def test_resume_of_a_finished_run_says_nothing_to_do_and_loads_no_model(tiny_args, tmp_path, monkeypatch, capsys):
+    """Issue 61: `cem train --resume` on a finished run said "nothing to do", then loaded the model and printed
+    a sample (a minute on the loaded machine)."""
+    import cem.cli as cli
+
+    out = tmp_path / "run"
+    assert main(["train", "--data", tiny_args["data"], "--preset", "tiny", "--max-steps", "2", "--batch-size", "2", "--out", str(out),
+                 "--quiet", "context=32", "tensorboard=false"]) == 0  # fmt: skip
+    capsys.readouterr()
+    monkeypatch.setattr(cli, "_load_run", lambda path: pytest.fail("a finished run's model was loaded"))
+    assert main(["train", "--out", str(out), "--resume"]) == 0
+    captured = capsys.readouterr()
+    assert "holds this run, finished (2 steps); nothing to do" in captured.err and "a sample" not in captured.out
 
 
 def _subcommand(name):
@@ -1021,6 +1068,37 @@ def test_info_keys_explains_every_setting(capsys):
     assert f"kq_diag = 'shared'  {{{', '.join(KQ_DIAGONALS)}}}  [attn.kq_diag]\n    the diagonal d_k" in out
     assert "position = 'rope'  {rope, alibi}  [attn.position]\n    Llama attention's positions: rope or alibi (CEM attention always uses ALiBi)" in out
     assert "\nlr = 0.002\n    " in out
+
+
+def test_generate_and_the_sample_stop_at_the_end_of_text_and_never_print_it(monkeypatch, tmp_path, capsys):
+    """Issue 61: `cem generate` printed `<|endoftext|>` mid-text (and first of all without a prompt) and went on
+    past it. Both it and the end-of-training sample now stop at the end-of-text token and show the text before it."""
+    import importlib
+
+    import cem.cli as cli
+    from cem.data.tokenizers import EOT_TOKEN, ByteTokenizer
+    from cem.model import LanguageModel, model_config
+
+    tokenizer = ByteTokenizer()
+    model = LanguageModel(model_config("micro", "cem", vocab_size=tokenizer.vocab_size))
+    monkeypatch.setattr(cli, "_load_run", lambda path: (model, tokenizer, None))
+    drawn = []
+
+    def sample_next(logits, *args, **kwargs):  # "ok", then the end of text, then "zz" if asked for more
+        drawn.append(len(drawn))
+        return torch.full(logits.shape[:1], [ord("o"), ord("k"), tokenizer.eot_id, ord("z"), ord("z")][len(drawn) - 1])
+
+    monkeypatch.setattr(importlib.import_module("cem.model.generate"), "sample_next", sample_next)  # the module, not the function `cem.model.generate`
+    for prompt, expect in (("say ", "say ok"), ("", "ok")):
+        drawn.clear()
+        assert main(["generate", "--ckpt", "run", "--prompt", prompt, "--max-new-tokens", "5"]) == 0
+        out, err = capsys.readouterr()
+        assert out == expect + "\n" and len(drawn) == 3 and "stopped at the end of text after 2 of at most 5 tokens" in err
+    drawn.clear()
+    cli._show_sample(tmp_path)
+    out = capsys.readouterr().out
+    assert "up to the end of text" in out and "\nok\n---" in out and EOT_TOKEN not in out and "\ufffd" not in out and len(drawn) == 3
+
 
 
 def test_info_shows_no_setting_that_does_nothing(capsys):

@@ -335,7 +335,7 @@ def check_named(flag: str, value: str | None, instead: str) -> None:
 
 
 def cmd_train(args) -> int:
-    from .training import Interrupted, train
+    from .training import Interrupted, NothingToDo, train
     from .training.budget import with_default_steps
     from .training.rundir import default_run_dir
 
@@ -360,7 +360,7 @@ def cmd_train(args) -> int:
     if int(os.environ.get("RANK", "0")) == 0:
         if args.quiet:
             print(json.dumps({k: result[k] for k in ("test_loss", "test_perplexity", "test_bits_per_byte")}))
-        else:
+        elif not isinstance(result, NothingToDo):  # a run finished before: the trainer said so, nothing more to show
             _show_sample(out)
     return 0
 
@@ -376,10 +376,18 @@ def _show_sample(out: Path) -> None:
     if tokenizer is None or tokenizer.vocab_size != model.config.vocab_size:
         return
     prompt = tokenizer.encode("\n") or [tokenizer.eot_id]
-    ids = model.generate(torch.tensor(prompt), SAMPLE_TOKENS, temperature=0.8, generator=torch.Generator().manual_seed(0))
-    text = tokenizer.decode(ids[len(prompt):].tolist())
-    print(f"--- a sample ({SAMPLE_TOKENS} tokens, temperature 0.8; more with: cem generate --ckpt {out})\n{text}\n---")
+    ids = model.generate(torch.tensor(prompt), SAMPLE_TOKENS, temperature=0.8, top_p=0.95, generator=torch.Generator().manual_seed(0),
+                         eos_id=tokenizer.eot_id)
+    text, ended = _sampled_text(tokenizer, [], ids[len(prompt):].tolist())
+    print(f"--- a sample (at most {SAMPLE_TOKENS} tokens, temperature 0.8, top-p 0.95{', up to the end of text' if ended else ''}; "
+          f"more with: cem generate --ckpt {out})\n{text}\n---")
     print(f"run: {out} (results.json, metrics.jsonl, ckpt/, tokenizer/); cem eval --ckpt {out} | cem export {out} OUT")
+
+
+def _sampled_text(tokenizer, prompt: list[int], sampled: list[int]) -> tuple[str, bool]:
+    """The text of `prompt` and the `sampled` ids up to the first end-of-text (not shown), and whether there was one."""
+    ended = tokenizer.eot_id in sampled
+    return tokenizer.decode(prompt + (sampled[: sampled.index(tokenizer.eot_id)] if ended else sampled)), ended
 
 
 def _load_run(path: str):
@@ -435,15 +443,20 @@ def cmd_generate(args) -> int:
     if not 0 <= args.seed < 2**63:
         raise ValueError(f"--seed must be in [0, 2**63), got {args.seed}")
     try:
-        ids = tokenizer.encode(args.prompt) or [tokenizer.eot_id]
+        prompt = tokenizer.encode(args.prompt)
     except UnicodeEncodeError as e:  # argv bytes that are not UTF-8 arrive as lone surrogates
         raise ValueError(f"--prompt is not valid UTF-8 text (character {e.object[e.start:e.end]!r} at {e.start})") from None
     gen = torch.Generator(device).manual_seed(args.seed)
     model.reset_steps_used()
     most = max((inference.depth(m.sublayer) or m.steps for m in model.descent_layers()), default=0)
+    ids = prompt or [tokenizer.eot_id]  # no prompt: continue from the start of a document
     out = model.to(device).generate(torch.tensor(ids, device=device), args.max_new_tokens, args.temperature, args.top_k, args.top_p,
-                                     generator=gen, inference=inference, static=args.static, compile=args.compile)
-    print(tokenizer.decode(out.tolist()))
+                                     generator=gen, inference=inference, static=args.static, compile=args.compile, eos_id=tokenizer.eot_id)
+    sampled = out[len(ids):].tolist()
+    text, ended = _sampled_text(tokenizer, prompt, sampled)
+    print(text)
+    if ended:
+        print(f"stopped at the end of text after {sampled.index(tokenizer.eot_id)} of at most {args.max_new_tokens} tokens", file=sys.stderr)
     used = model.steps_used()
     adaptive = inference.adaptive_tol if inference.adaptive_tol is not None else model.config.inference.adaptive_tol
     if adaptive is not None and used["all"] is not None:
@@ -512,7 +525,7 @@ def cmd_export(args) -> int:
         out = export_hf(model, args.out, tokenizer=tokenizer, format="llama" if args.format == "llama" else "auto", remote_code=args.remote_code)
     except (OSError, SafetensorError) as e:  # a full disk, a file size limit, a folder not writable
         raise OSError(f"could not write the export into {args.out} ({_one_line(e)}); the folder was left as it was") from None
-    kind = "LlamaForCausalLM format" if is_plain_llama(model) else "CEM format: the model loads after `import cem.hf`"
+    kind = "LlamaForCausalLM format" if is_plain_llama(model) else f"CEM format: the model loads after `import cem.hf`, as {out / 'README.md'} says"
     print(f"exported {run.path} to {out} ({kind}); load it with AutoTokenizer / AutoModelForCausalLM.from_pretrained")
     return 0
 
@@ -574,6 +587,8 @@ def cmd_info(args) -> int:
     run = _run_config(args)
     vocab, vocab_source = _info_vocab(args, run)
     cfg = run.model(vocab)
+    if args.memory:  # the answer first, then what it was worked out for
+        _print_memory_plan(args, run, cfg)
     print(json.dumps({"train": run.to_dict()["train"], "model": cfg.to_dict()}, indent=2))
     rows = {}
     for name, c in (("llama", model_config(run.train.preset, "llama", vocab_size=vocab, context=cfg.context)), (run.train.arch, cfg)):
@@ -582,26 +597,30 @@ def cmd_info(args) -> int:
     print(f"note: vocabulary {vocab:,} ({vocab_source})")
     print(format_breakdown(rows))
     print(f"training FLOPs per token: {train_flops_per_token(cfg):,}")
-    if args.memory:
-        from .model.memory import depth_note, format_plan, other_backend, path_note, plan_memory
-
-        batch = args.mem_batch if args.mem_batch is not None else run.train.batch_size
-        seq = args.mem_seq if args.mem_seq is not None else (run.train.seq_len or cfg.context)
-        parallel = args.mem_parallel or ("ddp" if args.gpus > 1 else "none")
-        checkpointing = args.checkpointing or run.train.activation_checkpointing
-        if seq > cfg.context:
-            print(f"cem info: warning: --seq {seq} exceeds the model's context ({cfg.context:,}): planned as if trained with context={seq}", file=sys.stderr)
-        planned = cfg.replace(context=max(cfg.context, seq))
-        plan = plan_memory(planned, batch, seq, args.mem_precision, args.gpus, parallel, checkpointing)
-        alt = other_backend(planned)  # the attention path a machine without triton counts: its figure beside this one
-        other = plan_memory(planned, batch, seq, args.mem_precision, args.gpus, parallel, checkpointing, backend=alt) if alt else None
-        print(f"predicted training memory per device, in GiB (2^30 bytes): batch {batch} x {seq} tokens, vocabulary {planned.vocab_size:,}, "
-              f"{args.mem_precision}, {args.gpus} device(s), parallel {parallel}, checkpointing {checkpointing} (cem.model.memory)")
-        for note in (depth_note(planned), path_note(planned, plan, other)):
-            if note:
-                print(note)
-        print(format_plan(plan, args.device_gib))
     return 0
+
+
+def _print_memory_plan(args, run, cfg) -> None:
+    """`cem info --memory`: the predicted peak and whether it fits, then what it was counted for and its terms."""
+    from .model.memory import depth_note, format_answer, format_plan, other_backend, path_note, plan_memory
+
+    batch = args.mem_batch if args.mem_batch is not None else run.train.batch_size
+    seq = args.mem_seq if args.mem_seq is not None else (run.train.seq_len or cfg.context)
+    parallel = args.mem_parallel or ("ddp" if args.gpus > 1 else "none")
+    checkpointing = args.checkpointing or run.train.activation_checkpointing
+    if seq > cfg.context:
+        print(f"cem info: warning: --seq {seq} exceeds the model's context ({cfg.context:,}): planned as if trained with context={seq}", file=sys.stderr)
+    planned = cfg.replace(context=max(cfg.context, seq))
+    plan = plan_memory(planned, batch, seq, args.mem_precision, args.gpus, parallel, checkpointing)
+    alt = other_backend(planned)  # the attention path a machine without triton counts: its figure beside this one
+    other = plan_memory(planned, batch, seq, args.mem_precision, args.gpus, parallel, checkpointing, backend=alt) if alt else None
+    print(format_answer(plan, args.device_gib))
+    print(f"  for batch {batch} x {seq} tokens, vocabulary {planned.vocab_size:,}, {args.mem_precision}, {args.gpus} device(s), "
+          f"parallel {parallel}, checkpointing {checkpointing}, in GiB (2^30 bytes; cem.model.memory)")
+    for note in (depth_note(planned), path_note(planned, plan, other)):
+        if note:
+            print(f"  {note}")
+    print(format_plan(plan))
 
 
 def cmd_data_prepare(args) -> int:

@@ -132,6 +132,21 @@ def test_tinyshakespeare_90_5_5(shared_data):
     assert "".join(corpus.splits[s][0] for s in ("train", "valid", "test")) == text
 
 
+def test_tinyshakespeare_without_its_file_is_the_embedded_text(tmp_path, monkeypatch):
+    """Issue 61: `cem experiment fig2a --scale smoke` failed offline for want of tinyshakespeare/input.txt, whose
+    text the package embeds (the same sha256 `cem data prepare` requires of the download): a data directory
+    without the file now gives the same corpus from the embedded text; a damaged embedded copy is refused."""
+    from cem.data.prepare import TINYSHAKESPEARE_SHA256
+
+    corpus = load_corpus("tinyshakespeare", tmp_path)
+    text = "".join(corpus.splits[s][0] for s in ("train", "valid", "test"))
+    assert hashlib.sha256(text.encode()).hexdigest() == TINYSHAKESPEARE_SHA256
+    assert [len(corpus.splits[s][0]) for s in ("train", "valid", "test")] == [1_003_854, 55_770, 55_770]
+    monkeypatch.setattr(named, "_embedded", lambda name: text.replace("First Citizen", "Second Citizen", 1).encode())
+    with pytest.raises(ValueError, match="sha256 mismatch"):
+        load_corpus("tinyshakespeare", tmp_path)
+
+
 def test_tinystories_splits(shared_data):
     corpus = load_corpus("tinystories", shared_data)
     directory = shared_data / "tinystories"
@@ -178,7 +193,6 @@ def test_unknown_corpus_lists_known_names():
 
 
 @pytest.mark.parametrize("name, rel", [("wikitext-2", "wikitext-2/train.txt"),
-                                       ("tinyshakespeare", "tinyshakespeare/input.txt"),
                                        ("tinystories", "tinystories/TinyStories-train-first1000.txt"),
                                        ("enwik8", "enwik8/enwik8")])
 def test_missing_file_says_where_to_put_it(tmp_path, name, rel):
@@ -192,8 +206,8 @@ def test_missing_file_says_where_to_put_it(tmp_path, name, rel):
 
 def test_missing_file_uses_env_data_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("CEM_DATA_DIR", str(tmp_path))
-    with pytest.raises(FileNotFoundError, match=str(tmp_path / "tinyshakespeare" / "input.txt")):
-        load_corpus("tinyshakespeare")
+    with pytest.raises(FileNotFoundError, match=str(tmp_path / "wikitext-2" / "train.txt")):
+        load_corpus("wikitext-2")
 
 
 def test_empty_corpus_file(tmp_path):

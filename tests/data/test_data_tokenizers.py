@@ -51,6 +51,20 @@ def test_bpe_trains_round_trips_and_is_cached(tiny_corpus, tmp_path, monkeypatch
     assert again.encode_batch([SAMPLE, "the cat"]) == tok.encode_batch([SAMPLE, "the cat"])
 
 
+def test_bpe_training_says_what_it_reads_in_plain_words(tmp_path, capsys):
+    """Issue 61: the message named `.../version7.txt/train`, a path that does not exist, and counted "pieces"."""
+    from cem.data import load_corpus
+
+    book = tmp_path / "version7.txt"
+    book.write_text("".join(f"speech {i} of the play, and its words.\n\n" for i in range(400)))
+    corpus = load_corpus(str(book))
+    get_tokenizer("bpe:280", corpus, cache_dir=tmp_path / "cache")
+    err = capsys.readouterr().err
+    docs = corpus.splits["train"]
+    assert f"on the training split of {book} ({len(docs):,} documents, {sum(map(len, docs)):,} characters)" in err
+    assert f"{book}/train" not in err and "pieces" not in err
+
+
 def test_bpe_training_is_deterministic(tiny_corpus, tmp_path):
     first = get_tokenizer("bpe:320", tiny_corpus, cache_dir=tmp_path / "a")
     second = get_tokenizer("bpe:320", tiny_corpus, cache_dir=tmp_path / "b")

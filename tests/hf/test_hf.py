@@ -426,6 +426,29 @@ def test_export_replaces_a_planted_link_and_never_writes_through_it(tmp_path):
     assert not (out / "modeling_cem.py").is_symlink() and "from cem.hf.modeling import" in (out / "modeling_cem.py").read_text()
 
 
+@pytest.mark.parametrize("remote_code", [False, True])
+def test_a_cem_export_says_to_import_cem_hf_in_its_readme(tmp_path, remote_code):
+    """Issue 61: forgetting `import cem.hf` gave transformers' "update Transformers" error, and nothing in the
+    exported folder said what to do: its README.md (the model card) does, quoting that error."""
+    from cem.hf.export import UNKNOWN_TYPE
+
+    card = (ch.export_hf(tiny("cem"), tmp_path / "m", remote_code=remote_code) / "README.md").read_text()
+    assert "import cem.hf" in card and UNKNOWN_TYPE in card and ("trust_remote_code=True" in card) == remote_code
+    assert not (ch.export_hf(tiny("llama"), tmp_path / "llama") / "README.md").exists()  # stock transformers loads that one
+
+
+@pytest.mark.slow
+def test_without_import_cem_hf_transformers_says_what_the_exports_readme_quotes(tmp_path):
+    """The error a fresh process gets from `from_pretrained` without `import cem.hf` is the one the README names."""
+    from cem.hf.export import UNKNOWN_TYPE
+
+    out = ch.export_hf(tiny("cem"), tmp_path / "m")
+    code = f"from transformers import AutoModelForCausalLM\nAutoModelForCausalLM.from_pretrained({str(out)!r})\n"
+    env = dict(os.environ, HF_MODULES_CACHE=str(tmp_path / "modules"), HF_HUB_OFFLINE="1")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300, stdin=subprocess.DEVNULL)
+    assert run.returncode != 0 and UNKNOWN_TYPE in " ".join(run.stderr.split())
+
+
 @pytest.mark.slow
 def test_the_exported_tokenizer_loads_with_stock_transformers(tmp_path):
     """Issue 21: AutoTokenizer on a CEM-format export stopped at "Do you wish to run the custom code?" (it

@@ -96,6 +96,20 @@ def test_generate_matches_greedy_full_forward():
     assert torch.equal(out, ids)
 
 
+def test_generate_stops_once_every_row_has_sampled_eos_id():
+    """Issue 61: `cem generate` went on past the end-of-text token. With `eos_id` the output ends at the step
+    where the last row samples it, and equals the output without it up to there."""
+    model = build("cem-perhead", 2)
+    prompt = torch.randint(0, 61, (2, 4))
+    full = model.generate(prompt, 12, temperature=0)
+    new = full[:, 4:].tolist()
+    one = new[0][3]
+    stopped = model.generate(prompt[:1], 12, temperature=0, eos_id=one)
+    assert torch.equal(stopped, full[:1, : 4 + new[0].index(one) + 1]) and stopped.shape[1] < full.shape[1]
+    only_one = next(t for t in new[0] if t not in new[1])
+    assert torch.equal(model.generate(prompt, 12, temperature=0, eos_id=only_one), full)  # one row never ends
+
+
 def test_generate_steps_override_is_temporary():
     model = build("cem-shared", 1)
     prompt = torch.randint(0, 61, (5,))

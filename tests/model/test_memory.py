@@ -126,12 +126,30 @@ def test_info_names_the_attention_path_counted_and_the_others_peak(monkeypatch, 
     assert main(["info", "--preset", "tiny", "--arch", "cem-t2", "--memory", "--batch", "2", "--seq", "64"]) == 0
     out = capsys.readouterr().out
     if ATTENTION_KINDS["cem"].kernel.available():
-        assert "attention path counted: the fused triton kernel" in out and "counted with attn_backend=auto instead: peak" in out
+        assert "attention path counted: the fused triton kernel" in out
+        assert "another backend, attn_backend=auto without that kernel, would need a peak of" in out and "(not the prediction)" in out
         assert [backend for _, _, backend in calls] == [None, "auto"]
     else:
         assert "attention path counted: attn_backend=auto, not the fused triton kernel a CUDA run uses (not installed here" in out
     assert main(["info", "--preset", "tiny", "--arch", "llama", "--memory", "--batch", "2", "--seq", "64"]) == 0
     assert "attention path" not in capsys.readouterr().out  # no fused kernel to choose
+
+
+def test_info_memory_prints_its_answer_first_and_one_peak_as_the_prediction(monkeypatch, capsys):
+    """Issue 61: the answer (peak, fits) came after the 85-line resolved config, and two peaks were named
+    without saying which was the prediction."""
+    from cem.cli import main
+    from cem.model import memory
+
+    calls = _stub_plans(monkeypatch)
+    monkeypatch.setattr(memory, "other_backend", lambda cfg: "auto")  # as where triton is installed: a second path counted
+    assert main(["info", "--preset", "134M", "--arch", "cem-t2", "--memory", "--batch", "8", "--seq", "2048", "--device-gb", "40"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("predicted peak training memory per device: 39.00 GiB; fits a 40 GiB device")
+    assert lines.index("{") > next(i for i, line in enumerate(lines) if line.strip().startswith("peak"))  # the config after the plan
+    assert [backend for _, _, backend in calls] == [None, "auto"]
+    peaks = [line for line in lines if "GiB" in line and "peak" in line]
+    assert sum("(not the prediction)" in line for line in peaks) == 1
 
 
 def test_the_checkpointing_help_says_what_the_planner_measures():

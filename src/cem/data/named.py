@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import hashlib
 import os
 from importlib import resources
 import re
@@ -12,6 +13,7 @@ import zlib
 from pathlib import Path
 
 from cem.data.corpus import SPLITS, Corpus
+from cem.data.prepare import TINYSHAKESPEARE_SHA256
 from cem.data.splitting import hash_split
 
 STDLIB_MAX_BYTES = 8_000_000
@@ -66,6 +68,22 @@ def _gunzip(data: bytes, what: str, fix: str) -> bytes:
         raise ValueError(f"{what} is damaged: not a whole gzip file ({e or type(e).__name__}); {fix}") from None
 
 
+def _embedded(name: str) -> bytes:
+    """The bytes of the package's `embedded/NAME.txt.gz`, decompressed (a damaged file: one error naming it)."""
+    path = resources.files("cem.data").joinpath(f"embedded/{name}.txt.gz")
+    return _gunzip(path.read_bytes(), f"the embedded corpus {path}", "reinstall cem (pip install -e . in the clone)")
+
+
+def embedded_shakespeare() -> str:
+    """The embedded text (`embedded/shakespeare.txt.gz`): char-rnn's tinyshakespeare input.txt, checked against
+    the sha256 `cem data prepare` requires of the download (`prepare.TINYSHAKESPEARE_SHA256`)."""
+    data = _embedded("shakespeare")
+    if hashlib.sha256(data).hexdigest() != TINYSHAKESPEARE_SHA256:
+        raise ValueError("the embedded shakespeare.txt.gz is not char-rnn's tinyshakespeare input.txt (sha256 mismatch): "
+                         "the installed cem package is damaged; reinstall it")
+    return data.decode("utf-8")
+
+
 def load_shakespeare() -> Corpus:
     """Tiny Shakespeare, embedded (`embedded/shakespeare.txt.gz`, public domain; see `embedded/NOTICE`).
 
@@ -74,9 +92,7 @@ def load_shakespeare() -> Corpus:
     are hashed 90/5/5 by index (`hash_split`: 651 train, 36 valid, 36 test), so valid and test are
     scattered passages of the same plays, fixed for every Python version and machine.
     """
-    embedded = resources.files("cem.data").joinpath("embedded/shakespeare.txt.gz")
-    text = _gunzip(embedded.read_bytes(), f"the embedded corpus {embedded}", "reinstall cem (pip install -e . in the clone)")
-    speeches = re.split(r"(?<=\n\n)", text.decode("utf-8"))
+    speeches = re.split(r"(?<=\n\n)", embedded_shakespeare())
     n = SHAKESPEARE_SPEECHES_PER_DOC
     docs = ["".join(speeches[i : i + n]) for i in range(0, len(speeches), n)]
     parts = hash_split([str(i) for i in range(len(docs))], 0.05, 0.05, source="embedded shakespeare")
@@ -118,8 +134,10 @@ def load_wikitext2(data_dir: Path) -> Corpus:
 
 
 def load_tinyshakespeare(data_dir: Path) -> Corpus:
-    """Tiny Shakespeare from tinyshakespeare/input.txt: characters split 90% train, 5% valid, 5% test, in order."""
-    text = _read_text(_require(data_dir, "tinyshakespeare", "tinyshakespeare/input.txt"))
+    """Tiny Shakespeare from tinyshakespeare/input.txt, else (no such file in the data directory) from the same
+    text embedded in the package (`embedded_shakespeare`): characters split 90% train, 5% valid, 5% test, in order."""
+    path = data_dir / "tinyshakespeare/input.txt"
+    text = _read_text(path) if path.is_file() else embedded_shakespeare()
     a, b = len(text) * 90 // 100, len(text) * 95 // 100
     return Corpus("tinyshakespeare", {"train": [text[:a]], "valid": [text[a:b]], "test": [text[b:]]})
 

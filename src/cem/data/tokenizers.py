@@ -199,8 +199,10 @@ def train_bpe(corpus: Corpus | None, vocab_size: int, cache_dir: str | Path | No
     directory = root / f"bpe{vocab_size}-{corpus.fingerprint()[:16]}"
     if (directory / META_FILE).is_file():
         return load_tokenizer(directory)
-    texts = [piece for doc in corpus.splits["train"] for piece in pieces(doc)]
-    tokenizer = bpe_from_texts(texts, vocab_size, f"{corpus.name}/train; cached in {directory}")
+    docs = corpus.splits["train"]
+    texts = [piece for doc in docs for piece in pieces(doc)]
+    source = f"the training split of {corpus.name} ({len(docs):,} documents, {sum(map(len, docs)):,} characters); cached in {directory}"
+    tokenizer = bpe_from_texts(texts, vocab_size, source)
     tokenizer.save(directory)
     return tokenizer
 
@@ -209,7 +211,7 @@ def bpe_from_texts(texts: Sequence[str], vocab_size: int, source: str) -> HFToke
     """Byte-level BPE of at most `vocab_size` symbols (end-of-text included) trained on `texts` (`source`
     says what they are, in the message announcing the training)."""
     check_bpe_size(vocab_size)
-    print(f"training a {vocab_size}-symbol BPE tokenizer on {source} ({len(texts):,} pieces)", file=sys.stderr)
+    print(f"training a {vocab_size}-symbol BPE tokenizer on {source}", file=sys.stderr)
     backend = hf.Tokenizer(hf.models.BPE())
     backend.pre_tokenizer = hf.pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = hf.decoders.ByteLevel()

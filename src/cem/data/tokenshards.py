@@ -143,7 +143,7 @@ def _prepare_locked(source: CorpusSpec, tokenizer_spec: str, out: Path, tokens: 
     elif bpe:
         documents = open_streams(source, encoding, separator)
         sample = _sample(documents("train"), BPE_SAMPLE_CHARS)
-        tokenizer = bpe_from_texts(sample, int(bpe.group(1)), f"the first {BPE_SAMPLE_CHARS:,} characters of {source}'s training documents")
+        tokenizer = bpe_from_texts(sample, int(bpe.group(1)), f"the first {sum(map(len, sample)):,} characters of {source}'s training documents")
     else:
         tokenizer = get_tokenizer(tokenizer_spec)
     settings = {

@@ -23,12 +23,44 @@ AUTO_MAP = {
     "AutoConfig": "modeling_cem.CEMConfig",
     "AutoModelForCausalLM": "modeling_cem.CEMForCausalLM",
 }
-_SHIM = '''"""Loads this checkpoint with the installed cem package (pip install -e ".[hf]" in the cem clone; the unrelated PyPI package `cem` also installs a module named cem); written by cem.hf.export_hf."""
+_INSTALL = 'pip install -e ".[hf]" in the cem clone; the unrelated PyPI package `cem` also installs a module named cem'
+_SHIM = f'''"""Loads this checkpoint with the installed cem package ({_INSTALL}); written by cem.hf.export_hf."""
 
 from cem.hf.modeling import CEMConfig, CEMForCausalLM
 
 __all__ = ["CEMConfig", "CEMForCausalLM"]
 '''
+MODEL_CARD = "README.md"
+UNKNOWN_TYPE = "has model type `cem` but Transformers does not recognize this architecture"  # transformers' error without `import cem.hf`
+
+
+def _model_card(remote_code: bool) -> str:
+    """The export's README.md: how to load the CEM format, and what transformers says when `import cem.hf` is missing."""
+    remote = ("\nOr, without the import, `from_pretrained(folder, trust_remote_code=True)` runs this folder's `modeling_cem.py`, "
+              "which imports `cem.hf` (cem must be installed all the same).\n") if remote_code else ""
+    return f"""---
+library_name: transformers
+tags:
+- cem
+---
+
+# A CEM language model (Causal Energy Minimization), exported by cem
+
+This folder is in the CEM format (`model_type: "cem"`), which stock transformers does not know: run
+`import cem.hf` before `AutoModelForCausalLM.from_pretrained`. It registers the format with transformers'
+Auto classes (cem is the cem-transformers package: {_INSTALL}).
+
+```python
+import cem.hf  # noqa: F401 - registers the CEM format with the Auto classes
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+model = AutoModelForCausalLM.from_pretrained("path/to/this/folder")
+tokenizer = AutoTokenizer.from_pretrained("path/to/this/folder")  # stock transformers, no cem needed
+```
+
+Without `import cem.hf`, transformers stops with "The checkpoint you are trying to load {UNKNOWN_TYPE} ...
+update Transformers": updating transformers does not help; `import cem.hf` does.
+{remote}"""
 
 
 def export_hf(
@@ -89,6 +121,7 @@ def _export_cem(model: LanguageModel, out: Path, tokenizer, remote_code: bool, b
     if remote_code:
         hf.config.auto_map = dict(AUTO_MAP)
     hf.save_pretrained(out)
+    atomic_write_text(out / MODEL_CARD, _model_card(remote_code))
     fix_modes(out)
     if remote_code:
         atomic_write_text(out / REMOTE_CODE_FILE, _SHIM)  # a planted link is replaced, not written through

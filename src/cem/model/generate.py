@@ -80,10 +80,13 @@ def generate(
     inference: Inference = Inference(),
     static: bool = False,
     compile: bool = False,
+    eos_id: int | None = None,
 ) -> Tensor:
-    """Prompt (B, J) or (J,) followed by `max_new_tokens` sampled ids, with `inference`'s test-time settings
-    for this call only (`Inference(steps=3)`: the recursion T of every CEM layer, the test-time compute knob;
-    `adaptive_tol`, `adaptive_rule`, `guard`; None keeps the model's): `LanguageModel.test_time`.
+    """Prompt (B, J) or (J,) followed by `max_new_tokens` sampled ids (fewer with `eos_id`: sampling stops once
+    every row has sampled it; a row that sampled it earlier goes on, so a caller cuts each row after its first
+    `eos_id`), with `inference`'s test-time settings for this call only (`Inference(steps=3)`: the recursion T of
+    every CEM layer, the test-time compute knob; `adaptive_tol`, `adaptive_rule`, `guard`; None keeps the model's):
+    `LanguageModel.test_time`.
 
     Past the context the model sees a window: the prompt is cropped to its last `context` tokens, and when
     the cache is full it is rebuilt from the last `context - context // 4` tokens (one prefill every
@@ -126,10 +129,13 @@ def generate(
 
             cache, logits = prefill(window, min(max(total, window.shape[1]), context))
             out = [ids]
+            ended = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)  # rows that sampled eos_id
             for i in range(max_new_tokens):
                 nxt = sample_next(logits, temperature, top_k, top_p, generator).unsqueeze(-1)
                 out.append(nxt)
-                if i == max_new_tokens - 1:
+                if eos_id is not None:
+                    ended |= nxt[:, 0] == eos_id
+                if i == max_new_tokens - 1 or (eos_id is not None and bool(ended.all())):
                     break
                 if cache.length >= cache.max_len:  # full: rebuild the cache from the most recent tokens
                     cache, logits = prefill(torch.cat(out, dim=1)[:, -keep:], context)

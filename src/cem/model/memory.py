@@ -137,7 +137,7 @@ def path_note(cfg: ModelConfig, plan: "MemoryPlan", other: "MemoryPlan | None" =
         text = (f"attention path counted: attn_backend={plan.attention}, not the fused {kernel.backend} kernel a CUDA run uses "
                 f"({why}; that kernel keeps a few percent less)")
     if other is not None and other.total != plan.total:
-        text += f"; counted with attn_backend={other.attention} instead: peak {other.total / GiB:.2f} GiB"
+        text += f"; another backend, attn_backend={other.attention} without that kernel, would need a peak of {other.total / GiB:.2f} GiB (not the prediction)"
     return text
 
 
@@ -239,11 +239,13 @@ def plan_memory(
     return MemoryPlan(params, grads, optimizer, activations, transient, backend if kernel is not None else None)
 
 
-def format_plan(plan: MemoryPlan, device_gib: float | None = None) -> str:
-    """The plan as lines of text, and whether it fits a device of `device_gib` GiB (2^30 bytes)."""
-    lines = [f"  {name:12s} {value / GiB:8.2f} GiB" for name, value in plan.rows()]
-    if device_gib is not None:
-        ok = plan.fits(int(device_gib * GiB))
-        lines.append(f"  {'fits' if ok else 'does NOT fit'} a {device_gib:g} GiB device "
-                     f"(peak + {CUDA_CONTEXT_BYTES / GiB:g} GiB for the CUDA context: {(plan.total + CUDA_CONTEXT_BYTES) / GiB:.2f} GiB)")
-    return "\n".join(lines)
+def format_answer(plan: MemoryPlan, device_gib: float) -> str:
+    """The plan's answer in a line: the predicted peak per device and whether it fits a device of `device_gib` GiB (2^30 bytes)."""
+    fits = "fits" if plan.fits(int(device_gib * GiB)) else "does NOT fit"
+    return (f"predicted peak training memory per device: {plan.total / GiB:.2f} GiB; {fits} a {device_gib:g} GiB device "
+            f"(peak + {CUDA_CONTEXT_BYTES / GiB:g} GiB for the CUDA context: {(plan.total + CUDA_CONTEXT_BYTES) / GiB:.2f} GiB)")
+
+
+def format_plan(plan: MemoryPlan) -> str:
+    """The plan's terms as lines of text, in GiB (2^30 bytes), its peak last."""
+    return "\n".join(f"  {name:12s} {value / GiB:8.2f} GiB" for name, value in plan.rows())

@@ -5,10 +5,11 @@ from .config import RunConfig, TrainConfig, apply_overrides, load_run_config
 from .evaluate import evaluate
 from .rundir import RunDir, run_identity
 from .schedule import cosine_schedule, lr_factor
-from .trainer import Interrupted, TrainingError, train
+from .trainer import Interrupted, NothingToDo, TrainingError, train
 
 __all__ = [
     "Interrupted",
+    "NothingToDo",
     "RunConfig",
     "RunDir",
     "TrainConfig",

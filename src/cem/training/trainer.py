@@ -64,6 +64,10 @@ class Interrupted:
     checkpoint: Path
 
 
+class NothingToDo(dict):
+    """What `train` returns for a run that had finished already: its results (results.json); nothing was trained."""
+
+
 def param_groups(model: LanguageModel, weight_decay: float) -> list[dict]:
     """Weight decay on projection matrices and embeddings; none on gains, biases, the key-query diagonal,
     the preconditioners' diagonal p and step-size gains (they start at meaningful non-zero values or 0)."""
@@ -76,7 +80,8 @@ def param_groups(model: LanguageModel, weight_decay: float) -> list[dict]:
 
 
 def train(run: RunConfig, out: str | Path, resume: bool = False, progress: bool = True, stop_at: int | None = None, overwrite: bool = False):
-    """Train, evaluate on the test split, write `results.json`; returns the results (or `Interrupted`).
+    """Train, evaluate on the test split, write `results.json`; returns the results (`NothingToDo`, results
+    too, for a run that had finished already), or `Interrupted`.
 
     `stop_at` ends the run after that optimiser step with a checkpoint, without changing the schedule.
     A directory that holds this run already (`RunDir.claim`): unfinished, it needs `resume`; finished, its
@@ -182,7 +187,7 @@ def _train(run: RunConfig, rundir: RunDir, resume: bool, progress: bool, stop_at
     if status == "finished":
         _say(f"{rundir.path} holds this run, finished ({rundir.results()['steps']} steps); nothing to do "
              f"(ask for more steps to extend it, or --overwrite to train it again)", progress)
-        return rundir.results()
+        return NothingToDo(rundir.results())
     resume = resume or status == "extend"
 
     torch.manual_seed(t.seed)  # the global generator: random depths and anything else drawn in training
@@ -269,7 +274,7 @@ def _restore(rundir: RunDir, resume: bool, model: LanguageModel, sampler: Sequen
     with the model weights, this process's data position and RNG streams put back; else a fresh state."""
     found = rundir.checkpoint() if resume else None
     if resume and found is None and rundir.results() is not None:
-        return rundir.results()  # finished, and its checkpoint removed since
+        return NothingToDo(rundir.results())  # finished, and its checkpoint removed since
     if found is None:
         if resume:
             _say(f"--resume: no checkpoint in {rundir.path}; starting from step 0", info.is_main)
@@ -287,7 +292,7 @@ def _restore(rundir: RunDir, resume: bool, model: LanguageModel, sampler: Sequen
     state = TrainState(saved["step"], saved["tokens_seen"], saved["elapsed"], sessions=list(saved.get("sessions", [])))
     _say(f"resumed from {found} at step {state.step}/{steps_total}", progress)
     if state.step >= steps_total and rundir.results() is not None:
-        return rundir.results()
+        return NothingToDo(rundir.results())
     return state, saved
 
 
@@ -339,8 +344,9 @@ def _loop(s: _Session, stop_at: int | None) -> Interrupted | None:
     s.state.resumed_at = time.perf_counter()
     s.state.sessions.append({**provenance(s.device), "compiled": hasattr(s.wrapped, "_orig_mod"), "from_step": s.state.step})
     _STDERR.broken = False
-    _say(f"training {s.rundir.path} from step {s.state.step} to {s.budget.steps} on {s.device}", False)
+    _say(_what_is_trained(s), s.progress)
     bar = tqdm(total=s.budget.steps, initial=s.state.step, disable=not s.progress, unit="step", dynamic_ncols=True, file=_STDERR)
+    first_step, timed_from = s.state.step, None
     try:
         while s.state.step < s.budget.steps:
             loss, grad_norm, lr = _optimizer_step(s, autocast)
@@ -348,6 +354,12 @@ def _loop(s: _Session, stop_at: int | None) -> Interrupted | None:
             meter.add(s.budget.tokens_per_step)
             if step % t.log_every == 0 or step == s.budget.steps:
                 _log_step(s, bar, meter, loss=loss, lr=lr, grad_norm=grad_norm)
+            elif step - first_step < t.log_every:  # until the first logged step: the latest loss on the bar
+                bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", refresh=False)
+            if step == first_step + 1:  # the first step pays one-time costs: the estimate times the ones after it
+                timed_from = time.perf_counter()
+            elif step == first_step + 1 + ESTIMATE_STEPS and step < s.budget.steps:
+                _say(_expected_time(s, (time.perf_counter() - timed_from) / ESTIMATE_STEPS, step), s.progress)
             bar.update(1)
             if t.eval_every and step % t.eval_every == 0 and step < s.budget.steps:
                 _validate(s, bar, autocast)
@@ -366,6 +378,32 @@ def _loop(s: _Session, stop_at: int | None) -> Interrupted | None:
         if s.logger:
             s.logger.close()
     return None
+
+
+ESTIMATE_STEPS = 5  # steps timed, after the first, for the expected time `cem train` prints
+
+
+def _what_is_trained(s: _Session) -> str:
+    """The line a run starts with: the model, its size, the budget, the corpus, the device and the run folder."""
+    t, b = s.run.train, s.budget
+    start = f"from step {s.state.step} " if s.state.step else ""
+    count = lambda n: f"{n / 1e6:.2f}M" if n >= 1e6 else f"{n:,}"  # noqa: E731
+    return (f"training {t.arch} {t.preset} ({count(parameter_breakdown(s.model)['total'])} parameters) on {t.data}: {start}{b.steps:,} steps "
+            f"of {b.tokens_per_step:,} tokens ({count(b.trained_tokens)} tokens) on {s.device}, into {s.rundir.path}")
+
+
+QUICK_RUN_S = 120  # a run expected to take longer is told how many steps take about this long
+
+
+def _expected_time(s: _Session, per_step: float, step: int) -> str:
+    """The expected training time of the steps left, from `per_step` seconds a step as measured, said as such;
+    for a long run, the --max-steps that takes about QUICK_RUN_S."""
+    left = per_step * (s.budget.steps - step)
+    when = f"{left:.0f} s" if left < 90 else f"{left / 60:.0f} min" if left < 5400 else f"{left / 3600:.1f} h"
+    quick = max(step + 1, round(QUICK_RUN_S / per_step, -1))
+    shorter = f"; a quicker first run: --max-steps {quick:.0f} (about {QUICK_RUN_S / 60:.0f} min here)" if left > QUICK_RUN_S and quick < s.budget.steps else ""
+    return (f"expected time: about {when} more for the {s.budget.steps - step:,} steps left ({per_step:.2f} s a step over steps "
+            f"{step - ESTIMATE_STEPS + 1}-{step}; a busy machine takes longer), besides validation, checkpoints and the final evaluation{shorter}")
 
 
 def _optimizer_step(s: _Session, autocast) -> tuple[float, float, float]:

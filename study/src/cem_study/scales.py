@@ -162,7 +162,7 @@ CPU128_SUITE = ("lr", "fig2c", "fig2d", "fig4", "fig3b", "positional", "fig3a", 
 
 SCALES = {
     "smoke": Scale("smoke", "tinyshakespeare", "byte", ("micro",), "micro", (0, 1), (0, 1), 32, 4, tokens=None, max_steps=3, eval_steps=(1, 2, 3),
-                   test_time_batches=2, findings=False),
+                   test_time_batches=2, findings=False, final_eval_tokens=4096),
     # char-level Tiny Shakespeare, 16 × 128 tokens per step: micro 1.6M tokens (784 steps), tiny 2.7M (1,305)
     "micro": Scale("micro", "tinyshakespeare", "byte", ("micro", "tiny"), "micro", (0, 1, 2), (0, 1, 2, 3, 4), 128, 16, limits=(
         "a pipeline-level regime: 2-layer models with head width 12-16 and context 128 on 1 MB of Tiny Shakespeare, at the "
