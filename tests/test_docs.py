@@ -3,7 +3,8 @@ line(s) just above it, how it is kept true:
 
 - `<!-- docs: run -->` (Python): executed here, the blocks of one file in order in one namespace, in an empty
   folder, after the file's prelude below (which makes the runs, exports and tokenizers the text assumes, at a
-  tiny size) and with the file's size substitutions (the 134M preset becomes `tiny`);
+  tiny size) and with the file's size substitutions (the 134M preset becomes `tiny`); (shell) run as written, line
+  by line in one bash in an empty folder with no data and no network (`cem` is this interpreter's `python -m cem`);
 - `<!-- docs: covered by PATH::TEST -->`: a test that runs the same commands at a tiny size (checked to exist);
 - `<!-- docs: not run: REASON -->`: network, a GPU, an install or hours of training;
 - `<!-- ci:main -->` / `<!-- ci:test -->`: the two set-up commands (.ci/run runs the test command).
@@ -13,7 +14,9 @@ A new block without a mark fails `test_every_block_says_how_it_is_checked`.
 
 from __future__ import annotations
 
+import os
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -23,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 MARK = re.compile(r"<!-- (docs: (run|covered by \S+|not run: .+)|ci:(main|test)) -->")
 # what a tiny run needs instead of the paper's sizes (the text stays as users would type it)
-SUBSTITUTE = {"README.md": {'"134M"': '"tiny"', "32000": "512"}}
+SUBSTITUTE = {name: {'"134M"': '"tiny"', "32000": "512"} for name in ("README.md", "layers.md")}
 
 
 def blocks(path: Path) -> list[tuple[int, str, str, str]]:
@@ -55,8 +58,8 @@ def test_every_block_says_how_it_is_checked(path, line, lang, mark, code):
         file, _, test = target.partition("::")
         assert (ROOT / file).is_file(), f"{path.name}:{line}: {file} does not exist"
         assert not test or f"def {test}(" in (ROOT / file).read_text(), f"{path.name}:{line}: no test {test} in {file}"
-    if mark == "docs: run":
-        assert lang == "python", f"{path.name}:{line}: only Python blocks are run here; mark a shell block covered or not run"
+    if mark == "docs: run" and lang == "bash":
+        assert all(c.split()[0] == "cem" for c in commands(code)), f"{path.name}:{line}: a shell block run here holds cem commands only"
 
 
 def _huggingface_prelude(ns: dict) -> None:
@@ -87,8 +90,33 @@ def _huggingface_prelude(ns: dict) -> None:
 PRELUDES = {"huggingface.md": _huggingface_prelude}
 
 
+def commands(code: str) -> list[str]:
+    """The commands of a shell block: its lines without comments, a line ending in a backslash joined to the next."""
+    return [c for c in (x.split("  #")[0].strip() for x in code.replace("\\\n", " ").splitlines()) if c and not c.startswith("#")]
+
+
+SHELL_RUN = [(p, b[0], b[3]) for p in DOCS for b in blocks(p) if b[2] == "docs: run" and b[1] == "bash"]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("path", [p for p in DOCS if any(b[2] == "docs: run" for b in blocks(p))], ids=lambda p: p.name)
+@pytest.mark.parametrize("path,line,code", SHELL_RUN, ids=[f"{p.name}:{line}" for p, line, _ in SHELL_RUN])
+def test_run_shell_blocks(path, line, code, tmp_path):
+    """A shell block marked to run runs as written, from an empty folder, offline, each command exiting 0 (as a user
+    who has only installed cem would type it)."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "CEM_CACHE_DIR": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    env.pop("CEM_DATA_DIR", None)
+    (tmp_path / "work").mkdir()
+    for command in commands(code):
+        argv = [sys.executable, "-m", "cem", *shlex.split(command)[1:]]
+        run = subprocess.run(argv, cwd=tmp_path / "work", env=env, capture_output=True, text=True, timeout=1800)
+        assert run.returncode == 0, f"{path.name}:{line}: `{command}` exited {run.returncode}: {run.stderr[-2000:]}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", [p for p in DOCS if any(b[2] == "docs: run" and b[1] == "python" for b in blocks(p))], ids=lambda p: p.name)
 def test_run_blocks(path, tmp_path, monkeypatch):
     pytest.importorskip("transformers")
     monkeypatch.chdir(tmp_path)
@@ -96,8 +124,8 @@ def test_run_blocks(path, tmp_path, monkeypatch):
     ns: dict = {"__name__": "__docs__"}
     if path.name in PRELUDES:
         PRELUDES[path.name](ns)
-    for line, _, mark, code in blocks(path):
-        if mark != "docs: run":
+    for line, lang, mark, code in blocks(path):
+        if mark != "docs: run" or lang != "python":
             continue
         for old, new in SUBSTITUTE.get(path.name, {}).items():
             code = code.replace(old, new)
@@ -118,9 +146,20 @@ def test_the_log_cites_only_paths_that_exist():
     assert not missing, f"docs/LOG.md names paths that do not exist: {missing}"
 
 
+def test_the_readme_is_read_in_two_minutes_and_every_command_block_is_checked():
+    """Issue 61: at most 200 lines; every shell block runs here unless it needs the network, an install or hours."""
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 200
+    marks = [mark for _, lang, mark, _ in blocks(ROOT / "README.md") if lang == "bash"]
+    assert "docs: run" in marks and all(m in ("docs: run", "ci:main", "ci:test") or m.startswith("docs: not run: ") for m in marks), marks
+    for m in marks:
+        if m.startswith("docs: not run: "):
+            assert any(w in m for w in ("network", "install", "hours", "minutes", "GPU")), m
+
+
 def test_the_readme_names_the_paper_first():
     text = (ROOT / "README.md").read_text()
-    first_screen = text[: text.index("## Get it and set it up")]
+    first_screen = text[: text.index("## Install and first run")]
     assert "arxiv.org/abs/2605.07588" in first_screen and "Causal Energy Minimization" in first_screen
     assert "pip install cem-transformers" not in text  # not on the package index
 
