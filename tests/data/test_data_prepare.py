@@ -167,5 +167,5 @@ def test_offline_download_error_names_the_local_copy(monkeypatch, tmp_path, caps
     assert main(["data", "prepare", "tinyshakespeare", "--data-dir", str(tmp_path)]) != 0
     err = capsys.readouterr().err
     assert "--from DIR" in err and "Traceback" not in err
-    with pytest.raises(FileNotFoundError, match="--from DIR"):  # a corpus that is missing says so too
-        load_corpus("tinyshakespeare", tmp_path / "empty")
+    with pytest.raises(FileNotFoundError, match="--from DIR"):  # a corpus that is missing says so too (tinyshakespeare has its embedded copy)
+        load_corpus("tinystories", tmp_path / "empty")

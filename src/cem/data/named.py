@@ -13,8 +13,11 @@ import zlib
 from pathlib import Path
 
 from cem.data.corpus import SPLITS, Corpus
-from cem.data.prepare import TINYSHAKESPEARE_SHA256
 from cem.data.splitting import hash_split
+
+# char-rnn's tinyshakespeare input.txt: `cem data prepare tinyshakespeare` requires it of the download, and the
+# embedded shakespeare.txt.gz is the same bytes
+TINYSHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
 
 STDLIB_MAX_BYTES = 8_000_000
 _STDLIB_EXCLUDED_DIRS = {"site-packages", "test", "tests", "idlelib", "lib2to3", "__pycache__"}
@@ -24,7 +27,7 @@ _WIKITEXT_TITLE = re.compile(r"^ = [^=].* = $", re.MULTILINE)
 _TINYSTORIES_TRAIN = "TinyStories-train-first1000.txt"
 _TINYSTORIES_VALID = "TinyStories-validation-head.txt"
 _DATA_HINT = ("`cem data prepare NAME` fetches it, or `cem data prepare NAME --from DIR` copies it from a local folder "
-              "of the same layout when offline (README.md, section 'Data directory')")
+              "of the same layout when offline (docs/data.md, section 'Data directory')")
 
 
 def _require(data_dir: Path, corpus: str, *candidates: str) -> Path:
@@ -76,7 +79,7 @@ def _embedded(name: str) -> bytes:
 
 def embedded_shakespeare() -> str:
     """The embedded text (`embedded/shakespeare.txt.gz`): char-rnn's tinyshakespeare input.txt, checked against
-    the sha256 `cem data prepare` requires of the download (`prepare.TINYSHAKESPEARE_SHA256`)."""
+    the sha256 `cem data prepare` requires of the download (`TINYSHAKESPEARE_SHA256`)."""
     data = _embedded("shakespeare")
     if hashlib.sha256(data).hexdigest() != TINYSHAKESPEARE_SHA256:
         raise ValueError("the embedded shakespeare.txt.gz is not char-rnn's tinyshakespeare input.txt (sha256 mismatch): "
@@ -143,7 +146,7 @@ def load_tinyshakespeare(data_dir: Path) -> Corpus:
 
 
 def load_tinystories(data_dir: Path) -> Corpus:
-    """TinyStories subsets from tinystories/ (README.md, 'Data directory'); text kept as is.
+    """TinyStories subsets from tinystories/ (docs/data.md, 'Data directory'); text kept as is.
 
     Train: TinyStories-train-first1000.txt, where each story ends with a single newline and
     paragraphs are separated by blank lines; a document ends at a newline that is followed by

@@ -5,7 +5,7 @@
     tinyshakespeare  karpathy/char-rnn's input.txt (checked against its sha256) -> tinyshakespeare/input.txt
     tinystories      Hugging Face `roneneldan/TinyStories`: the first 1,000 train stories, each followed by one
                      newline, and the leading validation stories (about 0.8 MB), each stripped and followed by
-                     a blank line -> the two files `load_tinystories` reads (README, 'Data directory')
+                     a blank line -> the two files `load_tinystories` reads (docs/data.md, 'Data directory')
     enwik8           http://mattmahoney.net/dc/enwik8.zip -> enwik8/enwik8.zip
 
 `source` (`--from DIR`) copies the corpus's files from a local folder of the same layout instead (a shared
@@ -25,10 +25,10 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+from cem.data.named import TINYSHAKESPEARE_SHA256  # the download's sha256, which the embedded copy shares
 from cem.io import atomic_write, atomic_write_text, lock_folder, remove_stale_temp_files, sha256_file
 
 TINYSHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
-TINYSHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
 ENWIK8_URL = "http://mattmahoney.net/dc/enwik8.zip"
 TINYSTORIES_TRAIN_STORIES = 1000
 TINYSTORIES_VALID_BYTES = 800_000  # the validation head: stories until this many bytes (about 0.8 MB)
@@ -98,7 +98,7 @@ def _source_files(source: Path, name: str) -> list[str]:
     rels = [next((r for r in _ENWIK8_ALTERNATIVES if (source / r).is_file()), FILES[name][0])] if name == "enwik8" else FILES[name]
     for rel in rels:
         if not (source / rel).is_file():
-            raise FileNotFoundError(f"--from {source}: no {rel} there (expected the data-directory layout, README 'Data directory')")
+            raise FileNotFoundError(f"--from {source}: no {rel} there (expected the data-directory layout, docs/data.md, 'Data directory')")
     return list(rels)
 
 

@@ -29,7 +29,7 @@ class TrainConfig:
     """The paper's recipe (Table 2) as defaults: AdamW, cosine with 5% warm-up to 0.1x, clipping 1.0."""
 
     data: str = "shakespeare"
-    """corpus: shakespeare (embedded), another named one (README 'Data directory'), a local file or folder, or hf:NAME[:CONFIG]"""
+    """corpus: shakespeare (embedded), another named one (docs/data.md, 'Data directory'), a local file or folder, or hf:NAME[:CONFIG]"""
     data_dir: str | None = None
     """where named corpora live (default: $CEM_DATA_DIR, else ./data when it holds the corpus, else ~/.cache/cem/data, where `cem data prepare` puts them)"""
     data_encoding: str = "utf-8"
