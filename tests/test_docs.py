@@ -142,6 +142,7 @@ def test_the_log_cites_only_paths_that_exist():
     links = re.findall(r"\]\(([^)#]+)\)", text)
     bare = re.findall(r"(?<![\w/.])((?:docs|src|benchmarks|tests)/[\w./-]*[\w/])", text)
     assert links and bare
+    links = [p for p in links if not p.startswith("../study/")]  # the study's tests check the links into it (the library's read none of it)
     missing = [p for p in links if not (ROOT / "docs" / p).exists()] + [p for p in bare if not (ROOT / p).exists()]
     assert not missing, f"docs/LOG.md names paths that do not exist: {missing}"
 

@@ -334,3 +334,16 @@ def test_a_summary_waiting_for_a_sweep_already_decided_is_refused(tmp_path, caps
     path.write_text(json.dumps(summary))
     assert main(["report", str(root)]) == 2
     assert "waits for the own-rate sweep of cpu128-cem-mlp, which" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("campaign", ["cpu", "cpu128", "micro", "h200/cpu128"])
+def test_each_committed_report_regenerates_byte_for_byte(campaign, tmp_path):
+    """`cem-study report study/results/CAMPAIGN` on a copy of the committed results writes the committed report.md again,
+    byte for byte (issue 60): the summaries and the run tables hold everything a report says."""
+    import shutil
+    from pathlib import Path
+
+    results = Path(__file__).resolve().parents[2] / "study" / "results"
+    shutil.copytree(results, tmp_path / "results")
+    assert main(["report", str(tmp_path / "results" / campaign)]) == 0
+    assert (tmp_path / "results" / campaign / "report.md").read_bytes() == (results / campaign / "report.md").read_bytes()

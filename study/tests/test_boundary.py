@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]  # the repository: the study's tests read both packages, the library's never the study
 LIBRARY = ROOT / "src" / "cem"
 STUDY = ROOT / "study" / "src" / "cem_study"
 STUDY_NAMES = ("cem_study", "cem.experiments", "study/results", "experiments.md", "study/")  # what the library never names
@@ -68,3 +68,14 @@ def test_the_study_imports_only_cems_public_faces():
     assert len(files) > 20
     private = {str(p.relative_to(ROOT)): found for p in files if (found := private_cem_imports(ast.parse(p.read_text())))}
     assert not private, f"the study imports private parts of cem: {private}"
+
+
+def test_the_librarys_links_into_the_study_exist():
+    """docs/LOG.md and README.md link into study/ (the library's own doc tests leave those links to the study)."""
+    import re
+
+    for doc, base in ((ROOT / "docs" / "LOG.md", ROOT / "docs"), (ROOT / "README.md", ROOT)):
+        links = [p for p in re.findall(r"\]\(([^)#]+)\)", doc.read_text()) if "study/" in p]
+        assert links, doc
+        missing = [p for p in links if not (base / p).exists()]
+        assert not missing, f"{doc.name} links to study paths that do not exist: {missing}"
