@@ -204,6 +204,18 @@ def test_a_verdict_row_names_its_family_once(tmp_path, monkeypatch):
     assert seen[0].startswith("positional: (ours) A is close to B") and seen[1].startswith("fig2a (control): A is close")
 
 
+def test_the_verdicts_plot_draws_a_one_seed_difference_without_an_interval(tmp_path):
+    """A pipeline check measured on one seed has a mean and no interval (lo, hi NaN): drawn as a point, the axis
+    from the finite ends (the rehearsal's plot of pipeline checks failed: "Axis limits cannot be NaN or Inf")."""
+    from cem_study.plots import plot_verdicts
+
+    nan = float("nan")
+    one = {"claim": "T=2 improves on T=1", "verdict": "not held", "kind": "directional", "family": "paper", "sign": -1,
+           "contrast": "T=2 - T=1", "difference": {"mean": 0.027, "lo": nan, "hi": nan, "n": 1, "p": nan}}
+    plot_verdicts([("fig4", one, None)], "one seed", tmp_path / "v.png")
+    assert (tmp_path / "v.png").stat().st_size > 5_000
+
+
 def test_each_kind_of_finding_holds_in_its_own_region():
     from cem_study.findings import Finding
     from cem_study.plots import held_region

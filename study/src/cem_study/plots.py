@@ -369,7 +369,8 @@ def plot_verdicts(entries: list[tuple[str, dict, dict | None]], title: str, path
     (`findings.oriented`: left of zero CEM, or the side the claim favours, better)."""
     pct = lambda x: 100 * math.expm1(x)  # noqa: E731
     fig, ax = plt.subplots(figsize=(8.5, 1.2 + 0.62 * len(entries)))
-    ends = [x for _, f, g in entries for h in (f, g) if h for x in (h["difference"]["lo"], h["difference"]["hi"], h["difference"]["mean"])]
+    ends = [x for _, f, g in entries for h in (f, g) if h for x in (h["difference"]["lo"], h["difference"]["hi"], h["difference"]["mean"])
+            if math.isfinite(x)]  # one seed: a mean, no interval
     ends += [m for _, f, _ in entries if f.get("margin") for m in (f["margin"], -f["margin"] if f["kind"] == "equivalence" else 0.0)]
     lo, hi = min(ends + [0.0]), max(ends + [0.0])
     pad = 0.12 * (hi - lo or 0.01)

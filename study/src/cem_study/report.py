@@ -464,7 +464,7 @@ def _sweep_runs(root: Path, sc: dict, summaries: list[dict], runs: list[dict]) -
     slugs |= {at_rate(t, old["lr"], seed).slug for t in templates if (old := choices.get(sweep_key(t), {}).get("superseded"))
               for seed in seeds}  # a rate decided again: the runs at the rate it replaced
     slugs = sorted(slugs - named)
-    added = [read_json(p) for slug in slugs if (p := runs_dir / slug / "results.json").exists()]
+    added = [r for r in (Run(runs_dir / slug).results() for slug in slugs) if r is not None]  # a live folder or its row
     runs += added
     return len(added)
 
