@@ -85,7 +85,7 @@ def test_an_export_cut_short_by_a_file_size_limit_leaves_the_folder_as_it_was(tm
     pytest.importorskip("transformers")
     code = (
         "import sys\nfrom cem.model import LanguageModel, ModelConfig\nfrom cem.hf import export_hf, export_llama\n"
-        f"m = LanguageModel(ModelConfig(vocab_size=300, dim=64, n_layers=2, n_heads=2, context=32, {arch}))\n"
+        f"m = LanguageModel(ModelConfig.from_dict(dict(vocab_size=300, dim=64, n_layers=2, n_heads=2, context=32, {arch})))\n"
         + ("export_llama(m, sys.argv[1])\n" if "llama" in arch else "export_hf(m, sys.argv[1])\n")  # each public entry point
     )
     out = tmp_path / "export"
