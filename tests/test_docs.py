@@ -177,3 +177,10 @@ def test_the_readme_test_command_runs_both_tiers_with_durations():
              for run in runs]  # fmt: skip
     assert tiers and tiers[0][0] == "not slow" and ("slow", tiers[0][1]) in tiers[1:], code
     assert all(any(a.startswith("--durations=") for a in run) for run in runs), code
+
+
+def test_every_relative_link_of_the_docs_exists():
+    """README.md and docs/*.md link only to files that exist (links into study/ are the study's tests' to check)."""
+    missing = [f"{doc.name} -> {link}" for doc in DOCS for link in re.findall(r"\]\(([^)#\s]+)\)", doc.read_text())
+               if not link.startswith(("http://", "https://", "mailto:")) and "study/" not in link and not (doc.parent / link).exists()]
+    assert not missing, missing
