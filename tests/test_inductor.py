@@ -73,6 +73,7 @@ def _one_note(err: str) -> str:
     return notes[0]
 
 
+@pytest.mark.slow  # a real compile, twice (10 s); the fast tier keeps the sweep before compiling
 def test_a_library_found_broken_at_load_is_discarded_and_the_compile_retried(monkeypatch, tmp_path, capfd):
     """The library emptied after `compiled` swept the cache (another process killed meanwhile): the compile fails
     to load it (without the recovery: InductorError: ImportError: ... file too short), discards it, compiles again."""
