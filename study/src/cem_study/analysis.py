@@ -24,12 +24,12 @@ from .products import Product
 from .stats import Interval, mean_std
 
 
-def load_run(run_dir: Path, data_dir: str | None = None, device: str = "auto"):
-    """The trained model (on `device`), its test split and sequence length, from a run directory."""
+def load_run(run_dir: Path, data_dir: str | None = None, device: str = "auto", split: str = "test"):
+    """The trained model (on `device`), a split of its corpus (default test) and sequence length, from a run directory."""
     run = RunDir(run_dir)
     model, state = run.load_checkpoint()
     train = state["run"]["train"]
-    split = run_split(run, train, "test", data_dir)
+    split = run_split(run, train, split, data_dir)
     return model.to(pick_device(device)).eval(), split, train["seq_len"] or model.config.context
 
 
@@ -161,13 +161,43 @@ def depth_study(
     return out
 
 
-def depth_product(scale, variant) -> Product:
+def depth_product(scale, variant, rules=EXIT_RULES_STUDIED) -> Product:
     """The test-time experiment's product of a variant's run: `depth_study` at the scale's `eval_steps`
-    (a deeper Llama, evaluated as trained: at T=1 only) on its `test_time_batches`."""
+    (a deeper Llama, evaluated as trained: at T=1 only) on its `test_time_batches`, with the exit rules `rules`
+    (other rules than EXIT_RULES_STUDIED are named in the file's name)."""
     steps = (1,) if variant.tags.get("kind") == "deeper" else tuple(scale.eval_steps)
     batches = scale.test_time_batches
-    name = "depth_study_" + "_".join(map(str, steps)) + f"_{batches or 'all'}.json"
-    return Product(depth_study, name, (("max_batches", batches), ("steps", steps)))
+    name = "depth_study_" + "_".join(map(str, steps)) + f"_{batches or 'all'}"
+    kwargs = (("max_batches", batches), ("steps", steps))
+    if tuple(rules) != EXIT_RULES_STUDIED:
+        name += "_" + "_".join(f"{rule}{tol:g}" for rule, tol in rules)
+        kwargs = (("max_batches", batches), ("rules", tuple(rules)), ("steps", steps))
+    return Product(depth_study, name + ".json", kwargs)
+
+
+@torch.no_grad()
+def valid_curve(run_dir: Path, steps=(1, 2), data_dir: str | None = None, max_batches: int | None = None, device: str = "auto") -> dict:
+    """A trained model's validation loss at each T of `steps` (every CEM layer at T; a Llama applies each
+    sublayer T times), on the first `max_batches` batches of 16 validation windows: what a choice among
+    models evaluated at several depths reads, so that the test split is read only by the findings."""
+    model, split, seq_len = load_run(run_dir, data_dir, device, split="valid")
+    dev = next(model.parameters()).device
+    cem = bool(model.descent_layers())
+    curve = []
+    for t in steps:
+        if cem:
+            model.set_inference(Inference(steps=t))
+        else:
+            _reuse(model, t)
+        curve.append({"eval_steps": t, "valid_loss": float(token_losses(model, split, seq_len, dev, max_batches).mean())})
+    return {"curve": curve}
+
+
+def valid_curve_product(scale, variant) -> Product:
+    """`valid_curve` of a variant's run at the scale's `eval_steps` on its `test_time_batches` of validation windows."""
+    steps, batches = tuple(scale.eval_steps), scale.test_time_batches
+    return Product(valid_curve, "valid_curve_" + "_".join(map(str, steps)) + f"_{batches or 'all'}.json",
+                   (("max_batches", batches), ("steps", steps)))
 
 
 GUARD_STUDIED = 4  # halvings of an energy-raising step in `extra_steps`' guarded evaluation
@@ -225,10 +255,10 @@ def extra_steps_product(scale, variant) -> Product:
                    (("base", round(m)), ("guard", GUARD_STUDIED), ("max_batches", batches), ("more", round(2 * m))))
 
 
-def test_time_products(scale, variant, seed: int | None = None) -> list[Product]:
+def test_time_products(scale, variant, seed: int | None = None, rules=EXIT_RULES_STUDIED) -> list[Product]:
     """What the test-time study reads from each run's weights: the depth study, and for a CEM model (a
     variant without a Llama `kind`) where its extra steps cost and how far its layers' outputs drift."""
-    return [depth_product(scale, variant)] + ([] if variant.tags.get("kind") else [extra_steps_product(scale, variant), DRIFT])
+    return [depth_product(scale, variant, rules)] + ([] if variant.tags.get("kind") else [extra_steps_product(scale, variant), DRIFT])
 
 
 def _cached(path: Path, compute):
@@ -267,10 +297,10 @@ def _loss_at(curve: list[dict], t: int) -> list[float] | None:
     return next((r["test_loss_per_seed"] for r in curve if r["eval_steps"] == t), None)
 
 
-def test_time_study(c: Context) -> tuple[list, dict]:
+def test_time_study(c: Context, rules=EXIT_RULES_STUDIED) -> tuple[list, dict]:
     """Every model of the experiment evaluated at each T of the scale's `eval_steps` (`depth_study`, on the
     scale's `test_time_batches`): the CEM models with every CEM layer at T, fixed and with each exit rule of
-    EXIT_RULES_STUDIED at most the deepest T, against the per-token oracle; the Llama controls with plain
+    `rules` at most the deepest T, against the per-token oracle; the Llama controls with plain
     reuse at test time, and a deeper Llama trained as such (evaluated as trained).
 
     Findings, on seed-paired test-loss differences: per CEM model, whether evaluating at twice its mean
@@ -280,14 +310,14 @@ def test_time_study(c: Context) -> tuple[list, dict]:
     run_dirs = {v.label: [c.scale.runs(c.root) / v.spec.with_seed(s).slug for s in c.scale.seeds_for("recursion")] for v in c.variants}
     for v in c.variants:
         dirs = run_dirs[v.label]
-        product = depth_product(c.scale, v)
+        product = depth_product(c.scale, v, rules)
         vsteps = list(dict(product.kwargs)["steps"])
         runs = [product.get(d, c.data_dir, c.device) for d in dirs]
         for d, r in zip(dirs, runs):  # a study is compared across seeds row by row: same depths, same exit rules
-            rules = [(x["rule"], x["tol"]) for x in r["rules"]]
-            if [x["eval_steps"] for x in r["curve"]] != vsteps or rules not in ([], [tuple(x) for x in EXIT_RULES_STUDIED]):
+            used = [(x["rule"], x["tol"]) for x in r["rules"]]
+            if [x["eval_steps"] for x in r["curve"]] != vsteps or used not in ([], [tuple(x) for x in rules]):
                 raise ValueError(f"{product.path(d)} was computed at other depths or exit rules ({[x['eval_steps'] for x in r['curve']]}, "
-                                 f"{rules}) than this analysis compares ({vsteps}, {list(EXIT_RULES_STUDIED)}); remove it to compute it again")
+                                 f"{used}) than this analysis compares ({vsteps}, {list(rules)}); remove it to compute it again")
         curves[v.label] = _curve_rows(vsteps, [r["curve"] for r in runs])
         oracle[v.label] = {"test_loss": mean_std([r["oracle"]["test_loss"] for r in runs])[0],
                            "mean_best_steps": mean_std([r["oracle"]["mean_best_steps"] for r in runs])[0],
@@ -370,6 +400,51 @@ def _against_random_depth(variants, curves: dict) -> dict:
         if cells:
             out[v.label] = {"than": plain, **cells}
     return out
+
+
+# the test-time recipes' exit rules (issue 64): the test-time study's, and the second difference of the step size
+RECIPE_RULES = EXIT_RULES_STUDIED + (("second-difference", 1e-2), ("second-difference", 1e-3))
+
+
+def recipes_products(scale, variant, seed: int | None = None) -> list[Product]:
+    """What the recipes study reads from each run's weights: the test-time study's products (with RECIPE_RULES),
+    and the validation curve its choices read."""
+    return test_time_products(scale, variant, seed, RECIPE_RULES) + [valid_curve_product(scale, variant)]
+
+
+def recipes_study(c: Context) -> tuple[list, dict]:
+    """The test-time recipes (issue 64): the test-time study of every model (`test_time_study`, with
+    RECIPE_RULES: each recipe's loss at twice its mean trained depth m against at m, on test), and the choices,
+    made on validation only (`valid_curve`, fixed before the data): the recipes ranked by their mean validation
+    loss at 2m (the depth the question asks about: low there is both a good model and one that more steps do not
+    spoil), the first two confirmed at the larger sizes; and the first one at its validation-best T against the
+    baseline (the variant tagged `baseline`, fixed T=2, at its trained T) on test, the one finding a choice makes."""
+    findings, extra = test_time_study(c, RECIPE_RULES)
+    runs = c.scale.runs(c.root)
+    seeds = c.scale.seeds_for("recursion")
+    valid = {}
+    for v in c.variants:
+        product = valid_curve_product(c.scale, v)
+        curves = [product.get(runs / v.spec.with_seed(s).slug, c.data_dir, c.device)["curve"] for s in seeds]
+        valid[v.label] = {r["eval_steps"]: float(np.mean([cv[i]["valid_loss"] for cv in curves])) for i, r in enumerate(curves[0])}
+    baseline = next(v for v in c.variants if v.tags.get("baseline"))
+    recipes = [v for v in c.variants if not v.tags.get("baseline") and not v.tags.get("kind")]
+    twice = {v.label: valid[v.label].get(round(2 * v.tags.get("mean_depth", v.tags["steps"]))) for v in recipes}
+    ranked = sorted((label for label in twice if twice[label] is not None), key=twice.get)
+    choice = {"ranked_on_valid_at_2m": [{"label": label, "valid_loss_at_2m": twice[label]} for label in ranked],
+              "confirm": ranked[:2], "valid_curves": {label: [{"eval_steps": t, "valid_loss": x} for t, x in c.items()] for label, c in valid.items()}}
+    if ranked:
+        best = ranked[0]
+        t_best = min(valid[best], key=valid[best].get)
+        base_t = baseline.tags["steps"]
+        ours, theirs = _loss_at(extra["curves"][best], t_best), _loss_at(extra["curves"][baseline.label], base_t)
+        d = Interval.of([b - a for a, b in zip(ours, theirs)])
+        findings.append(Finding(
+            f"(ours) the recipe chosen on validation, {best}, at its validation-best T={t_best} beats {baseline.label} at T={base_t}",
+            d.verdict(+1), f"{baseline.label} at T={base_t} minus {best} at T={t_best}, test loss: {d.text('+.4f', 'nats')}",
+            d.to_dict(), family="ours", p=d.p, contrast=f"{baseline.label} at T={base_t} - {best} at T={t_best}"))
+        choice["best"] = {"label": best, "T": t_best, "against": baseline.label, "difference": d.to_dict()}
+    return findings, {**extra, "choice": choice}
 
 
 def _layer_inputs(model, ids: torch.Tensor) -> dict[str, tuple[DescentLayer, torch.Tensor]]:

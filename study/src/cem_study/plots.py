@@ -315,6 +315,30 @@ def plot_test_time(summary, title, path):
                       f"with all at m, mean over {n} seeds with its 95% interval." if extra else ""))
 
 
+def plot_recipes(summary, title, path):
+    """The test-time recipes: test loss against T at evaluation, one line per trained model, its mean trained
+    depth m marked with a filled circle and 2m with an open one (below m's: more steps helped)."""
+    depth = {r["label"]: r.get("mean_depth", r.get("steps")) for r in summary.get("rows", [])}
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    for label, rows in summary["curves"].items():
+        ts = [r["eval_steps"] for r in rows]
+        loss = [float(sum(r["test_loss_per_seed"]) / len(r["test_loss_per_seed"])) for r in rows]
+        err = [0.0 if (h := ci_halfwidth(r["test_loss_per_seed"])) != h else h for r in rows]
+        line = ax.errorbar(ts, loss, yerr=err, marker=".", ms=4, capsize=2, label=label)
+        m = depth.get(label)
+        for t, face in ((m and round(m), None), (m and round(2 * m), "none")):
+            if t in ts:
+                ax.plot([t], [loss[ts.index(t)]], "o", ms=9, color=line[0].get_color(), mfc=face)
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.set_xlabel("T at evaluation (every recursing CEM layer)")
+    ax.set_ylabel("test loss (nats per token)")
+    ax.legend(fontsize=6)
+    n = next(iter(summary["curves"].values()))[0]["test_perplexity_ci"]["n"]
+    _finish(fig, ax, title, path, f"Mean test loss over {n} seeds; error bars: 95% confidence interval of the mean (t). Filled circle: "
+            "the model's mean trained depth m; open circle: 2m (the test-time question: is the open circle below the filled one?).")
+
+
 def _half_width(interval: dict) -> float:
     """Half the width of a 95% interval (0 for one seed)."""
     return max(0.0, (interval["hi"] - interval["lo"]) / 2) if interval["n"] > 1 else 0.0

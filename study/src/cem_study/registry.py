@@ -452,6 +452,34 @@ def testtime_variants(s: Scale) -> list[Variant]:
     ]
 
 
+# the third round's recipes (issue 64), each a setting of cem's config (`cem.layers.steps`, `cem.model.config`); fixed
+# before the data: not swept (μ, the gate's start, the curriculum's stages as the sources give them)
+# LoopUS: the loss at T_1 ~ U{1, 2} and T_2 = 3 of one batch, + μ·max(0, L(T_2) − L(T_1)); mean supervised depth 2.25
+MONOTONE = dict(attn_steps=3, mlp_steps=3, train_depth="model", train_depth_max=3, supervise_depths=2, monotonicity_weight=1.0)
+GATE = dict(step_gate=True)  # LoopUS: x ← x + g(u)·η d, g = σ(w·u + b) per position
+CURRICULUM = dict(attn_steps=4, mlp_steps=4, train_depth="curriculum", train_depth_max=4, train_depth_curriculum=(1, 2, 4))  # T = 1, 2, 4 in thirds
+MIDDLE = dict(recur_layers="middle")  # the first and last layer keep T = 1
+
+
+def recipes_variants(s: Scale) -> list[Variant]:
+    """The test-time recipes' models at the base size, against fixed T=2 (tags as `testtime_variants`';
+    `baseline`: the model the chosen recipe is compared with). A curriculum's m is the depth of its last stage,
+    the one its weights end at; middle-layer recursion needs a size of at least 3 layers (not the smoke scale's 2)."""
+    b = s.base
+    heavy_full = {k: v for k, v in HEAVY_DEPTH.items() if k != "backprop_steps"}
+    return [
+        Variant("full CEM trained T=2", _spec(s, b, "cem", attn_steps=2, mlp_steps=2), {"group": "trained T=2", "steps": 2, "mean_depth": 2, "baseline": True}),
+        Variant("full CEM, deep supervision at T=1..2 and 3, monotonicity μ=1", _spec(s, b, "cem", **MONOTONE),
+                {"group": "monotonicity", "steps": 3, "mean_depth": 2}),
+        Variant("full CEM, T~U{1..3}, gated steps", _spec(s, b, "cem", **RANDOM_DEPTH, **GATE), {"group": "gate", "steps": 3, "mean_depth": 2}),
+        Variant("full CEM, deep supervision at T=1..2 and 3, monotonicity μ=1, gated steps", _spec(s, b, "cem", **MONOTONE, **GATE),
+                {"group": "monotonicity + gate", "steps": 3, "mean_depth": 2}),
+        Variant("full CEM, curriculum T=1→2→4", _spec(s, b, "cem", **CURRICULUM), {"group": "curriculum", "steps": 4, "mean_depth": 4}),
+        Variant("full CEM, T~PLN(3), full backprop", _spec(s, b, "cem", **heavy_full), {"group": "heavy-tailed, full backprop", "steps": 3, "mean_depth": 3}),
+    ] + ([Variant("full CEM, T~U{1..3} in the middle layers only", _spec(s, b, "cem", **RANDOM_DEPTH, **MIDDLE),
+                  {"group": "middle layers", "steps": 3, "mean_depth": 2})] if SIZES[b]["n_layers"] >= 3 else [])  # a middle needs 3 blocks
+
+
 # --- the rate rules: which rate each variant of an experiment trains at ------------------------------------
 
 RATE_RULES = {
@@ -518,6 +546,8 @@ EXPERIMENTS: dict[str, Experiment] = {
         Experiment("readings", "the paper's ambiguous start point x0 (its other ambiguity, the ALiBi slopes, is read in positional)", readings_variants, readings_findings, plots.plot_points, paper=False),
         Experiment("test-time", "perplexity against test-time compute: full CEM trained at T=1, T=2, random depth and with the test-time recipes, evaluated at more T (fixed, and with exit rules against the per-token oracle), against Llama with plain reuse and a Llama twice as deep", testtime_variants, analysis.test_time_study, plots.plot_test_time, "recursion", paper=False,
                    products=analysis.test_time_products, rows_only=lambda s: False),
+        Experiment("recipes", "the third round of test-time recipes: recursion trained to keep improving past its trained depth (monotonicity with deep supervision, gated steps, both, a depth curriculum, middle-layer recursion, heavy-tailed depth with full backprop) against fixed T=2", recipes_variants, analysis.recipes_study, plots.plot_recipes, "recursion", paper=False,
+                   products=analysis.recipes_products, rows_only=lambda s: False),
         Experiment("energy", "the energy of each layer at each recursion step on held-out text", lambda s: testtime_variants(s)[1:2], analysis.energy_study, plots.plot_energy, paper=False,
                    products=lambda s, v, seed: [analysis.ENERGY] if seed == s.seeds[0] else [], rows_only=lambda s: False),
         Experiment("size-trend", "the headline gaps at every size, and their trend in log(parameters)", size_trend_variants, size_trend_findings, plots.plot_size_trend, paper=False, rows_only=lambda s: False),
@@ -527,5 +557,5 @@ EXPERIMENTS: dict[str, Experiment] = {
 
 ALL_IDS = tuple(EXPERIMENTS)
 # the order `all` runs them: the recursion findings first, so a suite cut short has the most important ones
-SUITE_ORDER = ("lr", "fig2c", "fig2d", "fig4", "fig3c", "step-size", "test-time", "energy", "fig2a", "fig2b", "fig3b", "positional", "readings", "fig3a", "size-trend", "table3")
+SUITE_ORDER = ("lr", "fig2c", "fig2d", "fig4", "fig3c", "step-size", "test-time", "energy", "recipes", "fig2a", "fig2b", "fig3b", "positional", "readings", "fig3a", "size-trend", "table3")
 assert sorted(SUITE_ORDER) == sorted(ALL_IDS)

@@ -93,6 +93,18 @@ def _answer(answer: dict) -> list[str]:
     return lines
 
 
+def _choice(choice: dict) -> list[str]:
+    """The recipes' choice on validation (`analysis.recipes_study`): their ranking at 2m, the two to confirm, the first
+    at its validation-best T."""
+    ranked = "; ".join(f"{i}. {r['label']} ({r['valid_loss_at_2m']:.4f})" for i, r in enumerate(choice["ranked_on_valid_at_2m"], 1))
+    lines = ["", f"**Chosen on validation** (mean validation loss at twice the mean trained depth, nats): {ranked or 'none evaluable'}. "
+             f"To confirm at the larger sizes: {', '.join(choice['confirm']) or 'none'}."]
+    if best := choice.get("best"):
+        lines[-1] += (f" The first at its validation-best T={best['T']} against {best['against']} on test "
+                      f"({best['against']} minus it, nats): {_ci(best['difference'], '+.4f')}.")
+    return lines
+
+
 def _curves(s: dict) -> list[str]:
     curves = s["curves"]
     first = next(iter(curves.values()))
@@ -762,6 +774,8 @@ def write_report(results_dir: str | Path, allow_short: bool = False) -> Path:
             lines += _answer(s["answer"])
         if "curves" in s:
             lines += _curves(s)
+        if "choice" in s:
+            lines += _choice(s["choice"])
         for g in s.get("training_gap", []):
             lines += ["", _gap(g)]
         if "chosen" in s:

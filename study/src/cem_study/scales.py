@@ -53,7 +53,7 @@ class Scale:
     lrs: tuple[float, ...] = (5e-4, 1e-3, 2e-3, 4e-3, 8e-3)  # fig3a's grid, and the Llama sweep's first grid
     lr_sweep: bool = False  # True: the paper's rule (module docstring); False: every run at the training default
     lr_extend: int = 3  # at most this many factor-2 extensions of a grid on each side to bracket its optimum
-    chosen_lrs: tuple[tuple[str, float], ...] = ()  # (size, lr) chosen by the sweep (`cem_study.lr`)
+    chosen_lrs: tuple[tuple[str, float], ...] = ()  # (size, lr) chosen by the sweep (`cem_study.lr`), or by another campaign's without `lr_sweep`
     lr_grids: tuple[tuple[str, tuple[float, ...]], ...] = ()  # (size-arch key, final grid) of every finished sweep
     eval_steps: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8)  # test-time: T at evaluation
     test_time_batches: int | None = None  # test-time: batches of 16 test windows evaluated at every T (None: the whole split)
@@ -96,9 +96,9 @@ class Scale:
     def train_for(self, size: str) -> dict:
         """Training overrides of a variant of `size`: the Llama baseline's chosen learning rate, if this
         scale sweeps (LearningRateNotChosen before the sweep of that size has finished)."""
-        if not self.lr_sweep:
-            return {}
         chosen = dict(self.chosen_lrs)
+        if not self.lr_sweep:  # a rate chosen by another campaign's sweep (said in `limits`), else the training default
+            return {"lr": chosen[size]} if size in chosen else {}
         if size not in chosen:
             raise LearningRateNotChosen(f"the learning rate of size {size!r} is not chosen yet: its Llama sweep runs first")
         return {"lr": chosen[size]}
@@ -191,6 +191,17 @@ SCALES = {
             "models of 0.80M non-embedding parameters (4 layers, 4 heads of width 32, context 256) on 17M bytes of "
             "WikiText-2 (1.6 passes): one size, so no trend; learning rates chosen by seed-0 sweeps on validation loss (ties "
             "within 0.002 nats go to the lower rate); nothing here is a GPU speed")),
+    # the test-time recipes' screening (issue 64): the cpu scale's base size on its data and budget, in a runs folder of
+    # its own (a campaign of one processor, never paired with the cpu campaign's runs), every run at the rate the cpu
+    # campaign's cpu64 Llama sweep chose (0.008, on validation, on another processor): not swept again here
+    "screen64": Scale(
+        "screen64", "wikitext-2", "byte", ("cpu64",), "cpu64", (0, 1, 2), (0, 1, 2), 256, 16, chosen_lrs=(("cpu64", 8e-3),),
+        suite=("recipes",), eval_steps=(1, 2, 3, 4, 6, 8, 12, 16), test_time_batches=32, limits=(
+            "a screening: 0.2M non-embedding parameters (cpu64: 4 layers, width 64, context 256) on 4.7M bytes of WikiText-2, "
+            "far below n-gram level (the cpu campaign's regime check), so it only ranks recipes for the larger sizes; every run "
+            "at the learning rate the cpu campaign's cpu64 Llama sweep chose (0.008), not swept again on this processor; "
+            "the recipes' settings (μ = 1, the gate's start, the curriculum's thirds) are not swept; each T evaluated on the "
+            "first 131k test tokens (32 batches of 16 windows), the choices read the first 131k validation tokens")),
     # WikiText-2 with a BPE of 8,192 symbols, 32 × 256 tokens per step: small 51M tokens, medium 178M
     "gpu": Scale("gpu", "wikitext-2", "bpe:8192", ("small", "medium"), "medium", (0, 1, 2), (0, 1, 2, 3, 4), 256, 32),
     # the paper: SlimPajama, the 32k Llama tokenizer, 2,048 context, batch 128
