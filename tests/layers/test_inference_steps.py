@@ -253,3 +253,30 @@ def test_inference_reaches_every_layer_unchanged():
     assert torch.equal(as_value, plain)
     with pytest.raises(ValueError, match="must be an Inference"):
         model.generate(prompt, 4, inference={"steps": 3})
+
+
+@pytest.mark.parametrize("kind", ["attention", "mlp"])
+def test_second_difference_rule_stops_on_the_step_sizes_curvature(rand, kind, monkeypatch):
+    """`adaptive_rule="second-difference"` (arXiv 2509.23314): position i's output is the plain recursion run for
+    n_i steps, n_i the first step count n >= 3 with |s_{n-1} - 2 s_{n-2} + s_{n-3}| <= tol · ‖x^(n-1)‖, s_t =
+    ‖x^(t+1) - x^(t)‖ (or T), computed here by hand from the plain recursions; no energy is computed."""
+    T = 6
+    layer = build(kind, rand, steps=T, step_size=0.3, schedule="geometric", decay=0.7)
+    h = torch.randn(B, J, D, dtype=torch.float64)
+    with torch.no_grad():
+        xs = [h] + [plain(layer, h, t)[0] for t in range(1, T + 1)]
+        s = [(b - a).norm(dim=-1) for a, b in zip(xs, xs[1:])]  # s_t, t = 0..T-1
+        crit = {t: (s[t] - 2 * s[t - 1] + s[t - 2]).abs() / xs[t].norm(dim=-1) for t in range(2, T)}
+        values = torch.stack([crit[t] for t in range(2, T - 1)]).flatten().sort().values
+        tol = float(values[values.numel() // 2 - 1 : values.numel() // 2 + 1].mean())  # between two: no tie
+        layer.set_inference(Inference(adaptive_tol=tol, adaptive_rule="second-difference"))
+        monkeypatch.setattr(layer, "energy", lambda *a: pytest.fail("the rule computed an energy"))
+        out = layer(h)
+    steps = layer.last_steps_used
+    assert steps.min() >= 3 and len(steps.unique()) > 1  # it needs three steps before it can fire
+    for b in range(B):
+        for i in range(J):
+            n = int(steps[b, i])
+            expected = next((t + 1 for t in range(2, T) if crit[t][b, i] <= tol), T)
+            assert n == expected
+            torch.testing.assert_close(out[b, i], xs[n][b, i], rtol=1e-12, atol=1e-12)

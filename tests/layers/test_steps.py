@@ -444,3 +444,51 @@ def test_anchor_bounds_the_drift_the_plain_recursion_has(rand, kind):
     assert drift(0.0, 256) > 1.9 * drift(0.0, 128) > 1.9**2 * drift(0.0, 64)
     for lam in (0.5, 1.0):
         assert abs(drift(lam, 256) - drift(lam, 128)) < 0.01 * drift(lam, 128) < drift(0.0, 128) / 10
+
+
+def gated_reference(layer, h, etas, lam=0.0):
+    """x^(0) = h; x^(t+1) = x^(t) + σ(w · u^(t) + b) η_t ((-P ∇ε)(u^(t)) - λ (x^(t) - h)), u^(t) = norm(x^(t))."""
+    x = h
+    for eta in etas:
+        u = rms_norm(x, layer.norm.weight, layer.norm.eps)
+        g = torch.sigmoid((u * layer.gate.w).sum(-1, keepdim=True) + layer.gate.b)
+        x = x + g * eta * (reference_direction(layer, x, h) - lam * (x - h))
+    return x.detach()
+
+
+@pytest.mark.parametrize("kind", ["attention", "mlp"])
+def test_step_gate_equals_reference_and_its_limits(rand, kind):
+    """`gate`: x^(t+1) = x^(t) + g(u^(t)) η_t d(u^(t)) against the reference (with and without an anchor, on the
+    plain and the checked loop); g forced to 0 is no step (x = h), g forced to 1 the plain layer's step."""
+    T, eta = 3, 0.8
+    h = torch.randn(B, J, D, dtype=torch.float64)
+    for lam in (0.0, 0.7):
+        layer = build(kind, rand, recursion=Recursion(steps=T, step_size=eta, anchor=lam, gate=True), precond="diag")
+        expected = gated_reference(layer, h, [eta] * T, lam)
+        with torch.no_grad():
+            torch.testing.assert_close(layer(h), expected, rtol=1e-10, atol=1e-10)
+            with layer.test_time(Inference(adaptive_tol=0.0, adaptive_rule="update")):  # the checked loop, never stopping
+                torch.testing.assert_close(layer(h), expected, rtol=1e-10, atol=1e-10)
+    plain = build(kind, rand, recursion=Recursion(steps=T, step_size=eta), precond="diag")
+    gated = build(kind, rand, recursion=Recursion(steps=T, step_size=eta, gate=True), precond="diag")
+    missing = gated.load_state_dict(plain.state_dict(), strict=False).missing_keys
+    assert sorted(missing) == ["gate.b", "gate.w"]
+    with torch.no_grad():
+        gated.gate.b.fill_(float("-inf"))
+        torch.testing.assert_close(gated(h), h, rtol=0, atol=0)
+        gated.gate.b.fill_(float("inf"))
+        torch.testing.assert_close(gated(h), plain(h), rtol=0, atol=0)
+
+
+def test_step_gate_starts_near_one_and_is_kept_by_a_built_layer():
+    """The gate starts at w = 0, b = +3 (g = σ(3) for every u), also in a model whose weights are drawn from a
+    seed; a built layer keeps whether it has a gate (its parameters are made for it)."""
+    model = LanguageModel(model_config("micro", "cem", step_gate=True), init_seed=0)
+    gates = [m.gate for m in model.descent_layers()]
+    assert len(gates) == 4 and all(bool((g.w == 0).all()) and float(g.b.detach()) == 3.0 for g in gates)
+    u = torch.randn(2, 3, 48)
+    torch.testing.assert_close(gates[0](u), torch.full((2, 3, 1), torch.sigmoid(torch.tensor(3.0)).item()))
+    with pytest.raises(ValueError, match="gate"):
+        model.descent_layers()[0].recursion = replace(model.descent_layers()[0].recursion, gate=False)
+    with pytest.raises(ValueError, match="step_gate must be true or false"):
+        Recursion(gate=1)

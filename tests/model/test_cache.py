@@ -22,6 +22,8 @@ VARIANTS = {
     "cem-norm-start-app-a": dict(arch="cem", start="norm", alibi="app-a", step_schedule="learned"),
     "llama-alibi-app-a": dict(arch="llama-alibi", alibi="app-a"),
     "cem-anchor": dict(arch="cem", anchor_weight=0.1, step_schedule="geometric"),
+    "cem-gate": dict(arch="cem", step_gate=True, anchor_weight=0.1),
+    "cem-middle": dict(arch="cem", n_layers=3, recur_layers="middle", step_gate=True),
 }
 
 
@@ -32,8 +34,8 @@ def build(variant, steps):
     model = LanguageModel(model_config("tiny", arch, vocab_size=61, **kw).at(Inference(steps=steps))).double()
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "kq_diag" in name or "self_bias" in name:
-                p.normal_(0, 0.3)  # off the zero init, so the terms matter
+            if "kq_diag" in name or "self_bias" in name or ".gate." in name:
+                p.normal_(0, 0.3)  # off the zero init, so the terms matter (the gate then reads each position's u)
     return model.eval()
 
 
@@ -56,8 +58,12 @@ def cached_run(model, ids, cache_len=20):
     return torch.cat(parts, dim=1)
 
 
-@pytest.mark.parametrize("options", [dict(adaptive_tol=0.02), dict(adaptive_tol=0.05, guard=3), dict(guard=4), dict(adaptive_tol=0.03, adaptive_rule="update")])
-@pytest.mark.parametrize("variant", ["cem-shared", "cem-perhead", "cem-exact", "cem-norm-start-app-a", "cem-anchor"])
+OPTIONS = [dict(adaptive_tol=0.02), dict(adaptive_tol=0.05, guard=3), dict(guard=4), dict(adaptive_tol=0.03, adaptive_rule="update")]
+SECOND_DIFFERENCE = dict(adaptive_tol=0.01, adaptive_rule="second-difference")
+
+
+@pytest.mark.parametrize("variant,options", [(v, o) for v in ["cem-shared", "cem-perhead", "cem-exact", "cem-norm-start-app-a", "cem-anchor"] for o in OPTIONS]
+                         + [("cem-shared", SECOND_DIFFERENCE), ("cem-gate", SECOND_DIFFERENCE), ("cem-gate", OPTIONS[3])])
 def test_cached_inference_options_equal_full_forward(variant, options):
     """With adaptive or guarded steps every position takes its own steps, from its own u and causal context:
     decoding with the cache takes the same steps (same totals) and gives the same logits as the full pass."""

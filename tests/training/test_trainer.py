@@ -84,6 +84,43 @@ def test_depth_recipes_train_and_resume_exactly(tiny_args, tmp_path):
     assert losses(tmp_path / "c") == losses(tmp_path / "a")
 
 
+def test_curriculum_resumes_mid_curriculum(tiny_args, tmp_path, monkeypatch):
+    """train_depth=curriculum: the trainer gives the model its step of the run's total, so each step trains at
+    the curriculum's T (4 steps of (1, 2): 1, 1, 2, 2), and a run stopped at step 2 resumes at T = 2 (its
+    bit-exact resume: `test_issue_64_recipes_train_and_resume_exactly`)."""
+    from cem.model import LanguageModel
+
+    depths = []
+    draw = LanguageModel.draw_depths
+    monkeypatch.setattr(LanguageModel, "draw_depths", lambda self: depths.append(draw(self)[0]) or [depths[-1]])
+    cfg = run_cfg(tiny_args, max_steps=4, arch="cem", overrides=["context=32", "train_depth=curriculum", "train_depth_curriculum=1,2"])
+    train(cfg, tmp_path / "b", progress=False, stop_at=2)
+    assert depths == [1, 1]
+    train(cfg, tmp_path / "b", resume=True, progress=False)
+    assert depths == [1, 1, 2, 2]
+
+
+@pytest.mark.slow
+def test_issue_64_recipes_train_and_resume_exactly(tiny_args, tmp_path):
+    """The recipes of issue 64 (the step gate, random deep supervision with the monotonicity term, recursion in
+    the middle blocks only, the depth curriculum resumed in its middle fraction) and the heavy-tailed depth with
+    full backpropagation: each trains (the loss falls) and resumes bit-exact."""
+    recipes = {
+        "supervised": ["n_layers=3", "recur_layers=middle", "step_gate=true", "train_depth=model", "train_depth_max=3",
+                       "supervise_depths=2", "monotonicity_weight=0.5"],
+        "curriculum": ["train_depth=curriculum", "train_depth_curriculum=1,2,3", "step_gate=true"],
+        "heavy-tailed": ["train_depth=model", "train_depth_dist=poisson-lognormal", "train_depth_max=6", "train_depth_mean=3",
+                         "backprop_steps=0"],
+    }
+    for name, recipe in recipes.items():
+        cfg = run_cfg(tiny_args, max_steps=6, arch="cem", overrides=["context=32", *recipe])
+        train(cfg, tmp_path / f"{name}-a", progress=False)
+        train(cfg, tmp_path / f"{name}-b", progress=False, stop_at=3)
+        train(cfg, tmp_path / f"{name}-b", resume=True, progress=False)
+        run = losses(tmp_path / f"{name}-a")
+        assert run == losses(tmp_path / f"{name}-b") and run[-1] < run[0], name
+
+
 def test_activation_checkpointing_trains_the_same_run(tiny_args, tmp_path):
     """The `activation_checkpointing` setting changes memory, not the run: the same losses step for step
     (recomputation repeats the same float operations), and a run may resume with another mode."""

@@ -109,7 +109,7 @@ class CEMAttention(DescentLayer):
             fused CPU path on the CPU), "eager", "sdpa", "flex", "triton" or "cpu" (docs/kernels.md).
         eps: the RMSNorm epsilon.
         """
-        super().__init__(recursion)
+        super().__init__(recursion, dim)
         check_heads(dim, n_heads)
         check_choice("kq_diag", kq_diag, tuple(KQ_DIAGONALS))
         check_choice("alibi", alibi, ALIBI_SLOPES)

@@ -92,7 +92,7 @@ class CEMMLP(DescentLayer):
         energy: "gated" (the paper's element-wise energy, eq. 13) or "convex" (App. B).
         eps: the RMSNorm epsilon.
         """
-        super().__init__(recursion)
+        super().__init__(recursion, dim)
         check_positive_int("dim", dim)
         check_positive_int("hidden_dim", hidden_dim)
         check_choice("energy", energy, MLP_ENERGIES)

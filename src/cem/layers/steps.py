@@ -29,6 +29,16 @@ Training options of the recursion (test-time compute that keeps helping):
   max ‖d‖ / λ for η_t λ <= 1, and a fixed point solves λ (x - x^(0)) = d(norm(x)); with η λ = 1 the step is
   x^(t+1) = x^(0) + η d(u^(t)), a fixed-point iteration of the sublayer from its input. The first step
   (x = x^(0)) is the plain one, so T = 1 is unchanged.
+- `gate` (flat `step_gate`; LoopUS, arXiv 2605.11011): an input-dependent gate on every step,
+  x^(t+1) = x^(t) + g(u^(t)) η_t (d(u^(t)) - λ (x^(t) - x^(0))), g(u) = σ(w · u + b) a scalar per position
+  (`StepGate`, D + 1 parameters per CEM layer), the learned form of a damped step aimed at the drift of x.
+  It starts at w = 0, b = +3 (g = σ(3) ≈ 0.95, nearly the plain step); g → 1 is the plain step, g → 0 no
+  step. Position i's gate reads only its own u_i, so cached decoding equals the full forward pass.
+
+Training depths (`cem.model.config.RecursionTraining`, applied by `cem.model.LanguageModel`): a fixed T, one
+drawn per batch (`draw_depths`), a depth curriculum (`curriculum_depth`: T grown during training, as in
+retrofitted recurrence, arXiv 2511.07384), or random deep supervision (`draw_supervised_depths`: the loss read
+at K depths of one batch, LoopUS).
 
 Start points x^(0):
 - `residual`: x^(0) = h, the raw residual stream (docs/design.md; the residual connection is the start of the
@@ -48,7 +58,13 @@ as the full forward pass.
   `energy`: the relative energy decrease is small, E(u^(t)) - E(u^(t+1)) <= adaptive_tol · |E(u^(t))| (a step
   that raises E stops it too);
   `update`: the step is small, ‖x^(t+1) - x^(t)‖ <= adaptive_tol · ‖x^(t)‖ (no energy needed: cheap for the
-  MLP, whose energy takes a quadrature).
+  MLP, whose energy takes a quadrature);
+  `second-difference`: the step size has stopped changing, |s_t - 2 s_{t-1} + s_{t-2}| <= adaptive_tol · ‖x^(t)‖
+  with s_t = ‖x^(t+1) - x^(t)‖, checked from the third step on (t >= 2): the exit on the second-order
+  difference of the step size of Pappone et al., "Two-Scale Latent Dynamics for Recurrent-Depth
+  Transformers" (arXiv 2509.23314), against Huginn's KL exit and the first-order one (`update`). The paper
+  names the quantity, not its scale: here it is relative to ‖x^(t)‖, as `update` is, so a tolerance means
+  the same in both (relative to s_{t-2} a geometric decay of the steps would never stop).
 - `guard` (0 = off): energy-guarded steps. A step whose E(u^(t+1)) > E(u^(t)) is retried with η_t halved,
   per position, up to `guard` times (Armijo backtracking with c = 0: accept on non-increase); a position
   whose step still raises E after `guard` halvings takes no step and stops.
@@ -71,7 +87,7 @@ from ..checks import check_choice, check_finite, check_nonnegative_int, check_po
 
 STEP_SCHEDULES = ("constant", "inverse", "learned", "geometric")
 STARTS = ("residual", "norm")
-EXIT_RULES = ("energy", "update")  # what `adaptive_tol` is compared with (module docstring)
+EXIT_RULES = ("energy", "update", "second-difference")  # what `adaptive_tol` is compared with (module docstring)
 MAX_STEPS = 256  # the deepest T a setting may ask for (a bound, as `cem.model.config.MAXIMA`; trained depths are at most 5)
 MAX_GUARD = 64  # halvings of a step: 2^-64 is below any float's resolution
 
@@ -82,7 +98,7 @@ class Recursion:
     under `schedule`, from the `start` point; the `learned` schedule holds `learned_steps` per-step gains
     (None: T), the `geometric` one shrinks each step by `decay`, and `learn_step_size=True` adds one learned
     scalar gain. `backprop_steps` truncates the backward pass to the last k steps; `anchor` pulls each
-    step back towards x^(0). Validated when made."""
+    step back towards x^(0); `gate` multiplies each step by a learned gate g(u) in (0, 1). Validated when made."""
 
     steps: int = 1
     """recursion steps T: descent steps of the energy per forward (§2.3)"""
@@ -102,6 +118,8 @@ class Recursion:
     """truncated backpropagation: differentiate only the last k steps of each CEM layer (0 = all)"""
     anchor: float = 0.0
     """λ: each step also pulls x back towards x^(0), x += η_t (d(u) - λ (x - x^(0))) (0 = off)"""
+    gate: bool = False
+    """a learned gate per position on each step, x += σ(w · u + b) η_t d(u) (`StepGate`; starts near 1)"""
 
     CHOICES = {"schedule": STEP_SCHEDULES, "start": STARTS}
 
@@ -115,8 +133,9 @@ class Recursion:
         check_finite("step_decay", self.decay, 0, 1, low_open=True)
         check_nonnegative_int("backprop_steps", self.backprop_steps, MAX_STEPS)
         check_finite("anchor_weight", self.anchor, 0)
-        if not isinstance(self.learn_step_size, bool):
-            raise ValueError(f"learn_step_size must be true or false, got {self.learn_step_size!r}")
+        for name, value in (("learn_step_size", self.learn_step_size), ("step_gate", self.gate)):
+            if not isinstance(value, bool):
+                raise ValueError(f"{name} must be true or false, got {value!r}")
 
 
 def _check_depth(name: str, value: int) -> None:
@@ -219,20 +238,49 @@ class StepSize(nn.Module):
         return f"step_size={r.step_size}, schedule={r.schedule}{decay}, learnable={self.gain is not None}"
 
 
+class StepGate(nn.Module):
+    """g(u) = σ(w · u + b), one scalar in (0, 1) per position (module docstring, `gate`): w (D) and b start at 0
+    and GATE_BIAS, so g starts near 1 (a Linear(D, 1) kept apart from the model's N(0, σ²) initialisation)."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.empty(dim))
+        self.b = nn.Parameter(torch.empty(()))
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        self.w.zero_()
+        self.b.fill_(GATE_BIAS)
+
+    def forward(self, u: Tensor) -> Tensor:
+        """g(u) (..., 1) for u (..., D)."""
+        return torch.sigmoid(u @ self.w + self.b).unsqueeze(-1)
+
+
+GATE_BIAS = 3.0  # b at initialisation: g = σ(3) ≈ 0.953
+
+
 class DescentLayer(nn.Module):
     """Base of the CEM layers, built from a `Recursion`, which it keeps as `recursion`: its T (`steps`) and η
     (`step_size`) are changeable on a built or trained model (the test-time compute knob of §2.3).
 
     In training, `drawn_steps` can set the T of the next forward passes (random-depth training); evaluation
     always uses `steps`. `inference` holds the inference options of the module docstring (an `Inference`
-    without depths, `Inference.options`); `test_time` swaps T and them for one `with` block.
+    without depths, `Inference.options`); `test_time` swaps T and them for one `with` block. A layer with
+    `recurs = False` (`cem.model.config.RECUR_LAYERS`) keeps its T whatever test-time or drawn depth is asked.
+    `dim` is the width of the residual stream (the step gate's).
     """
 
     sublayer = ""  # which of a block's `SUBLAYERS` the layer is, "attn" or "mlp" (`Inference.depth`)
 
-    def __init__(self, recursion: Recursion) -> None:
+    def __init__(self, recursion: Recursion, dim: int | None = None) -> None:
         super().__init__()
         self.eta = StepSize(recursion)
+        if recursion.gate and dim is None:
+            raise ValueError("a CEM layer with a step gate needs its width (dim)")
+        self.gate = StepGate(dim) if recursion.gate else None
+        self.recurs = True  # False: T stays as built (recursion in some layers only, `recur_layers`)
         self.inference = OFF
         self.drawn_steps: int | None = None
         self.last_steps_used: Tensor | None = None
@@ -249,7 +297,7 @@ class DescentLayer(nn.Module):
 
     @recursion.setter
     def recursion(self, value: Recursion) -> None:
-        made_for = ("schedule", "learned_steps", "learn_step_size")
+        made_for = ("schedule", "learned_steps", "learn_step_size", "gate")
         if not isinstance(value, Recursion) or any(getattr(value, k) != getattr(self.recursion, k) for k in made_for):
             raise ValueError(f"a built CEM layer keeps its recursion's {', '.join(made_for)} (its parameters are made for them), got {value!r}")
         self.eta.recursion = value
@@ -276,7 +324,7 @@ class DescentLayer(nn.Module):
 
     def set_inference(self, inference: Inference) -> None:
         """T from `inference` (its depth for this layer's kind; None keeps it) and its options exactly (`Inference.options`)."""
-        depth = inference.depth(self.sublayer)
+        depth = inference.depth(self.sublayer) if self.recurs else None
         if depth is not None:
             self.steps = depth
         self.inference = inference.options()
@@ -289,7 +337,7 @@ class DescentLayer(nn.Module):
             raise ValueError(f"test-time settings must be an Inference, got {type(inference).__name__} {inference!r}")
         saved = self.recursion, self.inference
         try:
-            depth = inference.depth(self.sublayer)
+            depth = inference.depth(self.sublayer) if self.recurs else None
             self.recursion = replace(self.recursion, steps=self.steps if depth is None else depth,
                                      step_size=self.step_size if step_size is None else step_size)
             self.inference = self.inference.changed(inference).options()
@@ -313,7 +361,7 @@ class DescentLayer(nn.Module):
 
     def depth(self) -> int:
         """The T of this forward pass: a drawn depth while training with random depth, else `steps`."""
-        return self.drawn_steps if (self.training and self.drawn_steps is not None) else self.steps
+        return self.drawn_steps if (self.training and self.drawn_steps is not None and self.recurs) else self.steps
 
     def start_point(self, h: Tensor, hn: Tensor) -> tuple[Tensor, Tensor | None]:
         """x^(0) and, when it is already known, u^(0) = norm(x^(0)) (with x^(0) = h it is ĥ)."""
@@ -352,21 +400,26 @@ class DescentLayer(nn.Module):
         self._count(steps * x.shape[:-1].numel(), x.shape[:-1].numel())
         return x
 
-    def _pull(self, d: Tensor, x: Tensor, x0: Tensor) -> Tensor:
-        """The step's direction with the anchor: d - λ (x - x^(0)) (d itself when λ = 0)."""
+    def _pull(self, d: Tensor, x: Tensor, x0: Tensor, u: Tensor) -> Tensor:
+        """The step's direction with the anchor and the gate: g(u) (d - λ (x - x^(0))) (d itself when λ = 0 and
+        there is no gate)."""
         anchor = self.recursion.anchor
-        return d - anchor * (x - x0) if anchor else d
+        p = d - anchor * (x - x0) if anchor else d
+        return p if self.gate is None else self.gate(u) * p
 
     def _next_step_size(self, x: Tensor, steps: int, direction, x0: Tensor) -> Tensor:
         """r = mean_i ‖η_T d(u_i^(T))‖² / ‖x_i^(T)‖²: the relative size of the step after the last (a scalar;
         d includes the anchor's pull)."""
-        step = self.eta(steps, steps + 1) * self._pull(direction(self.norm(x)), x, x0)
+        u = self.norm(x)
+        step = self.eta(steps, steps + 1) * self._pull(direction(u), x, x0, u)
         dtype = torch.promote_types(x.dtype, torch.float32)  # bf16 activations: the ratio in float32
         return (step.to(dtype).pow(2).sum(-1) / x.to(dtype).pow(2).sum(-1).clamp_min(1e-12)).mean()
 
     def _step(self, x: Tensor, u: Tensor | None, t: int, steps: int, direction, x0: Tensor) -> Tensor:
-        """x^(t+1) = x^(t) + η_t direction(u^(t)), with u^(t) = norm(x^(t)) unless given (and the anchor's pull)."""
-        return x + _times(self.eta(t, steps), self._pull(direction(self.norm(x) if u is None else u), x, x0))
+        """x^(t+1) = x^(t) + η_t direction(u^(t)), with u^(t) = norm(x^(t)) unless given (and the anchor's pull,
+        and the gate)."""
+        u = self.norm(x) if u is None else u
+        return x + _times(self.eta(t, steps), self._pull(direction(u), x, x0, u))
 
     def _descend_checked(self, x: Tensor, u: Tensor | None, steps: int, direction) -> Tensor:
         """The recursion with `adaptive_tol` and / or `guard` (module docstring): per-position steps."""
@@ -375,58 +428,72 @@ class DescentLayer(nn.Module):
                 f"adaptive_tol={self.inference.adaptive_tol} and guard={self.inference.guard} are inference options (eval mode or "
                 "torch.no_grad()); turn them off (set_inference(Inference())) to train"
             )
-        tol, guard = self.inference.adaptive_tol, self.inference.guard
-        by_energy = tol is not None and self.inference.adaptive_rule == "energy"
-        need_energy = bool(guard) or by_energy  # the update rule alone needs no energy
+        tol, guard, rule = self.inference.adaptive_tol, self.inference.guard, self.inference.adaptive_rule
+        by_energy = tol is not None and rule == "energy"
+        need_energy = bool(guard) or by_energy  # the update rules alone need no energy
 
         x0 = x
 
         def step_direction(point: Tensor, u_point: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
-            """The layer's direction at x = `point` and, when needed, the objective the step descends there:
-            E(norm(x)), plus λ/2 ‖x - x^(0)‖² with an anchor λ."""
+            """The step's direction at x = `point` (with the anchor's pull and the gate) and, when needed, the
+            objective the step descends there: E(norm(x)), plus λ/2 ‖x - x^(0)‖² with an anchor λ."""
             u_point = self.norm(point) if u_point is None else u_point
             if not need_energy:
-                return direction(u_point), None
+                return self._pull(direction(u_point), point, x0, u_point), None
             d_point, e_point = direction(u_point, with_energy=True)
             if self.recursion.anchor:
                 e_point = e_point + 0.5 * self.recursion.anchor * (point - x0).pow(2).sum(-1)
-            return d_point, e_point
+            return self._pull(d_point, point, x0, u_point), e_point
 
-        d, e = step_direction(x, u)
+        p, e = step_direction(x, u)
         active = torch.ones(x.shape[:-1], dtype=torch.bool, device=x.device)
         used = torch.zeros(x.shape[:-1], dtype=torch.long, device=x.device)
+        sizes: list[Tensor] = []  # s_t = ‖x^(t+1) - x^(t)‖ of the steps taken (second-difference rule)
         for t in range(steps):
-            eta, p = self.eta(t, steps), self._pull(d, x, x0)
+            eta = self.eta(t, steps)
             if t == steps - 1 and not guard:  # the last step: no energy needed after it
                 x = torch.where(active.unsqueeze(-1), x + eta * p, x)
                 used += active
                 break
             eta = torch.full(x.shape[:-1], float(eta), dtype=x.dtype, device=x.device).unsqueeze(-1)  # η_t per position, halved by the guard
             x_new = x + eta * p
-            d_new, e_new = step_direction(x_new)
+            p_new, e_new = step_direction(x_new)
             for _ in range(guard):
                 worse = active & (e_new > e)
                 if not bool(worse.any()):
                     break
                 eta = torch.where(worse.unsqueeze(-1), eta / 2, eta)
                 x_try = x + eta * p
-                d_try, e_try = step_direction(x_try)
+                p_try, e_try = step_direction(x_try)
                 w = worse.unsqueeze(-1)
-                x_new, d_new, e_new = torch.where(w, x_try, x_new), torch.where(w, d_try, d_new), torch.where(worse, e_try, e_new)
+                x_new, p_new, e_new = torch.where(w, x_try, x_new), torch.where(w, p_try, p_new), torch.where(worse, e_try, e_new)
             take = active & (e_new <= e) if guard else active
-            moved = (x_new - x).norm(dim=-1) > tol * x.norm(dim=-1) if tol is not None and not by_energy else None
-            x, d = torch.where(take.unsqueeze(-1), x_new, x), torch.where(take.unsqueeze(-1), d_new, d)
+            going = self._going(rule, tol, x, x_new, sizes, t) if tol is not None and not by_energy else None
+            x, p = torch.where(take.unsqueeze(-1), x_new, x), torch.where(take.unsqueeze(-1), p_new, p)
             e_old, e = e, (torch.where(take, e_new, e) if need_energy else None)
             used += take
             if by_energy:
                 active = take & (e_old - e > tol * e_old.abs())
             else:
-                active = take & moved if moved is not None else take
+                active = take & going if going is not None else take
             if not bool(active.any()):
                 break
         self.last_steps_used = used  # (B, J): the steps each position took in this (checked) forward
         self._count(used.sum(), used.numel())
         return x
+
+    @staticmethod
+    def _going(rule: str, tol: float, x: Tensor, x_new: Tensor, sizes: list[Tensor], t: int) -> Tensor:
+        """Whether each position goes on after step t from x = x^(t) to x_new = x^(t+1) under an exit rule that
+        reads the step sizes (module docstring): `update`, ‖x^(t+1) - x^(t)‖ > tol ‖x^(t)‖; `second-difference`,
+        |s_t - 2 s_{t-1} + s_{t-2}| > tol ‖x^(t)‖, always for t < 2. `sizes` keeps s_0..s_t (appended here)."""
+        scale = tol * x.norm(dim=-1)
+        sizes.append((x_new - x).norm(dim=-1))
+        if rule == "update":
+            return sizes[-1] > scale
+        if t < 2:
+            return torch.ones_like(scale, dtype=torch.bool)
+        return (sizes[-1] - 2 * sizes[-2] + sizes[-3]).abs() > scale
 
 
 def _times(eta: float | Tensor, d: Tensor) -> Tensor:
@@ -460,6 +527,23 @@ def draw_depths(distribution: str, n: int, high: int, mean: float) -> list[int]:
     (so a resumed run, which restores it, draws the same ones)."""
     check_choice("train_depth_dist", distribution, tuple(DEPTH_DISTRIBUTIONS))
     return DEPTH_DISTRIBUTIONS[distribution](n, high, mean).tolist()
+
+
+def draw_supervised_depths(k: int, high: int) -> list[int]:
+    """K distinct depths T_1 < ... < T_K = `high` for random deep supervision (LoopUS, arXiv 2605.11011): the
+    deepest always (the depth the model is trained for, and the one the monotonicity term ends at), the other
+    K - 1 uniform without replacement from 1..high-1, drawn from torch's global generator (exact resume)."""
+    check_positive_int("supervise_depths", k, high)
+    others = (torch.randperm(high - 1)[: k - 1] + 1).tolist()
+    return sorted(others) + [high]
+
+
+def curriculum_depth(curriculum: tuple[int, ...], step: int, total: int) -> int:
+    """The T of optimiser step `step` (0-based) of `total` under a depth curriculum (retrofitted recurrence, arXiv
+    2511.07384): training split into len(curriculum) equal fractions, T = curriculum[k] in fraction k, i.e.
+    k = ⌊step · len / total⌋ (the last fraction past the end)."""
+    check_positive_int("total steps", total)
+    return curriculum[min(max(step, 0) * len(curriculum) // total, len(curriculum) - 1)]
 
 
 def set_inference(module: nn.Module, inference: Inference) -> int:

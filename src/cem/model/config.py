@@ -8,19 +8,34 @@ import math
 from dataclasses import dataclass, fields
 
 from ..layers import SUBLAYERS, AttentionConfig, MLPConfig, Recursion, Shape
-from ..checks import check_choice, check_finite, check_heads, check_positive_int
+from ..checks import check_choice, check_finite, check_heads, check_nonnegative_int, check_positive_int
 from ..layers.steps import DEPTH_DISTRIBUTIONS, MAX_STEPS, OFF, Inference
 
-TRAIN_DEPTHS = ("fixed", "model", "layer")
+TRAIN_DEPTHS = ("fixed", "model", "layer", "curriculum")
+
+# Which blocks' CEM sublayers recurse (`recur_layers`): the others keep T = 1, at training and at test time
+# (middle-layer recursion: whole-model looping loses to repeating the middle layers, issue 64).
+RECUR_LAYERS = {
+    "all": lambda i, n: True,
+    "middle": lambda i, n: 0 < i < n - 1,  # every block but the first and the last
+}
 
 
 @dataclass(frozen=True)
 class RecursionTraining:
     """Training the recursion for test-time compute (`cem.layers.steps`): random depths
-    drawn per batch, and a penalty that pulls each CEM layer's x^(T) towards a fixed point."""
+    drawn per batch, a depth curriculum, random deep supervision with a monotonicity term, and a penalty that
+    pulls each CEM layer's x^(T) towards a fixed point.
+
+    Random deep supervision (`supervise_depths` = K > 0, LoopUS, arXiv 2605.11011): a training forward draws K
+    distinct depths T_1 < ... < T_K = depth_max (`cem.layers.steps.draw_supervised_depths`), runs the model with
+    every recursing CEM layer at each, and its objective is (1/K) Σ_k L(T_k) + μ Σ_{k<K} max(0, L(T_{k+1}) - L(T_k))
+    (`cem.model.loss.deep_supervision_loss`, μ = `monotonicity_weight`: "loss non-increasing in T" as a
+    training term). The depth curriculum (`depth="curriculum"`): T = curriculum[k] in the k-th of
+    len(curriculum) equal fractions of the training steps (`cem.layers.steps.curriculum_depth`)."""
 
     depth: str = "fixed"
-    """training T: fixed (each sublayer's recursion steps), or drawn per batch for the whole model (model) or each CEM layer (layer)"""
+    """training T: fixed (each sublayer's recursion steps), drawn per batch for the whole model (model) or each CEM layer (layer), or grown by a curriculum"""
     depth_dist: str = "uniform"
     """the drawn T: uniform on 1..depth_max, or poisson-lognormal (heavy-tailed with mean depth_mean, capped at depth_max)"""
     depth_max: int = 3
@@ -29,6 +44,12 @@ class RecursionTraining:
     """the poisson-lognormal draw's mean, in [1, depth_max]"""
     fixed_point_weight: float = 0.0
     """λ: training loss + λ · mean over CEM layers of the next step's relative size² (0 = off)"""
+    supervise_depths: int = 0
+    """random deep supervision: the loss averaged over K distinct depths of one batch, the deepest depth_max (0 = off)"""
+    monotonicity_weight: float = 0.0
+    """μ: + μ Σ_k max(0, L(T_{k+1}) - L(T_k)) over the supervised depths, a penalty on a loss that grows with T"""
+    curriculum: tuple[int, ...] = (1, 2, 4)
+    """the depth curriculum's T, one per equal fraction of the training steps (train_depth=curriculum)"""
 
     CHOICES = {"depth": TRAIN_DEPTHS, "depth_dist": DEPTH_DISTRIBUTIONS}
 
@@ -41,10 +62,39 @@ class RecursionTraining:
             raise ValueError(f"train_depth_mean={self.depth_mean:g} is above train_depth_max={self.depth_max} (train_depth_mean "
                              f"defaults to {RecursionTraining.depth_mean:g}): set train_depth_mean={self.depth_max} (or less) as well")
         check_finite("fixed_point_weight", self.fixed_point_weight, 0)
+        self._check_supervision()
+        self._check_curriculum()
+
+    def _check_supervision(self) -> None:
+        k = self.supervise_depths
+        check_nonnegative_int("supervise_depths", k, MAX_STEPS)
+        check_finite("monotonicity_weight", self.monotonicity_weight, 0)
+        if k and (self.depth, self.depth_dist) != ("model", "uniform"):
+            raise ValueError(f"supervise_depths={k} draws its depths for the whole model, uniformly: it needs train_depth=model "
+                             f"and train_depth_dist=uniform, got train_depth={self.depth}, train_depth_dist={self.depth_dist}")
+        if k > self.depth_max:
+            raise ValueError(f"supervise_depths={k} is more than the {self.depth_max} distinct depths 1..train_depth_max")
+        if self.monotonicity_weight and k < 2:
+            raise ValueError(f"monotonicity_weight={self.monotonicity_weight:g} compares the losses at successive supervised "
+                             f"depths: it needs supervise_depths >= 2, got {k}")
+
+    def _check_curriculum(self) -> None:
+        if isinstance(self.curriculum, list):  # from YAML or JSON
+            object.__setattr__(self, "curriculum", tuple(self.curriculum))
+        if not isinstance(self.curriculum, tuple) or not self.curriculum:
+            raise ValueError(f"train_depth_curriculum must be a non-empty list of depths, got {self.curriculum!r}")
+        for depth in self.curriculum:
+            check_positive_int("train_depth_curriculum", depth, MAX_STEPS)
+        if self.depth != "curriculum" and self.curriculum != RecursionTraining.curriculum:
+            raise ValueError(f"train_depth_curriculum={list(self.curriculum)} does nothing with train_depth={self.depth}: set train_depth=curriculum")
+
+    def deepest(self) -> int:
+        """The deepest T training draws or reaches (without a random or grown depth: none, 0)."""
+        return {"fixed": 0, "curriculum": max(self.curriculum)}.get(self.depth, self.depth_max)
 
     def learned_steps(self, steps: int) -> int:
         """The per-step gains a `learned` schedule of T = `steps` holds: one for the deepest T it is trained at."""
-        return max(steps, self.depth_max) if self.depth != "fixed" else steps
+        return max(steps, self.deepest())
 
 
 # The largest value each size may take: a config comes from files a user may not have written (an export's
@@ -67,9 +117,11 @@ FLAT: dict[str, tuple[str, ...]] = {
     "mlp_width_mult": ("mlp", "width_mult"), "mlp_reuse": ("mlp", "reuse"),
     "start": ("*", "recursion", "start"), "step_schedule": ("*", "recursion", "schedule"), "step_decay": ("*", "recursion", "decay"),
     "learn_step_size": ("*", "recursion", "learn_step_size"), "backprop_steps": ("*", "recursion", "backprop_steps"),
-    "anchor_weight": ("*", "recursion", "anchor"),
+    "anchor_weight": ("*", "recursion", "anchor"), "step_gate": ("*", "recursion", "gate"),
     "train_depth": ("training", "depth"), "train_depth_dist": ("training", "depth_dist"), "train_depth_max": ("training", "depth_max"),
     "train_depth_mean": ("training", "depth_mean"), "fixed_point_weight": ("training", "fixed_point_weight"),
+    "supervise_depths": ("training", "supervise_depths"), "monotonicity_weight": ("training", "monotonicity_weight"),
+    "train_depth_curriculum": ("training", "curriculum"),
     "adaptive_tol": ("inference", "adaptive_tol"), "adaptive_rule": ("inference", "adaptive_rule"), "guard": ("inference", "guard"),
 }  # fmt: skip
 PARTS = {"attn": AttentionConfig, "mlp": MLPConfig, "training": RecursionTraining, "inference": Inference}  # the nested fields
@@ -145,6 +197,8 @@ class ModelConfig:
     """standard deviation of the initial linear and embedding weights"""
     tie_embeddings: bool = False
     """share the embedding and output weights"""
+    recur_layers: str = "all"
+    """the blocks whose CEM sublayers recurse (`RECUR_LAYERS`: all, or middle = all but the first and last); the others keep T = 1"""
 
     def __post_init__(self) -> None:
         check_heads(self.dim, self.n_heads)
@@ -158,6 +212,14 @@ class ModelConfig:
         for name, cls in PARTS.items():
             if not isinstance(getattr(self, name), cls):
                 raise ValueError(f"model setting {name} must be a {cls.__name__}, got {getattr(self, name)!r}")
+        check_choice("recur_layers", self.recur_layers, tuple(RECUR_LAYERS))
+        if self.recur_layers != "all" and not self.recursing():
+            raise ValueError(f"recur_layers={self.recur_layers} does nothing: the model has no CEM sublayer (attn={self.attn.kind}, mlp={self.mlp.kind})")
+        if not self.recursing() and (self.training.supervise_depths or self.training.depth == "curriculum"):
+            key = f"supervise_depths={self.training.supervise_depths}" if self.training.supervise_depths else "train_depth=curriculum"
+            raise ValueError(f"{key} does nothing: the model has no CEM sublayer (attn={self.attn.kind}, mlp={self.mlp.kind})")
+        if not any(self.recurs(i) for i in range(self.n_layers)):
+            raise ValueError(f"recur_layers={self.recur_layers} leaves no block of {self.n_layers} recursing: use more layers or recur_layers=all")
         if self.inference != self.inference.options():
             raise ValueError(f"a model's inference options hold no depths (its T is each sublayer's recursion steps), got {self.inference}")
         for sublayer in self.recursing():  # a learned schedule holds a gain for the deepest T it is trained at
@@ -169,6 +231,14 @@ class ModelConfig:
     def recursing(self) -> tuple[str, ...]:
         """The sublayers (`SUBLAYERS` names) whose kind recurses (reads a `Recursion`: CEM)."""
         return tuple(s for s in SUBLAYERS if "recursion" in SUBLAYERS[s].kinds[getattr(self, s).kind].settings(getattr(self, s)))
+
+    def recurs(self, block: int) -> bool:
+        """Whether the CEM sublayers of block `block` (0-based) recurse (`recur_layers`); the others keep T = 1."""
+        return RECUR_LAYERS[self.recur_layers](block, self.n_layers)
+
+    def layer_config(self, block: int) -> "ModelConfig":
+        """The config block `block` is built from: this one, or at T = 1 for a block that does not recurse."""
+        return self if self.recurs(block) else self.at(Inference(steps=1))
 
     def at(self, inference: Inference) -> "ModelConfig":
         """This config at test-time settings: each CEM sublayer's T from `inference` (`Inference.depth`; None keeps
@@ -273,6 +343,7 @@ class ModelConfig:
                 if not self.recursing():
                     continue
                 value = {k: v for k, v in dataclasses.asdict(value).items() if f.name == "training" or k in ("adaptive_tol", "adaptive_rule", "guard")}
+                value = {k: list(v) if isinstance(v, tuple) else v for k, v in value.items()}  # plain values: the curriculum as a list
             out[f.name] = value
         return out
 

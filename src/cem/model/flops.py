@@ -22,9 +22,15 @@ def mlp_flops(cfg: ModelConfig, seq_len: int | None = None) -> int:
 
 
 def forward_flops_per_token(cfg: ModelConfig, seq_len: int | None = None) -> int:
-    """Forward matmul FLOPs per token (the attention term at full context, as in PaLM's MFU convention)."""
+    """Forward matmul FLOPs per token (the attention term at full context, as in PaLM's MFU convention); a block
+    that does not recurse (`recur_layers`) is counted at T = 1 (`ModelConfig.layer_config`)."""
     J = seq_len or cfg.context
-    return cfg.n_layers * (attention_flops(cfg, J) + mlp_flops(cfg, J)) + 2 * cfg.dim * cfg.vocab_size
+    per_block: dict[bool, int] = {}  # by whether the block recurses: its config is one of two
+    for i in range(cfg.n_layers):
+        if cfg.recurs(i) not in per_block:
+            block = cfg.layer_config(i)
+            per_block[cfg.recurs(i)] = attention_flops(block, J) + mlp_flops(block, J)
+    return sum(per_block[cfg.recurs(i)] for i in range(cfg.n_layers)) + 2 * cfg.dim * cfg.vocab_size
 
 
 def train_flops_per_token(cfg: ModelConfig, seq_len: int | None = None) -> int:

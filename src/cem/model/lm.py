@@ -13,11 +13,11 @@ from torch import Tensor, nn
 from ..layers import ATTENTION_KINDS, MLP_KINDS, SUBLAYERS, Reuse, RMSNorm
 from ..layers.precond import Preconditioner
 from ..checks import check_choice
-from ..layers.steps import DescentLayer, Inference, draw_depths, set_inference
+from ..layers.steps import DescentLayer, Inference, curriculum_depth, draw_depths, draw_supervised_depths, set_inference
 from .cache import Cache
 from .config import ModelConfig
 from .generate import generate
-from .loss import next_token_loss
+from .loss import deep_supervision_loss, next_token_loss
 
 
 def build_attention(cfg: ModelConfig) -> nn.Module:
@@ -80,7 +80,12 @@ class LanguageModel(nn.Module):
         super().__init__()
         self.config = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.dim)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.blocks = nn.ModuleList(Block(cfg.layer_config(i)) for i in range(cfg.n_layers))
+        for i, block in enumerate(self.blocks):  # recursion in some blocks only (`recur_layers`): the others keep T = 1
+            for m in block.modules():
+                if isinstance(m, DescentLayer):
+                    m.recurs = cfg.recurs(i)
+        self.progress: tuple[int, int] | None = None  # (optimiser step, total steps) of training (`set_training_progress`)
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         self.init_weights(init_seed)
@@ -146,27 +151,41 @@ class LanguageModel(nn.Module):
 
         With `targets` (B, J), the next-token cross-entropy in nats instead (`next_token_loss`): the mean
         over tokens, their sum, or per token (B, J) for reduction "mean", "sum" or "none". A training forward
-        with `fixed_point_weight` λ > 0 and reduction "mean" returns the training objective: the mean loss
-        plus λ times the mean over CEM layers of their `fixed_point_residual`.
+        with reduction "mean" returns the training objective: with `supervise_depths` K > 0, the deep
+        supervision objective over K drawn depths (`RecursionTraining`, `deep_supervision_loss`), else the mean
+        loss; plus, with `fixed_point_weight` λ > 0, λ times the mean over CEM layers of their
+        `fixed_point_residual` (of the last, deepest, forward).
         """
         self.check_ids(ids, 0 if cache is None else cache.length)
         if ids.dtype not in (torch.int64, torch.int32):  # e.g. uint16 straight from a token cache
             ids = ids.long()
-        if self.training and self.config.training.depth != "fixed":
-            self.draw_depths()
+        t = self.config.training
+        objective = self.training and targets is not None and reduction == "mean" and torch.is_grad_enabled()
+        if objective and t.supervise_depths:
+            losses = []
+            for depth in self.draw_supervised_depths():
+                self._set_depth(depth)
+                losses.append(next_token_loss(self._logits(ids, cache, last_only), targets))
+            loss = deep_supervision_loss(torch.stack(losses), t.monotonicity_weight)
+        else:
+            if self.training and t.depth != "fixed":
+                self.draw_depths()
+            logits = self._logits(ids, cache, last_only)
+            if targets is None:
+                return logits
+            loss = next_token_loss(logits, targets, reduction)
+        if objective and t.fixed_point_weight > 0:
+            loss = loss + t.fixed_point_weight * self.fixed_point_penalty()
+        return loss
+
+    def _logits(self, ids: Tensor, cache: Cache | None, last_only: bool) -> Tensor:
+        """The blocks, the final norm and the head on `ids` (long)."""
         h = self.embed(ids)
         for i, block in enumerate(self.blocks):
             h = block(h, cache=None if cache is None else cache.slot(f"blocks.{i}.attn"))
         if last_only:
             h = h[:, -1:]
-        logits = self.head(self.norm(h))
-        if targets is None:
-            return logits
-        loss = next_token_loss(logits, targets, reduction)
-        weight = self.config.training.fixed_point_weight
-        if self.training and weight > 0 and reduction == "mean" and torch.is_grad_enabled():
-            loss = loss + weight * self.fixed_point_penalty()
-        return loss
+        return self.head(self.norm(h))
 
     def fixed_point_penalty(self) -> Tensor:
         """The mean over CEM layers of the relative size² of the step after their last one, from the last
@@ -188,19 +207,47 @@ class LanguageModel(nn.Module):
         """Every CEM layer (attention and MLP), whose `steps` and `step_size` are test-time knobs."""
         return [m for m in self.modules() if isinstance(m, DescentLayer)]
 
+    def recursing_layers(self) -> list[DescentLayer]:
+        """The CEM layers whose T follows the training and test-time depths (all but those `recur_layers` keeps at 1)."""
+        return [m for m in self.descent_layers() if m.recurs]
+
     @torch.compiler.disable
     def draw_depths(self) -> list[int]:
         """Random-depth training: T in 1..train_depth_max for this batch from `train_depth_dist` (uniform, or
         heavy-tailed with mean `train_depth_mean`), one draw for the whole model (`train_depth="model"`) or one
-        per CEM layer (`"layer"`), from torch's global generator (so a resumed run draws the same depths).
+        per CEM layer (`"layer"`), from torch's global generator (so a resumed run draws the same depths); or,
+        with `train_depth="curriculum"`, the curriculum's T at the training progress (`set_training_progress`).
         Evaluation ignores the draws and uses each layer's `steps`."""
         t = self.config.training
-        layers = self.descent_layers()
-        n = 1 if t.depth == "model" else len(layers)
-        drawn = draw_depths(t.depth_dist, n, t.depth_max, t.depth_mean)
+        layers = self.recursing_layers()
+        if t.depth == "curriculum":
+            if self.progress is None:
+                raise ValueError("train_depth=curriculum grows T with the training progress: call "
+                                 "model.set_training_progress(step, total_steps) before a training forward (the trainer does)")
+            drawn = [curriculum_depth(t.curriculum, *self.progress)]
+        else:
+            drawn = draw_depths(t.depth_dist, 1 if t.depth == "model" else len(layers), t.depth_max, t.depth_mean)
         for i, layer in enumerate(layers):
-            layer.drawn_steps = drawn[0 if n == 1 else i]
+            layer.drawn_steps = drawn[0 if len(drawn) == 1 else i]
         return drawn
+
+    @torch.compiler.disable
+    def draw_supervised_depths(self) -> list[int]:
+        """The K depths of random deep supervision for this batch (`cem.layers.steps.draw_supervised_depths`)."""
+        t = self.config.training
+        return draw_supervised_depths(t.supervise_depths, t.depth_max)
+
+    @torch.compiler.disable
+    def _set_depth(self, depth: int) -> None:
+        """Every recursing CEM layer at T = `depth` for the next training forward passes."""
+        for layer in self.recursing_layers():
+            layer.drawn_steps = depth
+
+    def set_training_progress(self, step: int, total: int) -> None:
+        """Tell the model where training is, for a depth curriculum: the next optimiser step `step` (0-based) of
+        `total`. The trainer calls it before every step, from its own (restored) step, so a resumed run continues
+        the curriculum where it was."""
+        self.progress = (step, total)
 
     def set_activation_checkpointing(self, mode: str) -> None:
         """Recompute activations in the backward pass instead of keeping them (`CHECKPOINTING`): "layer"
@@ -261,7 +308,7 @@ class LanguageModel(nn.Module):
             raise ValueError(f"the CEM layers differ in their inference options {sorted(map(str, options))}; a config holds one value")
         changes: dict = {"inference": options.pop()} if options else {}
         for kind in SUBLAYERS:
-            recursions = {m.recursion for m in layers if m.sublayer == kind}
+            recursions = {m.recursion for m in layers if m.sublayer == kind and m.recurs}
             if len(recursions) > 1:
                 raise ValueError(f"the {kind} CEM layers differ in their recursion (steps or step size) "
                                  f"{sorted((r.steps, r.step_size) for r in recursions)}; a config holds one value per sublayer kind")

@@ -30,3 +30,13 @@ def next_token_loss(logits: Tensor, targets: Tensor, reduction: str = "mean", ig
         logits.flatten(0, -2).float(), targets.flatten(), ignore_index=ignore_index, reduction=reduction
     )
     return losses.view(targets.shape) if reduction == "none" else losses
+
+
+def deep_supervision_loss(losses: Tensor, monotonicity_weight: float = 0.0) -> Tensor:
+    """The objective of random deep supervision (LoopUS, arXiv 2605.11011) from the losses L(T_1..T_K) (K,) at
+    increasing depths: (1/K) Σ_k L(T_k) + μ Σ_{k<K} max(0, L(T_{k+1}) - L(T_k)), μ = `monotonicity_weight`
+    (`cem.model.config.RecursionTraining`)."""
+    objective = losses.mean()
+    if monotonicity_weight:
+        objective = objective + monotonicity_weight * (losses[1:] - losses[:-1]).clamp_min(0).sum()
+    return objective

@@ -142,13 +142,15 @@ def path_note(cfg: ModelConfig, plan: "MemoryPlan", other: "MemoryPlan | None" =
 
 
 def deepest(cfg: ModelConfig) -> ModelConfig:
-    """`cfg` at the largest training depth it can draw: with random depth (`train_depth` "model" or "layer"),
-    every CEM layer at T = `train_depth_max` (a drawn T replaces each layer's own), else `cfg` itself. What
-    the planner measures, so that a plan is deterministic and covers every batch."""
+    """`cfg` at the largest training depth it can draw: with random depth (`train_depth` "model" or "layer") or a
+    curriculum, every CEM layer at T = its deepest (`RecursionTraining.deepest`: a drawn T replaces each layer's
+    own), else `cfg` itself. What the planner measures, so that a plan is deterministic and covers every batch
+    (with deep supervision, one of its K forward passes: the plan is then below the peak)."""
     t = cfg.training
     if t.depth == "fixed":
         return cfg
-    return cfg.at(Inference(steps=t.depth_max)).replace(training=dataclasses.replace(t, depth="fixed"))
+    fixed = dataclasses.replace(t, depth="fixed", supervise_depths=0, monotonicity_weight=0.0, curriculum=type(t).curriculum)
+    return cfg.at(Inference(steps=t.deepest())).replace(training=fixed)
 
 
 def depth_note(cfg: ModelConfig) -> str | None:
@@ -156,8 +158,9 @@ def depth_note(cfg: ModelConfig) -> str | None:
     t = cfg.training
     if t.depth == "fixed":
         return None
-    return (f"random training depth (train_depth={t.depth}, T drawn in 1..{t.depth_max}): "
-            f"planned for the deepest draw, T = {t.depth_max} in every CEM layer")
+    supervised = f"; deep supervision runs {t.supervise_depths} such forward passes a batch, not planned" if t.supervise_depths else ""
+    return (f"random training depth (train_depth={t.depth}, T in 1..{t.deepest()}): "
+            f"planned for the deepest draw, T = {t.deepest()} in every CEM layer{supervised}")
 
 
 def activation_bytes(cfg: ModelConfig, batch: int, seq: int, precision: str = "bf16", checkpointing: str = "none",

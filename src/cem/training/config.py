@@ -229,6 +229,11 @@ def _parse_value(key: str, raw) -> object:
         hint = typing.get_type_hints(owner)[f.name]
         if key in PARTS and isinstance(raw, dict):  # a nested part (YAML), checked as ModelConfig checks it
             return raw
+    if typing.get_origin(hint) is tuple:  # a list of values, e.g. train_depth_curriculum=1,2,4 (or a YAML list)
+        items = raw.strip().strip("[]()").split(",") if isinstance(raw, str) else raw
+        if not isinstance(items, (list, tuple)) or isinstance(raw, bool):
+            raise ValueError(f"bad value for {key}: {reprlib.repr(raw)} is not a list (write 1,2,4)")
+        return tuple(_parse_item(key, item, typing.get_args(hint)[0]) for item in items)
     base = [t for t in typing.get_args(hint) if t is not type(None)] or [hint]
     target = base[0]
     optional = type(None) in typing.get_args(hint)
@@ -257,6 +262,16 @@ def _parse_value(key: str, raw) -> object:
         return target(raw)
     except (TypeError, ValueError):
         raise ValueError(f"bad value for {key}: {reprlib.repr(raw)} is not a {target.__name__}") from None
+
+
+def _parse_item(key: str, item, target: type) -> object:
+    """One item of a list setting, as `target` (an int: a whole number)."""
+    try:
+        if isinstance(item, bool) or (isinstance(item, float) and not item.is_integer()):
+            raise ValueError
+        return target(item.strip() if isinstance(item, str) else item)
+    except (TypeError, ValueError):
+        raise ValueError(f"bad value for {key}: {reprlib.repr(item)} is not a {target.__name__}") from None
 
 
 def apply_overrides(run: RunConfig, items: dict) -> RunConfig:

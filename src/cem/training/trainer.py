@@ -414,6 +414,7 @@ def _optimizer_step(s: _Session, autocast) -> tuple[float, float, float]:
     GPU's queue (there were 2 + grad_accum a step)."""
     t = s.run.train
     loss_sum = torch.zeros((), dtype=torch.float64, device=s.device)  # the float64 sum of the float32 losses
+    s.model.set_training_progress(s.state.step, s.budget.steps)  # a depth curriculum's T (`LanguageModel.draw_depths`)
     for micro in range(t.grad_accum):
         x, y = s.sampler.next_batch(t.batch_size)
         x, y = x.to(s.device, non_blocking=True), y.to(s.device, non_blocking=True)
