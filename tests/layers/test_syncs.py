@@ -67,7 +67,7 @@ def test_optimizer_step_reads_the_host_once():
         run=SimpleNamespace(train=train), sampler=SimpleNamespace(next_batch=lambda b: (ids[:, :-1], ids[:, 1:])),
         device=torch.device("cpu"), info=SimpleNamespace(enabled=False, world_size=1), wrapped=model, model=model,
         guard=DivergenceGuard(4.0, 0, 512), scheduler=torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0), optimizer=opt,
-        state=SimpleNamespace(step=0, tokens_seen=0), budget=SimpleNamespace(tokens_per_step=80),
+        state=SimpleNamespace(step=0, tokens_seen=0), budget=SimpleNamespace(tokens_per_step=80, steps=1),
     )  # fmt: skip
     with counting() as c:
         loss, grad_norm, _ = trainer._optimizer_step(s, contextlib.nullcontext())

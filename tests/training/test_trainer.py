@@ -86,18 +86,18 @@ def test_depth_recipes_train_and_resume_exactly(tiny_args, tmp_path):
 
 def test_curriculum_resumes_mid_curriculum(tiny_args, tmp_path, monkeypatch):
     """train_depth=curriculum: the trainer gives the model its step of the run's total, so each step trains at
-    the curriculum's T (4 steps of (1, 2): 1, 1, 2, 2), and a run stopped at step 2 resumes at T = 2 (its
+    the curriculum's T (2 steps of (1, 2): 1, 2), and a run stopped at step 1 resumes at T = 2 (its
     bit-exact resume: `test_issue_64_recipes_train_and_resume_exactly`)."""
     from cem.model import LanguageModel
 
     depths = []
     draw = LanguageModel.draw_depths
     monkeypatch.setattr(LanguageModel, "draw_depths", lambda self: depths.append(draw(self)[0]) or [depths[-1]])
-    cfg = run_cfg(tiny_args, max_steps=4, arch="cem", overrides=["context=32", "train_depth=curriculum", "train_depth_curriculum=1,2"])
-    train(cfg, tmp_path / "b", progress=False, stop_at=2)
-    assert depths == [1, 1]
+    cfg = run_cfg(tiny_args, max_steps=2, arch="cem", overrides=["context=32", "train_depth=curriculum", "train_depth_curriculum=1,2"])
+    train(cfg, tmp_path / "b", progress=False, stop_at=1)
+    assert depths == [1]
     train(cfg, tmp_path / "b", resume=True, progress=False)
-    assert depths == [1, 1, 2, 2]
+    assert depths == [1, 2]
 
 
 @pytest.mark.slow
