@@ -61,7 +61,7 @@ start=$(date +%s)
 # (each lane starts 8 s after the one before, so that the first takes the runs the list begins with)
 for i in $(seq 1 "$lanes"); do
   ( sleep $(( 8 * (i - 1) ))
-    timeout --signal=INT --kill-after=30 $(( budget - 8 * (i - 1) )) $py -m cem_study experiment "$exps" --scale "$scale" \
+    timeout --signal=INT --kill-after=30 $(( budget - 8 * (i - 1) )) "$py" -m cem_study experiment "$exps" --scale "$scale" \
       --device "$device" --jobs "$jobs" --results "$root/$scale" --data-dir "$data" --processor "$proc" $rehearse > "$out/lane$i.log" 2>&1
     echo "lane $i: experiment exit $? after $(( $(date +%s) - start )) s" ) &
 done
