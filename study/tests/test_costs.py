@@ -195,4 +195,4 @@ def test_the_plan_of_a_scale_measured_on_a_gpu_says_its_calls_time(tmp_path):
     p = plan("gpu8", tmp_path / "res")
     assert p["experiments"]["fig4-alibi"]["train"] == 12 and p["wave"]["runs"] == 12
     assert f"one call on the GPU of h200/cpu/runs, its 12 runs together: about {p['wave']['seconds']:.0f} s" in format_plan(p)
-    assert plan("cpu128", tmp_path / "cpu128")["wave"] is None  # a scale trained on the CPU's lanes: no call to estimate
+    assert plan("smoke", tmp_path / "smoke")["wave"] is None  # a scale trained on the CPU: no call to estimate
