@@ -34,4 +34,6 @@ def test_the_gpu8_payload_rehearses_its_call_and_brings_back_its_campaign(corpus
         rows = tar.extractfile("gpu8/runs.jsonl").read().decode().splitlines()
     assert {"gpu8/report.md", "gpu8/steps.jsonl"} <= set(names) and not [n for n in names if n.startswith("gpu8/runs/")]
     assert len(rows) == 12 and summary["regime"]["cpu128-l8"]["window"] == 32  # the rehearsal's windows
+    # its n-grams fit on the 3 x 4 x 32 tokens its runs saw, not on the whole split (minutes at the real corpus)
+    assert {g["train_tokens"] for g in summary["regime"]["cpu128-l8"]["ngrams"]} == {384}
     assert "(regime) cpu128-l8: the Llama-ALiBi baseline" in json.dumps(summary)
