@@ -159,3 +159,40 @@ def test_a_runs_time_is_read_first_from_the_runs_trained_on_this_cpu(tmp_path, m
     assert Costs(s, tmp_path, committed).seconds(spec) == (400.0, "here")
     on(None)  # a CPU that does not say: all of them
     assert Costs(s, tmp_path, committed).seconds(spec) == (400.0, "here")
+
+
+def test_a_gpu_call_is_estimated_from_the_runs_trained_together_there():
+    """gpu8's one call on an H200, from the cpu128 runs trained together on one (study/results/h200/cpu): the larger of
+    the steps bound (each run's steps at a measured run's seconds per step, times the FLOPs-per-token ratio) and the
+    throughput bound (every run's FLOPs at twelve times the measured runs' median FLOP/s); it fits in 8 minutes at
+    gpu8's batch of 64, and at cpu128's 16 (four times the steps) its steps bound is over the 9-minute call."""
+    from dataclasses import replace
+
+    from cem.model import ModelConfig, model_config
+    from cem.model.flops import train_flops_per_token
+    from cem_study.costs import COMMITTED, _results_in, wave_seconds
+    from cem_study.registry import fig4_alibi_variants
+    from cem_study.scales import get_scale
+
+    s = get_scale("gpu8")
+    specs = [v.spec.with_seed(k) for v in fig4_alibi_variants(s) for k in s.seeds]
+    w = wave_seconds(s, specs, COMMITTED / s.measured_on)
+    assert (w["runs"], w["measured"]) == (12, 16) and w["seconds"] == max(w["steps_bound"], w["throughput_bound"]) <= 480
+    ref = [r for r in _results_in(COMMITTED / s.measured_on) if r["config"]["train"]["arch"] == "llama-alibi" and not r["config"]["model_overrides"]]
+    x1 = specs[0]  # Llama-ALiBi x1, seed 0
+    f = train_flops_per_token(model_config("cpu128-l8", "llama-alibi", vocab_size=257))
+    assert w["per_run"][x1.slug] == pytest.approx(max(2043 * r["wall_time_s"] / r["steps"] * f / train_flops_per_token(ModelConfig.from_dict(r["model"])) for r in ref))
+    assert w["flops"] == pytest.approx(3 * 33_472_000 * sum(train_flops_per_token(model_config("cpu128-l8", v.spec.arch, vocab_size=257, **dict(v.spec.model)))
+                                                           for v in fig4_alibi_variants(s)))
+    slow = wave_seconds(replace(s, batch_size=16), specs, COMMITTED / s.measured_on)
+    assert slow["steps_bound"] > 540 and slow["throughput_bound"] == pytest.approx(w["throughput_bound"])
+
+
+def test_the_plan_of_a_scale_measured_on_a_gpu_says_its_calls_time(tmp_path):
+    """`--plan` at gpu8 adds the estimate of its one call (`wave_seconds`) to the runs it would train."""
+    from cem_study.runner import format_plan, plan
+
+    p = plan("gpu8", tmp_path / "res")
+    assert p["experiments"]["fig4-alibi"]["train"] == 12 and p["wave"]["runs"] == 12
+    assert f"one call on the GPU of h200/cpu/runs, its 12 runs together: about {p['wave']['seconds']:.0f} s" in format_plan(p)
+    assert plan("smoke", tmp_path / "smoke")["wave"] is None  # a scale trained on the CPU: no call to estimate

@@ -33,7 +33,7 @@ def chosen(s, lr=4e-3):
 
 def test_every_experiment_is_defined_at_every_scale():
     assert set(ALL_IDS) == set(SUITE_ORDER) == {
-        "fig2a", "fig2b", "fig2c", "fig2d", "fig3a", "fig3b", "fig3c", "fig4", "table3",
+        "fig2a", "fig2b", "fig2c", "fig2d", "fig3a", "fig3b", "fig3c", "fig4", "fig4-alibi", "table3",
         "step-size", "positional", "readings", "test-time", "energy", "lr", "size-trend",
     }
     for scale in SCALES:
@@ -524,8 +524,8 @@ def test_regime_check_compares_llama_with_an_ngram_on_the_same_tokens(corpus, tm
             long = 1.5 if v.label == "Llama good" else 2.1 + 0.01 * seed
             atomic_write_json(analysis.CONTEXT_USE.path(tmp_path / "runs" / v.spec.with_seed(seed).slug),
                               {"short": [8, 16], "short_loss": 2.0, "long_loss": long})
-    rows = [{"label": "Llama good", "group": "good", "lr": 1e-3, "budget_tokens": 5000, "valid_loss": 0.01, "valid_loss_per_seed": [0.01, 0.011, 0.012], "seeds": [0, 1, 2]},
-            {"label": "Llama bad", "group": "bad", "lr": 1e-3, "budget_tokens": 10**9, "valid_loss": 5.0, "valid_loss_per_seed": [5.0, 5.1, 5.2], "seeds": [0, 1, 2]}]
+    rows = [{"label": "Llama good", "group": "good", "lr": 1e-3, "budget_tokens": 5000, "tokens": 5000, "valid_loss": 0.01, "valid_loss_per_seed": [0.01, 0.011, 0.012], "seeds": [0, 1, 2]},
+            {"label": "Llama bad", "group": "bad", "lr": 1e-3, "budget_tokens": 10**9, "tokens": 10**9, "valid_loss": 5.0, "valid_loss_per_seed": [5.0, 5.1, 5.2], "seeds": [0, 1, 2]}]
     chosen = {"good": {"lr": 1e-3}, "bad": {"lr": 1e-3}}
     findings, extra = regime_check(Context(s, rows, variants, tmp_path, tmp_path), chosen)
     assert [f.verdict for f in findings] == ["held", "held", "not held", "not held"]
@@ -608,7 +608,7 @@ def test_regime_check_reads_its_cached_fits_and_names_the_best_order(corpus, tmp
     v = Variant("Llama a", RunSpec.make("micro", "llama", train={"lr": 1e-3, "seq_len": 32}), {})
     for seed in (0, 1, 2):
         atomic_write_json(analysis.CONTEXT_USE.path(tmp_path / "runs" / v.spec.with_seed(seed).slug), {"short": [8, 16], "short_loss": 2.0, "long_loss": 1.5})
-    rows = [{"label": "Llama a", "group": "a", "lr": 1e-3, "budget_tokens": 5000, "valid_loss": 1.19, "valid_loss_per_seed": [1.185, 1.19, 1.195], "seeds": [0, 1, 2]}]
+    rows = [{"label": "Llama a", "group": "a", "lr": 1e-3, "budget_tokens": 5000, "tokens": 5000, "valid_loss": 1.19, "valid_loss_per_seed": [1.185, 1.19, 1.195], "seeds": [0, 1, 2]}]
     for g in _ngrams((1.30, 1.20, 1.15, 1.10), (1.32, 1.22, 1.17, 1.12)):
         atomic_write_json(tmp_path / f"ngram-a-{g['order']}.json", g)
 
@@ -800,3 +800,33 @@ def test_report_sets_full_cems_own_best_rate_beside_the_rate_it_trained_at():
     fig3a["optima"][LR_GROUPS[1]]["best_grid_lr"] = 0.008
     assert "is Llama's rate too" in _rates([fig3a])[1]
     assert _rates([{"experiment": "fig2c", "scale": {"base": "micro"}}]) == []  # a scale without a sweep
+
+
+def test_fig4s_alibi_quartet_checks_its_llama_against_the_ngrams_first(corpus, tmp_path, monkeypatch):
+    """fig4-alibi: the regime check of Llama-ALiBi x1 (from cached fits, in its windows) leads, then fig4's recursion
+    claim and its position-matched reuse control, as fig4 words them; a smoke scale (no findings) has no regime check."""
+    from cem_study import analysis, ngram
+    from cem_study.findings import Context
+    from cem_study.registry import EXPERIMENTS, FIG4_ALIBI, fig4_findings
+
+    monkeypatch.setenv("CEM_CACHE_DIR", str(tmp_path / "cache"))
+    s = get_scale("gpu8", data=str(corpus))
+    variants = EXPERIMENTS["fig4-alibi"].variants(s)
+    losses = {"Llama ALiBi attention x1": [1.185, 1.19, 1.195], "Llama ALiBi attention x2": [1.18, 1.185, 1.19],
+              "CEM attention T=1": [1.20, 1.21, 1.22], "CEM attention T=2": [1.17, 1.18, 1.19]}
+    rows = [{"label": label, "lr": 2e-3, "budget_tokens": 33_472_000, "tokens": 33_472_512, "valid_loss": sum(x) / 3, "valid_loss_per_seed": x,
+             "test_loss_per_seed": x, "test_perplexity": math.exp(sum(x) / 3), "seeds": [0, 1, 2], "processor_per_seed": [None] * 3}
+            for label, x in losses.items()]
+    n_train = len(ngram._splits(s.data, s.tokenizer, None)[0]["train"])
+    for g in _ngrams((1.30, 1.20, 1.15, 1.10), (1.32, 1.22, 1.17, 1.12), tokens=n_train, window=256):
+        atomic_write_json(tmp_path / f"ngram-cpu128-l8-{g['order']}.json", g)
+    monkeypatch.setattr(ngram, "ngram_baseline", lambda *a, **k: pytest.fail("fit although cached"))
+    findings, extra = EXPERIMENTS["fig4-alibi"].analyze(Context(s, rows, variants, tmp_path, tmp_path))
+    regime, *claims = findings
+    assert regime.claim.startswith("(regime) cpu128-l8: the Llama-ALiBi baseline beats the best of the 5- to 8-gram models, the 8-gram")
+    assert regime.verdict == "not held" and "the 7- and 8-gram beat Llama-ALiBi" in regime.evidence and extra["regime"]["cpu128-l8"]["speaks"] is False
+    whole = [f.claim for f in fig4_findings(Context(s, rows + [dict(r, label=l) for r, l in zip(rows, ("Llama attention x1", "Llama attention x2",
+                                                                                                     "CEM attention T=1 learned step", "CEM attention x2"))], [], tmp_path, tmp_path))[0]]
+    assert [f.claim for f in claims] == [whole[0], whole[-1]] and [v.label for v in variants] == list(FIG4_ALIBI)
+    smoke, _ = EXPERIMENTS["fig4-alibi"].analyze(Context(replace(s, findings=False), rows, variants, tmp_path, tmp_path))
+    assert [f.claim for f in smoke] == [f.claim for f in claims]

@@ -378,6 +378,8 @@ SIZES: dict[str, dict] = {
     "cpu64": dict(dim=64, n_layers=4, n_heads=2, hidden_dim=176, context=256, vocab_size=512),
     "cpu96": dict(dim=96, n_layers=4, n_heads=3, hidden_dim=256, context=256, vocab_size=512),
     "cpu128": dict(dim=128, n_layers=4, n_heads=4, hidden_dim=352, context=256, vocab_size=512),
+    # cpu128 twice as deep (8 layers at its width)
+    "cpu128-l8": dict(dim=128, n_layers=8, n_heads=4, hidden_dim=352, context=256, vocab_size=512),
     "medium": dict(dim=256, n_layers=6, n_heads=8, hidden_dim=688, context=256, vocab_size=8192),
 }
 

@@ -3,13 +3,15 @@
 #
 #   bash study/results/cpu128/gpu.sh OUTDIR            # on the device machine, from the repository root
 #
+# SCALE names another scale trained the same way (default cpu128; study/results/gpu8/gpu.sh trains gpu8's quartet).
+#
 # Local lanes finish about two cpu128 runs an hour (one thread each). A GPU machine is lent for about 15 minutes,
 # so a run counts only if it finishes there: this script trains whole experiments (EXPERIMENTS, default the Llama
 # rate sweep, fig2a, fig2c and fig2d) in LANES commands of JOBS processes each, all sharing the one GPU and one runs folder
 # (a run one lane holds is left to it, as in lanes.sh on the CPU; every run but the Llama sweep waits for Llama's rate,
 # so until that is chosen the other lanes wait: 3.5 of the first call's 9 minutes), for at most BUDGET seconds, then adds
 # every finished run folder to the tables (cpu/runs.jsonl, cpu/steps.jsonl: `python -m cem_study.records add`) and
-# brings them back with the scale's folder as OUTDIR/runs.tgz (no run folder, no checkpoint), with a summary of what finished and how fast (OUTDIR/summary.txt). A cpu run on that machine's 16 cores would take
+# brings them back with the scale's folder as OUTDIR/runs.tgz (no run folder, no checkpoint; env.txt has the plan and its time estimate), with a summary of what finished and how fast (OUTDIR/summary.txt). A cpu run on that machine's 16 cores would take
 # 0.7-1.3 h, so none is started there.
 #
 # Runs trained here form their own campaign: they record the GPU as their processor, are never paired with the
@@ -27,7 +29,7 @@ out=${1:?usage: gpu.sh OUTDIR}
 mkdir -p "$out"
 export PYTHONPATH="$PWD/src:$PWD/study/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 OMP_NUM_THREADS=1
 py=${PYTHON:-python3}
-scale=cpu128 exps=${EXPERIMENTS:-lr,fig2a,fig2c,fig2d} data=${DATA:-.gpu-data}
+scale=${SCALE:-cpu128} exps=${EXPERIMENTS:-lr,fig2a,fig2c,fig2d} data=${DATA:-.gpu-data}
 if [ -n "${DRY:-}" ]; then
   device=cpu lanes=${LANES:-2} jobs=${JOBS:-1} budget=${BUDGET:-600} rehearse=--rehearse
 else
@@ -38,6 +40,8 @@ fi
 [ -n "${DRY:-}" ] || [ "$budget" -ge 240 ] || { echo "BUDGET=$budget: under 240 s no run finishes; give at least 240" >&2; exit 2; }
 [ -f "$data/wikitext-2/train.txt" ] || { echo "no corpus at $data/wikitext-2: copy /work/shared/data/wikitext-2 into $data (and carry it)" >&2; exit 2; }
 root=$(mktemp -d /tmp/gpu128.XXXXXX)
+# the folder of the scale's run folders and their tables, under the results root: cpu128's are the cpu suite's (cpu/)
+runs=$($py -c "from cem_study.scales import get_scale; s = get_scale('$scale'); print(s.runs_from or s.name)") || exit 2
 # the processor every run of this campaign records: the GPU's name ("NVIDIA H200"), or the CPU's in a rehearsal
 proc=$($py -c "import torch; from cem.provenance import processor; print(processor(torch.device('$device')))") || exit 2
 gpu=$(echo "$proc" | awk '{print tolower($2)}')   # "NVIDIA H200" -> h200
@@ -47,7 +51,9 @@ if [ -n "$from" ] && [ -d "$from" ]; then cp -r "$from/." "$root/"; fi
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null || echo "no nvidia-smi"
   $py -c "import torch, platform; print('python', platform.python_version(), 'torch', torch.__version__, 'cuda', torch.version.cuda)"
   echo "scale=$scale${rehearse:+ (rehearsal)} device=$device processor=$proc experiments=$exps lanes=$lanes jobs=$jobs (each lane) budget=${budget}s"
-  echo "started from ${from:-nothing}: $(cat "$root"/cpu/runs.jsonl 2>/dev/null | wc -l) runs"
+  echo "started from ${from:-nothing}: $(cat "$root/$runs/runs.jsonl" 2>/dev/null | wc -l) runs"
+  # what the call trains and its estimated wall time (the scale's own plan, not the rehearsal's 3-step runs)
+  $py -m cem_study experiment "$exps" --scale "$scale" --results "$root/$scale" --processor "$proc" --plan
 } > "$out/env.txt" 2>&1
 cat "$out/env.txt"
 start=$(date +%s)
@@ -55,7 +61,7 @@ start=$(date +%s)
 # (each lane starts 8 s after the one before, so that the first takes the runs the list begins with)
 for i in $(seq 1 "$lanes"); do
   ( sleep $(( 8 * (i - 1) ))
-    timeout --signal=INT --kill-after=30 $(( budget - 8 * (i - 1) )) $py -m cem_study experiment "$exps" --scale "$scale" \
+    timeout --signal=INT --kill-after=30 $(( budget - 8 * (i - 1) )) "$py" -m cem_study experiment "$exps" --scale "$scale" \
       --device "$device" --jobs "$jobs" --results "$root/$scale" --data-dir "$data" --processor "$proc" $rehearse > "$out/lane$i.log" 2>&1
     echo "lane $i: experiment exit $? after $(( $(date +%s) - start )) s" ) &
 done
@@ -78,8 +84,9 @@ for p in done:
 PY
 cat "$out/summary.txt"
 # the finished runs' tables (an unfinished run cannot resume without its checkpoint) and the scale's folder (chosen rates, report)
-[ -d "$root/cpu/runs" ] && $py -m cem_study.records add "$root/cpu/runs"
-(cd "$root" && { ls -d "$scale" cpu/runs.jsonl cpu/steps.jsonl 2>/dev/null; } | tar czf "$out/runs.tgz" --exclude='*.lock' --exclude=.lock -T -)
+[ -d "$root/$runs/runs" ] && $py -m cem_study.records add "$root/$runs/runs"
+(cd "$root" && { ls -d "$scale"; [ "$runs" = "$scale" ] || ls -d "$runs/runs.jsonl" "$runs/steps.jsonl"; } 2>/dev/null |
+  tar czf "$out/runs.tgz" --exclude='*.lock' --exclude=.lock --exclude="$runs/runs" -T -)
 cp "$out/experiment.log" "$out/experiment.log.txt" 2>/dev/null; rm -f "$out/experiment.log"
 tail -n 5 "$out/experiment.log.txt"
 ls -la "$out"

@@ -727,60 +727,77 @@ def orders_beating(orders: list[int], whom: str = "Llama") -> str:
     return f"{orders_text(orders)} beat{'s' if len(orders) <= 1 else ''} {whom}"
 
 
-def regime_check(c: Context, chosen: dict) -> tuple[list, dict]:
-    """Is each size's Llama baseline (at its chosen rate, every seed) better than the best count-based n-gram of
-    `REGIME_ORDERS` fit on the same number of training tokens (`cem_study.ngram`)? Judged on validation loss, per
-    seed against each n-gram's one value, scored in the transformer's disjoint windows (the fair comparison; the
-    unbroken text is stated beside it, `regime_against`); a size that is not is at n-gram level and its attention
-    findings say little. Each fit is cached as OUT/ngram-SIZE-ORDER.json (one not scored in these windows is fit again)."""
+def regime_ngrams(c: Context, size: str, row: dict, spec) -> tuple[list[dict], int, int]:
+    """The n-grams of `REGIME_ORDERS` a size's baseline (summary row `row`, trained as `spec`) is checked against: fit
+    on min(its budget, the train split) training tokens (at a scale cut to `max_steps`, a rehearsal's, the tokens its
+    runs saw) and scored in its windows; each fit cached as OUT/ngram-SIZE-ORDER.json (one not fit or scored as this
+    check needs is fit again). Returns (the fits, tokens, window)."""
     from .ngram import _splits, ngram_baseline
 
     splits, vocab = _splits(c.scale.data, c.scale.tokenizer, c.data_dir)
+    tokens = min(row["budget_tokens"] if c.scale.max_steps is None else row["tokens"], len(splits["train"]))
+    window = dict(spec.train).get("seq_len") or c.scale.seq_len  # the context the baseline is trained and scored at
+
+    def fit(order: int) -> dict:
+        part = {"train": splits["train"][:tokens], "valid": splits["valid"], "test": splits["test"]}
+        return ngram_baseline(part, vocab, order, window=window)
+
+    ngrams = []
+    for order in REGIME_ORDERS:
+        path = c.out / f"ngram-{size}-{order}.json"
+        cached = json.loads(path.read_text()) if path.exists() else {}
+        if cached.get("window") != window or cached.get("train_tokens") != tokens:  # not fit or scored as this check needs
+            path.unlink(missing_ok=True)
+        ngrams.append(_cached(path, lambda o=order: fit(o)))
+    return ngrams, tokens, window
+
+
+def regime_finding(size: str, who: str, row: dict, ngrams: list[dict], tokens: int, window: int) -> tuple[Finding, dict]:
+    """(regime) `who` of `size` (summary row `row`, every seed) beats the best n-gram on validation in the transformer's
+    windows, on the interval over its seeds (`regime_against`; the unbroken text is stated beside it), and that comparison."""
+    against = regime_against(row["valid_loss_per_seed"], ngrams)
+    windowed, unbroken = against["windowed"], against["unbroken"]
+    d = Interval(**windowed["minus_best"])
+    lo, hi = REGIME_ORDERS[0], REGIME_ORDERS[-1]
+    scored = lambda scoring: (  # noqa: E731
+        f"{scoring}: " + ", ".join(f"{g['order']}-gram {math.exp(g['valid_loss' + REGIME_SCORINGS[scoring]]):.3f}" for g in ngrams)
+        + f"; {who} - the best, the {against[scoring]['best_order']}-gram: "
+        + Interval(**against[scoring]["minus_best"]).text("+.4f", "nats", "seeds")
+        + f"; {orders_beating(against[scoring]['beating'], who)}"
+        + (f" ({orders_text(against[scoring]['beating_on_interval'])} on the interval)" if against[scoring]["beating"] else ""))
+    finding = Finding(
+        f"(regime) {size}: the {who} baseline beats the best of the {lo}- to {hi}-gram models, the {windowed['best_order']}-gram, "
+        f"fit on the same {tokens:,} training tokens and scored in the transformer's {window}-token windows",
+        d.verdict(-1) if d.n > 1 else "inconclusive",  # a size speaks only when the interval over its seeds excludes zero
+        f"validation perplexity: {who} {math.exp(row['valid_loss']):.3f} (lr {row['lr']:g}, seeds {row['seeds']}); "
+        f"{scored('windowed')}; {scored('unbroken')} (on the unbroken text {who} "
+        + ("also beats the best" if unbroken["speaks"] else "does not beat the best on the interval") + ")",  # a deterministic n-gram: nothing paired
+        d.to_dict(), family="ours", p=d.p, sign=-1,
+    )
+    return finding, against
+
+
+def regime_check(c: Context, chosen: dict) -> tuple[list, dict]:
+    """Is each size's Llama baseline (at its chosen rate, every seed) better than the best count-based n-gram of
+    `REGIME_ORDERS` fit on the same number of training tokens (`regime_ngrams`, `regime_finding`)? Judged on
+    validation loss in the transformer's disjoint windows (the fair comparison); a size that is not is at n-gram level
+    and its attention findings say little. Also: does it use more than a few tokens of context (`context_use`)?"""
     findings, out = [], {}
     for size, pick in chosen.items():
         best = next(r for r in c.rows if r["group"] == size and r["lr"] == pick["lr"])
-        tokens = min(best["budget_tokens"], len(splits["train"]))
         spec = next(v.spec for v in c.variants if v.label == best["label"])
-        window = dict(spec.train).get("seq_len") or c.scale.seq_len  # the context the Llama is trained and scored at
-
-        def fit(order: int, tokens: int = tokens, window: int = window) -> dict:
-            part = {"train": splits["train"][:tokens], "valid": splits["valid"], "test": splits["test"]}
-            return ngram_baseline(part, vocab, order, window=window)
-
-        ngrams = []
-        for order in REGIME_ORDERS:
-            path = c.out / f"ngram-{size}-{order}.json"
-            cached = json.loads(path.read_text()) if path.exists() else {}
-            if cached.get("window") != window or cached.get("train_tokens") != tokens:  # not fit or scored as this check needs
-                path.unlink(missing_ok=True)
-            ngrams.append(_cached(path, lambda o=order: fit(o)))
+        ngrams, tokens, window = regime_ngrams(c, size, best, spec)
         every = next((r for r in c.rows if r.get("regime") and r["size"] == size), best)  # the Llama at the chosen rate, every seed
-        against = regime_against(every["valid_loss_per_seed"], ngrams)
-        windowed, unbroken = against["windowed"], against["unbroken"]
-        d = Interval(**windowed["minus_best"])
+        finding, against = regime_finding(size, "Llama", {**every, "lr": pick["lr"]}, ngrams, tokens, window)
+        d = Interval(**against["windowed"]["minus_best"])
         dirs = [c.scale.runs(c.root) / spec.with_seed(s).slug for s in best["seeds"]]
         uses = [CONTEXT_USE.get(d, c.data_dir, c.device) for d in dirs]
         gain = Interval.of([u["long_loss"] - u["short_loss"] for u in uses])
         out[size] = {"llama_valid_loss": every["valid_loss"], "seeds": every["seeds"], "window": window, "ngrams": ngrams,
-                     "against": against, "speaks": windowed["speaks"], "difference": d.to_dict(),
+                     "against": against, "speaks": against["windowed"]["speaks"], "difference": d.to_dict(),
                      "context": {"short": uses[0]["short"], "short_loss": sum(u["short_loss"] for u in uses) / len(uses),
                                  "long_loss": sum(u["long_loss"] for u in uses) / len(uses), "gain": gain.to_dict()}}
-        lo, hi = REGIME_ORDERS[0], REGIME_ORDERS[-1]
-        scored = lambda scoring: (  # noqa: E731
-            f"{scoring}: " + ", ".join(f"{g['order']}-gram {math.exp(g['valid_loss' + REGIME_SCORINGS[scoring]]):.3f}" for g in ngrams)
-            + f"; Llama - the best, the {against[scoring]['best_order']}-gram: "
-            + Interval(**against[scoring]["minus_best"]).text("+.4f", "nats", "seeds")
-            + f"; {orders_beating(against[scoring]['beating'])}"
-            + (f" ({orders_text(against[scoring]['beating_on_interval'])} on the interval)" if against[scoring]["beating"] else ""))
-        findings.append(Finding(
-            f"(regime) {size}: the Llama baseline beats the best of the {lo}- to {hi}-gram models, the {windowed['best_order']}-gram, "
-            f"fit on the same {tokens:,} training tokens and scored in the transformer's {window}-token windows",
-            d.verdict(-1) if d.n > 1 else "inconclusive",  # a size speaks only when the interval over its seeds excludes zero
-            f"validation perplexity: Llama {math.exp(every['valid_loss']):.3f} (lr {pick['lr']:g}, seeds {every['seeds']}); "
-            f"{scored('windowed')}; {scored('unbroken')} (on the unbroken text Llama "
-            + ("also beats the best" if unbroken["speaks"] else "does not beat the best on the interval") + ")",  # a deterministic n-gram: nothing paired
-            d.to_dict(), family="ours", p=d.p, sign=-1,
-        ))
+        findings.append(finding)
         a, b = SHORT_CONTEXT
         findings.append(Finding(
             f"(regime) {size}: the Llama baseline uses more than {b} tokens of context (validation loss lower in the second half "

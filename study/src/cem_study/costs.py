@@ -50,8 +50,8 @@ class Costs:
     committed: Path = field(default=None)  # the runs folder whose tables beside the code hold this scale's runs (default: study/results)
 
     def __post_init__(self) -> None:
-        if self.committed is None:
-            self.committed = COMMITTED / (self.scale.runs_from or self.scale.name) / "runs"
+        if self.committed is None:  # a scale trained on a lent GPU: the runs trained together there (its `measured_on`)
+            self.committed = COMMITTED / (self.scale.measured_on or f"{self.scale.runs_from or self.scale.name}/runs")
 
     @property
     def runs(self) -> Path:
@@ -59,7 +59,7 @@ class Costs:
 
     @property
     def gpu(self) -> bool:
-        return self.scale.name in GPU_SCALES
+        return self.scale.name in GPU_SCALES or self.scale.measured_on is not None
 
     @cached_property
     def finished(self) -> list[tuple[dict, dict]]:
@@ -81,8 +81,9 @@ class Costs:
         here, committed = self.sources.values()
         rates, where = [r for r in (_run_flops(res, self.gpu) for res in here) if r], "the finished runs here"
         if not rates:
-            rates, where = [r for r in (_run_flops(res, self.gpu) for res in committed) if r], \
-                f"the committed runs in study/results/{self.committed.parent.name}/{RunTable(self.committed).path.name}"
+            table = RunTable(self.committed).path
+            shown = table.relative_to(COMMITTED.parents[1]) if table.is_relative_to(COMMITTED.parents[1]) else table
+            rates, where = [r for r in (_run_flops(res, self.gpu) for res in committed) if r], f"the committed runs in {shown}"
         if rates:
             return statistics.median(rates), f"{statistics.median(rates) / 1e9:,.0f} GFLOP/s per {'GPU' if self.gpu else 'core'}, measured on {where} ({len(rates)})"
         if self.gpu:
@@ -206,3 +207,40 @@ class DeadlineReached(Exception):
         listed = ", ".join(f"{slug} (about {s / 60:.0f} min)" for slug, s in runs[:3]) + (f" and {len(runs) - 3} more" if len(runs) > 3 else "")
         super().__init__(f"stopped for --until {deadline.text()}: {len(runs)} run{'s' if len(runs) != 1 else ''} not started, as "
                          f"{'they' if len(runs) != 1 else 'it'} would not finish by then ({listed}); run the same command again to go on")
+
+
+def wave_seconds(scale: Scale, specs, measured: Path) -> dict:
+    """Wall seconds of training `specs` together on one GPU, a process each (one call on a lent GPU), from runs measured
+    together on that GPU (the finished runs of the runs folder `measured`, of other sizes), under two bounds; the
+    estimate is the larger. Bound by steps (a small run's kernel launches): each spec's steps times a measured run's
+    wall seconds per step (the same architecture and settings, else the same architecture; the slowest), scaled by
+    training FLOPs per token as a count of its kernels. Bound by throughput: the training FLOPs of them all at the
+    FLOP/s the measured runs reached together (as many processes as `specs`, each at their median). Both rest on wall
+    times, compilation and the final evaluation included."""
+    from cem.model import ModelConfig
+    from cem.model.flops import train_flops_per_token
+    from cem.training.budget import Budget
+
+    ref = [r for r in _results_in(measured) if r.get("steps") and r.get("wall_time_s")]
+    if not ref:
+        raise ValueError(f"no finished run in {measured} to estimate a call from")
+
+    def flops(res: dict) -> int:
+        return train_flops_per_token(ModelConfig.from_dict(res["model"]))
+
+    per_run, total = {}, 0.0
+    for spec in specs:
+        run = run_config(spec, scale, None)
+        cfg = run.model()
+        budget = Budget.of(run.train, cfg, run.train.seq_len or cfg.context)
+        f = train_flops_per_token(cfg)
+        total += budget.tokens * f
+        arch = [r for r in ref if r["config"]["train"]["arch"] == spec.arch]
+        same = [r for r in arch if (r["config"].get("model_overrides") or {}) == dict(spec.model)]
+        like = same or arch or ref
+        per_run[spec.slug] = max(budget.steps * r["wall_time_s"] / r["steps"] * f / flops(r) for r in like)
+    rate = len(specs) * statistics.median(_run_flops(r, gpu=True) for r in ref)
+    slowest = max(per_run, key=per_run.get)
+    return {"runs": len(per_run), "steps_bound": per_run[slowest], "slowest": slowest, "per_run": per_run,
+            "throughput_bound": total / rate, "flops": total, "flop_rate": rate, "measured": len(ref),
+            "seconds": max(per_run[slowest], total / rate)}

@@ -302,12 +302,16 @@ def fig4_variants(s: Scale) -> list[Variant]:
     ]
 
 
+def _recursion_improves(rows, one: str, two: str, what: str) -> Finding:
+    return lower(rows, two, one, f"{what}: within-layer recursion improves ({two} vs {one})")
+
+
 def _reuse_findings(rows, reuse: tuple[str, str], one: str, two: str, gain: str, twice: str, what: str) -> list[Finding]:
     """The paper's two claims and two controls: a longer step (`gain`), and the CEM sublayer itself applied twice
     (`twice`), whose second pass recomputes from the updated state what a second step of recursion re-reads
     from the layer's input (the keys ĥ_{1:i}, the MLP's gate W ĥ_i: §2.3 conditions every step on h)."""
     return [
-        lower(rows, two, one, f"{what}: within-layer recursion improves ({two} vs {one})"),
+        _recursion_improves(rows, one, two, what),
         gains_more(rows, reuse, (one, two), f"{what}: recursion gains more than plain reuse ({two})"),
         lower(rows, two, gain, f"{what}: T=2 beats T=1 with a learned step gain (more steps, not a longer step)", family="control"),
         gains_more(rows, (one, twice), (one, two),
@@ -320,12 +324,37 @@ def fig3c_findings(c: Context):
     return _reuse_findings(c.rows, ("Llama MLP x1", "Llama MLP x2"), "CEM MLP T=1", "CEM MLP T=2", "CEM MLP T=1 learned step", "CEM MLP x2", "MLP"), {}
 
 
+def _alibi_reuse_finding(rows) -> Finding:
+    return gains_more(rows, ("Llama ALiBi attention x1", "Llama ALiBi attention x2"), ("CEM attention T=1", "CEM attention T=2"),
+                      "attention: recursion gains more than plain reuse of Llama attention with the same ALiBi (position-matched)", family="control")
+
+
 def fig4_findings(c: Context):
     out = _reuse_findings(c.rows, ("Llama attention x1", "Llama attention x2"), "CEM attention T=1", "CEM attention T=2", "CEM attention T=1 learned step",
                           "CEM attention x2", "attention")
-    out.append(gains_more(c.rows, ("Llama ALiBi attention x1", "Llama ALiBi attention x2"), ("CEM attention T=1", "CEM attention T=2"),
-                          "attention: recursion gains more than plain reuse of Llama attention with the same ALiBi (position-matched)", family="control"))
-    return out, {}
+    return out + [_alibi_reuse_finding(c.rows)], {}
+
+
+# fig4's position-matched quartet: CEM attention T=1 and T=2 against Llama-ALiBi x1 and x2 (plain reuse)
+FIG4_ALIBI = ("Llama ALiBi attention x1", "Llama ALiBi attention x2", "CEM attention T=1", "CEM attention T=2")
+
+
+def fig4_alibi_variants(s: Scale) -> list[Variant]:
+    return [v for v in fig4_variants(s) if v.label in FIG4_ALIBI]
+
+
+def fig4_alibi_findings(c: Context):
+    """fig4's position-matched claims, after the regime check of its Llama (Llama-ALiBi x1) against the n-grams
+    (`analysis.regime_finding`): recursion improves, and gains more than plain reuse of Llama-ALiBi."""
+    out = [_recursion_improves(c.rows, "CEM attention T=1", "CEM attention T=2", "attention"), _alibi_reuse_finding(c.rows)]
+    if not c.scale.findings:  # a smoke run: no regime check (its n-grams would be fit on a toy corpus)
+        return out, {}
+    label = FIG4_ALIBI[0]
+    row, spec = next(r for r in c.rows if r["label"] == label), next(v.spec for v in c.variants if v.label == label)
+    ngrams, tokens, window = analysis.regime_ngrams(c, c.scale.base, row, spec)
+    finding, against = analysis.regime_finding(c.scale.base, "Llama-ALiBi", row, ngrams, tokens, window)
+    return [finding, *out], {"regime": {c.scale.base: {"valid_loss": row["valid_loss"], "seeds": row["seeds"], "window": window,
+                                                        "ngrams": ngrams, "against": against, "speaks": against["windowed"]["speaks"]}}}
 
 
 # --- step sizes: η = 1, 1/T or learned per step, at T = 1, 2, 3 (the paper fixes η = 1 only for T = 1) ----
@@ -541,6 +570,8 @@ EXPERIMENTS: dict[str, Experiment] = {
         Experiment("fig3b", "key-query diagonal: none / shared / per head", fig3b_variants, fig3b_findings, plots.plot_points),
         Experiment("fig3c", "within-layer recursion vs plain layer reuse (MLP)", fig3c_variants, fig3c_findings, plots.plot_gains, "recursion"),
         Experiment("fig4", "within-layer recursion vs plain layer reuse (attention)", fig4_variants, fig4_findings, plots.plot_gains, "recursion"),
+        Experiment("fig4-alibi", "fig4's position-matched quartet: CEM attention T=1, T=2 vs Llama-ALiBi x1, x2, after its Llama's regime check",
+                   fig4_alibi_variants, fig4_alibi_findings, plots.plot_gains, "recursion", rows_only=lambda s: not s.findings),
         Experiment("step-size", "step size η at T = 1, 2, 3: constant 1, 1/T, or learned per step (diag+low-rank P)", step_size_variants, step_size_findings, plots.plot_step_sizes, "recursion", paper=False),
         Experiment("positional", "position encoding (RoPE, ALiBi with both slope sets) vs energy structure", positional_variants, positional_findings, plots.plot_points, paper=False),
         Experiment("readings", "the paper's ambiguous start point x0 (its other ambiguity, the ALiBi slopes, is read in positional)", readings_variants, readings_findings, plots.plot_points, paper=False),
@@ -557,5 +588,5 @@ EXPERIMENTS: dict[str, Experiment] = {
 
 ALL_IDS = tuple(EXPERIMENTS)
 # the order `all` runs them: the recursion findings first, so a suite cut short has the most important ones
-SUITE_ORDER = ("lr", "fig2c", "fig2d", "fig4", "fig3c", "step-size", "test-time", "energy", "recipes", "fig2a", "fig2b", "fig3b", "positional", "readings", "fig3a", "size-trend", "table3")
+SUITE_ORDER = ("lr", "fig2c", "fig2d", "fig4", "fig4-alibi", "fig3c", "step-size", "test-time", "energy", "recipes", "fig2a", "fig2b", "fig3b", "positional", "readings", "fig3a", "size-trend", "table3")
 assert sorted(SUITE_ORDER) == sorted(ALL_IDS)

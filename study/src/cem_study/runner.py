@@ -19,7 +19,7 @@ from cem.training import RunDir
 from . import lr, seeds
 from .findings import Context
 from .launchers import Launcher, ProcessLauncher
-from .costs import Costs, DeadlineReached
+from .costs import COMMITTED, Costs, DeadlineReached, wave_seconds
 from .products import missing
 from .records import Run
 from .registry import ALL_IDS, EXPERIMENTS, RATE_RULES, SUITE_ORDER, own_templates, variants_under
@@ -208,7 +208,9 @@ def plan(scale: str = "cpu", results_dir: str | Path | None = None, ids=None, **
                 eval_unestimated += 1
             else:
                 eval_hours += seconds / 3600
-    return {"scale": sc.name, "results": str(root), "chosen_lrs": dict(sc.chosen_lrs), "own_lrs": dict(sc.own_lrs),
+    train = [x for x, v in status.items() if v in ("train", "again")]
+    wave = wave_seconds(sc, train, COMMITTED / sc.measured_on) if sc.measured_on and train else None
+    return {"scale": sc.name, "results": str(root), "chosen_lrs": dict(sc.chosen_lrs), "own_lrs": dict(sc.own_lrs), "wave": wave, "measured_on": sc.measured_on,
             "pair_seeds": dict(sc.pair_seeds), "seeds_undecided": {i: list(sc.more_pair_seeds_of(i)) for i in seeds.undecided(sc, ids, root)},
             "provisional_lrs": [z for z in dict(sc.chosen_lrs) if lr.sweep_key(lr.llama(z)) in provisional],
             "undecided": undecided, "provisional": provisional, "experiments": experiments, "total": total,
@@ -250,6 +252,10 @@ def format_plan(p: dict) -> str:
                  + (f"; {p['eval_unestimated']} with no recorded time of that product at that size are not counted" if p["eval_unestimated"] else "")
                  + ". 'again': finished runs trained again, as they ran on another processor than --processor, or an analysis "
                  "needs their weights and their checkpoint is gone; 'evaluate': that analysis is computed from their checkpoint.")
+    if w := p.get("wave"):
+        lines.append(f"one call on the GPU of {p['measured_on']}, its {w['runs']} runs together: about {w['seconds']:.0f} s of training "
+                     f"(bound by steps {w['steps_bound']:.0f} s, the slowest {w['slowest']}; bound by throughput {w['throughput_bound']:.0f} s, "
+                     f"{w['flops']:.2e} FLOPs at {w['flop_rate'] / 1e12:.1f} TFLOP/s), from the {w['measured']} runs measured there together")
     return "\n".join(lines)
 
 

@@ -15,6 +15,8 @@ The test split is read once per run, at its end, and never chooses anything.
 - `cpu`: WikiText-2 bytes, 4-layer models with head width 32 and context 256 at three sizes (`cpu64`
   base, `cpu96`, `cpu128`: 0.20M, 0.44M, 0.80M non-embedding parameters), the paper's learning-rate
   protocol, position-matched controls; see docs/experiments.md for what it costs.
+- `gpu8`: fig4's position-matched quartet (CEM attention T=1, T=2; Llama-ALiBi x1, x2) at `cpu128-l8` (cpu128 twice as
+  deep), 3 seeds, at a fixed rate, in one call on a lent H200 (study/results/gpu8/).
 - `gpu`: WikiText-2 with a BPE of 8,192 symbols, presets `small` and `medium` (base); see
   docs/experiments.md for the expected time per figure on one H100/H200.
 - `paper`: the paper's presets, SlimPajama and the Llama tokenizer, 2,048 context, batch 128. Its runs
@@ -67,6 +69,9 @@ class Scale:
     own_lrs: tuple[tuple[str, float], ...] = ()  # (sweep key, lr) chosen by the own-rate sweeps (`cem_study.lr`)
     runs_from: str | None = None  # the results folder (a sibling of this scale's) whose runs/ this scale shares
     processor: str | None = None  # train only on this processor; a finished run recorded on another is trained again
+    # the committed runs folder (under study/results) of runs trained together on the GPU this scale's runs train on in
+    # one call: its plan estimates that call's wall time from them (`costs.wave_seconds`)
+    measured_on: str | None = None
     # (experiment, seeds) a recursion experiment's T=1/T=2 pair adds where its recursion seeds do not resolve half
     # their observed validation difference (`cem_study.seeds`, which decides `pair_seeds`)
     more_pair_seeds: tuple[tuple[str, tuple[int, ...]], ...] = ()
@@ -202,6 +207,19 @@ SCALES = {
             "at the learning rate the cpu campaign's cpu64 Llama sweep chose (0.008), not swept again on this processor; "
             "the recipes' settings (μ = 1, the gate's start, the curriculum's thirds) are not swept; each T evaluated on the "
             "first 131k test tokens (32 batches of 16 windows), the choices read the first 131k validation tokens")),
+    # fig4's position-matched quartet at cpu128's width, twice as deep (issue 62): one call on one lent H200, its twelve
+    # runs together. 64 x 256 tokens per step: 33.5M tokens (20 x the 1.67M parameters of Llama-ALiBi x1) in 2,043 steps.
+    # A run there is bound by its steps (kernel launches), not FLOPs (twelve runs together trained 1.3x slower each than
+    # one to three: study/results/h200/README.md), so 4x cpu128's batch keeps cpu128's depth of budget per step and fits
+    # the call, where cpu128's 16 sequences would take 8,172 steps and a narrower model would be at n-gram level.
+    "gpu8": Scale(
+        "gpu8", "wikitext-2", "byte", ("cpu128-l8",), "cpu128-l8", (0, 1, 2), (0, 1, 2), 256, 64, suite=("fig4-alibi",), chosen_lrs=(("cpu128-l8", 2e-3),),
+        measured_on="h200/cpu/runs", limits=(
+            "one size (8 layers, 4 heads of width 32, context 256; 1.67M parameters with embeddings) on 33M bytes of WikiText-2 "
+            "(3.1 passes), fig4's position-matched quartet only (no Llama-RoPE, no learned-step or CEM-twice controls), 3 seeds; "
+            "NO LEARNING-RATE SWEEP: every run trains at a fixed 2e-3, the cpu128 evidence (the rate both cpu128 campaigns' "
+            "Llama sweeps choose under the 0.002 tie, and CEM attention's own there), at 2x its depth and 4x its batch, where "
+            "it is untested; batch 64 x 256 (cpu128: 16); trained on one GPU in bf16 autocast, its own campaign")),
     # WikiText-2 with a BPE of 8,192 symbols, 32 × 256 tokens per step: small 51M tokens, medium 178M
     "gpu": Scale("gpu", "wikitext-2", "bpe:8192", ("small", "medium"), "medium", (0, 1, 2), (0, 1, 2, 3, 4), 256, 32),
     # the paper: SlimPajama, the 32k Llama tokenizer, 2,048 context, batch 128
