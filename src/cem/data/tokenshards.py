@@ -312,23 +312,21 @@ def _tasks(docs: Stream, position: Any) -> Iterator[tuple[list[str], Any]]:
 
 def _in_order(pool: Executor | None, tasks: Iterator[tuple[list[str], Any]], window: int) -> Iterator[tuple[tuple, Any]]:
     """(`_encode(group)`, position) of each task, in order, with at most `window` tasks submitted and not yet
-    taken (`Executor.map` would submit them all at once); in this process without a pool."""
+    taken (`Executor.map` would submit them all at once); in this process without a pool. The tasks left when
+    it stops are the pool's shutdown's to cancel (`_executor`): one cancelled here, while the pool's manager
+    thread fails those of a broken pool, would kill that thread (`stop_pool`)."""
     if pool is None:
         yield from ((_encode(group), position) for group, position in tasks)
         return
     pending = deque()
-    try:
-        for group, position in tasks:
-            pending.append((submit_quietly(pool, _encode, group), position))
-            if len(pending) >= window:
-                future, position = pending.popleft()
-                yield future.result(), position
-        while pending:
+    for group, position in tasks:
+        pending.append((submit_quietly(pool, _encode, group), position))
+        if len(pending) >= window:
             future, position = pending.popleft()
             yield future.result(), position
-    finally:
-        for future, _ in pending:
-            future.cancel()
+    while pending:
+        future, position = pending.popleft()
+        yield future.result(), position
 
 
 @contextlib.contextmanager
