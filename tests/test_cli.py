@@ -758,6 +758,43 @@ def test_ctrl_c_while_the_modules_load_is_one_line(launch, tmp_path):
     assert (proc.returncode, err) == (130, "cem: error: interrupted (Ctrl-C)\n")
 
 
+# The `cem` script (as pip writes it) with a Ctrl-C at the first import `cem.__main__` makes that Python has not
+# made already (`signal`, before the fix: the KeyboardInterrupt came out of that import as a traceback).
+FIRST_IMPORT = """
+import os, sys
+
+class CtrlC:
+    @staticmethod
+    def find_spec(name, path, target=None):
+        frame = sys._getframe(1)
+        while frame is not None and frame.f_globals.get("__name__") != "cem.__main__":
+            frame = frame.f_back
+        if frame is not None:
+            sys.meta_path.remove(CtrlC)
+            print("Ctrl-C at the import of", name, flush=True)
+            os.kill(os.getpid(), 2)
+        return None
+
+sys.meta_path.insert(0, CtrlC)
+from cem.__main__ import run
+sys.exit(run())
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not hasattr(signal, "pthread_sigmask"), reason="SIGINT is held with pthread_sigmask")
+def test_ctrl_c_at_the_first_import_of_the_command_is_one_line(tmp_path):
+    """Issue 63: a Ctrl-C in the first milliseconds, while `cem.__main__` itself was being imported (before it held
+    SIGINT), printed a traceback; SIGINT is held from that module's first statement on."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    run = subprocess.run([sys.executable, "-c", FIRST_IMPORT, "info"], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    assert run.stdout.startswith("Ctrl-C at the import of ")
+    assert (run.returncode, run.stderr) == (130, "cem: error: interrupted (Ctrl-C)\n")
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not hasattr(__import__("resource"), "RLIMIT_FSIZE"), reason="needs RLIMIT_FSIZE")
 def test_a_file_size_limit_in_a_checkpoint_is_one_line_naming_the_file(trained, tmp_path):
