@@ -795,6 +795,41 @@ def test_ctrl_c_at_the_first_import_of_the_command_is_one_line(tmp_path):
     assert (run.returncode, run.stderr) == (130, "cem: error: interrupted (Ctrl-C)\n")
 
 
+# The `cem` script with a command that a Ctrl-C stops while a finalizer runs (garbage collected in the middle of it).
+IN_A_FINALIZER = """
+import os, sys, time
+import cem.cli
+
+class Garbage:
+    def __del__(self):
+        os.kill(os.getpid(), 2)
+
+def command():
+    Garbage()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        pass
+    print("the command went on", flush=True)
+    return 0
+
+cem.cli.main = command
+from cem.__main__ import run
+sys.exit(run())
+"""
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_a_finalizer_stops_the_command_with_one_line(tmp_path):
+    """Issue 63: a Ctrl-C that landed in a finalizer (a `__del__` of the prepare's pool pipes or progress bar) was
+    printed as "Exception ignored in ..." and a traceback, and the command went on; it is sent again and stops it."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    run = subprocess.run([sys.executable, "-c", IN_A_FINALIZER], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    assert (run.returncode, run.stdout, run.stderr) == (130, "", "cem: error: interrupted (Ctrl-C)\n")
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not hasattr(__import__("resource"), "RLIMIT_FSIZE"), reason="needs RLIMIT_FSIZE")
 def test_a_file_size_limit_in_a_checkpoint_is_one_line_naming_the_file(trained, tmp_path):
