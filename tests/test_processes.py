@@ -51,21 +51,26 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_a_pool_whose_worker_died_mid_result_does_not_hang_the_exit(tmp_path):
-    script = tmp_path / "half_sent.py"
-    script.write_text(SCRIPT, encoding="utf-8")
+def _run(script: str, tmp_path) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of the Python `script`; a failure if it has not exited after 60 s."""
+    path = tmp_path / "script.py"
+    path.write_text(script, encoding="utf-8")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    proc = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    proc = subprocess.Popen([sys.executable, str(path)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
-        output, _ = proc.communicate(timeout=60)
+        out, err = proc.communicate(timeout=60)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, 9)
-        output, _ = proc.communicate()
-        pytest.fail(f"the script did not exit after stopping its pool: {output.decode(errors='replace')!r}")
-    text = output.decode(errors="replace")
-    assert proc.returncode == 0, text
-    assert "manager alive: False" in text, text
+        out, err = proc.communicate()
+        pytest.fail(f"the script did not exit after stopping its pool: {out!r} {err[-2000:]!r}")
+    return proc.returncode, out, err
+
+
+def test_a_pool_whose_worker_died_mid_result_does_not_hang_the_exit(tmp_path):
+    code, out, err = _run(SCRIPT, tmp_path)
+    assert code == 0, out + err
+    assert "manager alive: False" in out, out + err
 
 
 # Futures cancelled by the caller (as the prepare did when Ctrl-C stopped it) while the worker runs a task and
@@ -104,15 +109,4 @@ CANCELLED = textwrap.dedent("""
 
 
 def test_a_pool_with_cancelled_futures_stops_and_exits(tmp_path):
-    script = tmp_path / "cancelled.py"
-    script.write_text(CANCELLED, encoding="utf-8")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    proc = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, 9)
-        out, err = proc.communicate()
-        pytest.fail(f"the script did not exit after stopping its pool: {out!r} {err[-2000:]!r}")
-    assert (proc.returncode, out, err) == (0, "manager alive: False\n", "")
+    assert _run(CANCELLED, tmp_path) == (0, "manager alive: False\n", "")
