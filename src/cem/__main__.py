@@ -39,19 +39,19 @@ class _Resend:
 
 def run() -> int:
     """The `cem` command (`cem.cli.main`), with a Ctrl-C while its modules load one line, as during a command (held
-    from this module's first statement until torch is loaded: a KeyboardInterrupt inside an import can leave a module
-    half made, which a later import then trips on); once the command is over, a Ctrl-C while the interpreter exits
-    (joining threads and worker processes) is ignored: the exit code stays the command's, not a death by SIGINT
-    without a word."""
+    from this module's first statement until the parser is made, which loads torch, the layers, the model and the
+    trainer, for seconds: a KeyboardInterrupt inside an import can leave a module half made, which a later import
+    then trips on, or come out of torch's as another error, or abort); once the command is over, a Ctrl-C while the
+    interpreter exits (joining threads and worker processes) is ignored: the exit code stays the command's, not a
+    death by SIGINT without a word."""
     try:
-        import torch  # noqa: F401 - what `cem.cli.build_parser` loads first, for seconds
+        from .cli import Terminated, build_parser, main
 
-        from .cli import Terminated, main
-
+        parser = build_parser()
         sys.unraisablehook = _Resend(Terminated)
         if _UNHELD is not None:
             _signal.pthread_sigmask(_signal.SIG_SETMASK, _UNHELD)  # a Ctrl-C held meanwhile is raised here
-        code = main()
+        code = main(parser=parser)
         _signal.signal(_signal.SIGINT, _signal.SIG_IGN)  # Python puts back the default (death by SIGINT) for a handler of its own as it exits
     except KeyboardInterrupt:
         sys.stderr.write("cem: error: interrupted (Ctrl-C)\n")
