@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-# Slow: about 100 s on two idle cores. CI's rehearsal (2026-12-01, idle) found 3 of 100 bad before the fixes of
+# Slow: 3 min on the shared two-core machine at load 5, 8 min at load 11 (465 CPU seconds). CI's rehearsal (2026-12-01, idle) found 3 of 100 bad before the fixes of
 # issue 63, item 4: a hang (`stop_pool`), a traceback from a Ctrl-C while `cem.__main__` imported `signal`, and an
 # "Exception ignored in" traceback from one that landed in a finalizer (both `cem.__main__`); each has a test of its own.
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not sys.platform.startswith("linux"), reason="process groups")]
