@@ -758,6 +758,85 @@ def test_ctrl_c_while_the_modules_load_is_one_line(launch, tmp_path):
     assert (proc.returncode, err) == (130, "cem: error: interrupted (Ctrl-C)\n")
 
 
+# The `cem` script (as pip writes it) with a Ctrl-C at the import of a module (argv[1]; "first": the first one
+# `cem.__main__` makes that Python has not made already), saying whether SIGINT was held then.
+CTRL_C_AT_IMPORT = """
+import _signal, os, sys
+
+AT = sys.argv[1]
+
+class CtrlC:
+    @staticmethod
+    def find_spec(name, path, target=None):
+        frame = sys._getframe(1)
+        while frame is not None and frame.f_globals.get("__name__") != "cem.__main__":
+            frame = frame.f_back
+        if name == AT or (AT == "first" and frame is not None):
+            sys.meta_path.remove(CtrlC)
+            held = _signal.SIGINT in _signal.pthread_sigmask(_signal.SIG_BLOCK, [])
+            print(f"Ctrl-C at the import of {name}; held: {held}", flush=True)
+            os.kill(os.getpid(), _signal.SIGINT)
+        return None
+
+sys.meta_path.insert(0, CtrlC)
+sys.argv = ["cem", "info"]
+from cem.__main__ import run
+sys.exit(run())
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not hasattr(signal, "pthread_sigmask"), reason="SIGINT is held with pthread_sigmask")
+@pytest.mark.parametrize("at", ["first", "torch._dynamo"])
+def test_ctrl_c_at_an_import_of_the_command_is_held_and_one_line(at, tmp_path):
+    """Issue 63: a Ctrl-C in the first milliseconds, while `cem.__main__` imported `signal` (before it held SIGINT),
+    printed a traceback; one while the parser's modules loaded (torch._dynamo, triton: after the hold) could land in
+    their imports and come out as a RuntimeError or an abort. SIGINT is held from that module's first statement until
+    the parser is made."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    run = subprocess.run([sys.executable, "-c", CTRL_C_AT_IMPORT, at], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    assert run.stdout.startswith("Ctrl-C at the import of ") and run.stdout.endswith("; held: True\n"), run.stdout
+    assert (run.returncode, run.stderr) == (130, "cem: error: interrupted (Ctrl-C)\n")
+
+
+# The `cem` script with a command that a Ctrl-C stops while a finalizer runs (garbage collected in the middle of it).
+IN_A_FINALIZER = """
+import os, sys, time
+import cem.cli
+
+class Garbage:
+    def __del__(self):
+        os.kill(os.getpid(), 2)
+
+def command(parser=None):
+    Garbage()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        pass
+    print("the command went on", flush=True)
+    return 0
+
+cem.cli.main = command
+from cem.__main__ import run
+sys.exit(run())
+"""
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_a_finalizer_stops_the_command_with_one_line(tmp_path):
+    """Issue 63: a Ctrl-C that landed in a finalizer (a `__del__` of the prepare's pool pipes or progress bar) was
+    printed as "Exception ignored in ..." and a traceback, and the command went on; it is sent again and stops it."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    run = subprocess.run([sys.executable, "-c", IN_A_FINALIZER], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    assert (run.returncode, run.stdout, run.stderr) == (130, "", "cem: error: interrupted (Ctrl-C)\n")
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not hasattr(__import__("resource"), "RLIMIT_FSIZE"), reason="needs RLIMIT_FSIZE")
 def test_a_file_size_limit_in_a_checkpoint_is_one_line_naming_the_file(trained, tmp_path):

@@ -757,13 +757,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None) -> int:
+    """The `cem` command on `argv` (default: the command line's), with the parser `build_parser` makes (or `parser`,
+    made already)."""
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in MOVED:
         print(f"cem: error: `cem {argv[0]}` moved to its own package: `{MOVED[argv[0]]}`", file=sys.stderr)
         return 2
     try:
-        parser = build_parser()  # imports torch: seconds in which a Ctrl-C is one line too
+        parser = build_parser() if parser is None else parser  # imports torch: seconds in which a Ctrl-C is one line too
         args, extra = parser.parse_known_args(argv)
         stray = [a for a in extra if a.startswith("-") or "=" not in a]
         if stray or (extra and not hasattr(args, "overrides")):

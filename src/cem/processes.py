@@ -30,23 +30,35 @@ def die_with_parent(parent: int, sig: int = signal.SIGTERM) -> None:
 
 def stop_pool(pool: ProcessPoolExecutor, timeout: float = 5.0) -> None:
     """Shut `pool` down without waiting on its queues (after an interrupt or an error, when they may be in
-    any state): cancel what is queued, terminate the workers, join each for at most `timeout` seconds in
-    all, then kill those still alive. Never blocks for longer than about `timeout` plus two seconds, and
-    leaves nothing that blocks this process's exit.
+    any state): have the pool's manager thread cancel what is queued, terminate the workers, join each for
+    at most `timeout` seconds in all, then kill those still alive. Never blocks for longer than about
+    `timeout` plus two seconds, and leaves nothing that blocks this process's exit.
 
-    A worker terminated while it sends a result larger than a pipe's buffer leaves the pool's manager
-    thread waiting for the rest of that message, and Python's exit joins that thread: the command would
-    hang after its last line. This process holds the result pipe's write end too (the workers only ever
-    write to it), so closing that once the workers are gone ends the read (end of file); the manager
-    thread then takes the pool as broken and exits."""
+    The order keeps CPython's manager thread alive to the end. Once a worker dies the manager fails every
+    future still pending (`terminate_broken`); one cancelled by then, not by the manager itself, fails it with
+    InvalidStateError (3.11): the thread died before closing the call queue, whose feeder thread, stuck
+    writing tasks no worker reads, Python's exit then joined forever. So the workers are terminated only
+    once the manager has taken the shutdown (it drops what it cancels), or the wait for it is over; and the
+    call queue's feeder is never joined (`cancel_join_thread`: the tasks it holds are dropped anyway).
+
+    A worker terminated while it sends a result larger than a pipe's buffer leaves the manager thread
+    waiting for the rest of that message, and Python's exit joins that thread: the command would hang
+    after its last line. This process holds the result pipe's write end too (the workers only ever write
+    to it), so closing that once the workers are gone ends the read (end of file); the manager thread then
+    takes the pool as broken and exits."""
     processes = list((getattr(pool, "_processes", None) or {}).values())
-    result_queue = getattr(pool, "_result_queue", None)  # shutdown(wait=False) drops these references
+    call_queue = getattr(pool, "_call_queue", None)  # shutdown(wait=False) drops these references
+    result_queue = getattr(pool, "_result_queue", None)
     manager = getattr(pool, "_executor_manager_thread", None)
+    deadline = time.monotonic() + timeout
+    if call_queue is not None:
+        call_queue.cancel_join_thread()
+    pool.shutdown(wait=False, cancel_futures=True)
+    while manager is not None and manager.is_alive() and getattr(pool, "_cancel_pending_futures", False) and time.monotonic() < deadline:
+        time.sleep(0.001)  # the manager thread clears the flag once it has cancelled what is queued
     for proc in processes:
         with contextlib.suppress(OSError, ValueError):
             proc.terminate()
-    pool.shutdown(wait=False, cancel_futures=True)
-    deadline = time.monotonic() + timeout
     for proc in processes:
         with contextlib.suppress(OSError, ValueError, AssertionError):
             proc.join(max(0.0, deadline - time.monotonic()))

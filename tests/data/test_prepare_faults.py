@@ -104,6 +104,22 @@ def test_a_resumed_prepare_of_an_unchanged_source_continues(tmp_path, monkeypatc
     assert files_of(prepare_shards(str(corpus), "byte", tmp_path / "out", **KW)) == files_of(whole)
 
 
+def test_the_ready_line_is_said_once_the_folder_is_released(tmp_path, monkeypatch):
+    """Issue 63: the last line of a prepare came before it released its folder, so that a Ctrl-C after it (still in
+    the command) said "interrupted" under "ready"; now releasing the folder is done before the line."""
+    corpus = write_corpus(tmp_path / "corpus")
+    out = tmp_path / "out"
+    said = []
+
+    def say(show, message):
+        with lock_folder(out, "the folder"):  # a LockedError while the prepare still holds it
+            said.append(message)
+
+    monkeypatch.setattr(tokenshards, "_say", say)
+    prepare_shards(str(corpus), "byte", out, **KW)
+    assert len(said) == 1 and said[0].startswith(f"token shards of {corpus} ready in {out}: train ")
+
+
 def test_a_second_prepare_into_one_folder_is_refused_naming_the_lock_and_holder(tmp_path, monkeypatch):
     """Before, the second prepare took the first's temp files for a killed prepare's and removed them,
     and the first died; now it is refused and the first finishes."""

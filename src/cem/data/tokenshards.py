@@ -128,12 +128,14 @@ def prepare_shards(
     if _read_manifest(out) is None and out.is_dir() and any(p.name != LOCK_FILE for p in out.iterdir()):
         raise ValueError(f"{out} is not empty and holds no token shards; choose a new or empty folder (--out)")
     with lock_folder(out, f"token-shard folder {out}"):  # one prepare at a time: a second one would take the first's temp files for stale
-        return _prepare_locked(source, tokenizer_spec, out, tokens, held_out_tokens, shard_tokens, workers, encoding, separator, progress)
+        sizes = _prepare_locked(source, tokenizer_spec, out, tokens, held_out_tokens, shard_tokens, workers, encoding, separator, progress)
+    _say(progress, f"token shards of {source} ready in {out}: {sizes} tokens")  # the folder released: nothing left to do but return
+    return out
 
 
 def _prepare_locked(source: CorpusSpec, tokenizer_spec: str, out: Path, tokens: int | None, held_out_tokens: int | None,
-                    shard_tokens: int, workers: int | None, encoding: str, separator: str | None, progress: bool) -> Path:
-    """`prepare_shards` in the folder `out`, held by this process."""
+                    shard_tokens: int, workers: int | None, encoding: str, separator: str | None, progress: bool) -> str:
+    """`prepare_shards` in the folder `out`, held by this process; the tokens of each split (for the line saying it is ready)."""
     files = _source_files(source)  # before anything is read from it
     manifest = _read_manifest(out)
     documents = None
@@ -190,9 +192,7 @@ def _prepare_locked(source: CorpusSpec, tokenizer_spec: str, out: Path, tokens: 
     manifest["complete"] = True
     atomic_write_json(out / MANIFEST, manifest)
     (out / RESUME).unlink(missing_ok=True)
-    sizes = ", ".join(f"{s} {sum(x['n_tokens'] for x in st['shards']):,}" for s, st in manifest["splits"].items())
-    _say(progress, f"token shards of {source} ready in {out}: {sizes} tokens")
-    return out
+    return ", ".join(f"{s} {sum(x['n_tokens'] for x in st['shards']):,}" for s, st in manifest["splits"].items())
 
 
 def _sample(docs: Iterable[str], max_chars: int) -> list[str]:
@@ -312,23 +312,21 @@ def _tasks(docs: Stream, position: Any) -> Iterator[tuple[list[str], Any]]:
 
 def _in_order(pool: Executor | None, tasks: Iterator[tuple[list[str], Any]], window: int) -> Iterator[tuple[tuple, Any]]:
     """(`_encode(group)`, position) of each task, in order, with at most `window` tasks submitted and not yet
-    taken (`Executor.map` would submit them all at once); in this process without a pool."""
+    taken (`Executor.map` would submit them all at once); in this process without a pool. The tasks left when
+    it stops are the pool's shutdown's to cancel (`_executor`): one cancelled here, while the pool's manager
+    thread fails those of a broken pool, would kill that thread (`stop_pool`)."""
     if pool is None:
         yield from ((_encode(group), position) for group, position in tasks)
         return
     pending = deque()
-    try:
-        for group, position in tasks:
-            pending.append((submit_quietly(pool, _encode, group), position))
-            if len(pending) >= window:
-                future, position = pending.popleft()
-                yield future.result(), position
-        while pending:
+    for group, position in tasks:
+        pending.append((submit_quietly(pool, _encode, group), position))
+        if len(pending) >= window:
             future, position = pending.popleft()
             yield future.result(), position
-    finally:
-        for future, _ in pending:
-            future.cancel()
+    while pending:
+        future, position = pending.popleft()
+        yield future.result(), position
 
 
 @contextlib.contextmanager
