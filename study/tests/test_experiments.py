@@ -34,7 +34,7 @@ def chosen(s, lr=4e-3):
 def test_every_experiment_is_defined_at_every_scale():
     assert set(ALL_IDS) == set(SUITE_ORDER) == {
         "fig2a", "fig2b", "fig2c", "fig2d", "fig3a", "fig3b", "fig3c", "fig4", "fig4-alibi", "table3",
-        "step-size", "positional", "readings", "test-time", "energy", "lr", "size-trend",
+        "step-size", "positional", "readings", "test-time", "energy", "recipes", "lr", "size-trend",
     }
     for scale in SCALES:
         s = chosen(get_scale(scale))
