@@ -207,14 +207,47 @@ def lost_manifest(tmp, run, monkeypatch):
     (tmp / "run2" / "ckpt" / "manifest.json").unlink()
 
 
-def recorded(edit):
-    """The trained run copied to {tmp}/run2 (unfinished), its run.json's record edited by `edit(record)`."""
+def edited(rel, edit, finished=False):
+    """The trained run copied to {tmp}/run2 (unfinished, unless `finished`), its JSON record `rel` edited by `edit(record)`."""
 
     def setup(tmp, run, monkeypatch):
-        unfinished_copy(tmp, run, monkeypatch)
-        record = json.loads((tmp / "run2" / "run.json").read_text())
+        shutil.copytree(run, tmp / "run2")
+        if not finished:
+            (tmp / "run2" / "results.json").unlink()
+        path = tmp / "run2" / rel
+        record = json.loads(path.read_text())
         edit(record)
-        (tmp / "run2" / "run.json").write_text(json.dumps(record))
+        path.write_text(json.dumps(record))
+
+    return setup
+
+
+def recorded(edit):
+    """The trained run copied to {tmp}/run2 (unfinished), its run.json's record edited by `edit(record)`."""
+    return edited("run.json", edit)
+
+
+def resulted(**changes):
+    """The trained run copied to {tmp}/run2, finished, its results.json with `changes` made (None: the key removed)."""
+    return edited("results.json", lambda r: [r.pop(k) if v is None else r.update({k: v}) for k, v in changes.items()], finished=True)
+
+
+def manifested(edit):
+    """The trained run copied to {tmp}/run2 (unfinished), its checkpoint's manifest.json edited by `edit(manifest)`."""
+    return edited("ckpt/manifest.json", edit)
+
+
+def first_file(manifest):
+    """The first entry of a checkpoint manifest's file table."""
+    return next(iter(manifest["files"].values()))
+
+
+def shard_resume(text):
+    """Unfinished token shards of {tmp}/c.txt in {tmp}/sh with `text` as their resume.json."""
+
+    def setup(tmp, run, monkeypatch):
+        shards(lambda m: m.update(complete=False))(tmp, run, monkeypatch)
+        (tmp / "sh" / "resume.json").write_text(text)
 
     return setup
 
@@ -394,7 +427,7 @@ CASES = [
     ("resume a corrupt trainer state", RESUME, damaged_run("ckpt/trainer_state.pt", b"garbage"), "trainer_state.pt"),
     ("resume a crafted trainer state", RESUME, malicious_state, "not a plain trainer state (only tensors, numbers and containers are read): WeightsUnpickler error: Unsupported global"),
     ("resume a damaged manifest", RESUME, damaged_run("ckpt/manifest.json", "{"), "manifest"),
-    ("resume a re-signed negative step", RESUME, resigned(negative_step), "trainer_state.pt: step must be an integer >= 0, got int -5"),
+    ("resume a re-signed negative step", RESUME, resigned(negative_step), "step must be an integer in [0, 1,000,000,000,000,000]"),
     ("resume re-signed int32 weights", RESUME, resigned(int_weights), "not floating point"),
     ("eval re-signed int32 weights", ["eval", "--ckpt", "{tmp}/run2"], resigned(int_weights), "not floating point"),
     ("resume a newer format", RESUME,
@@ -662,6 +695,101 @@ CASES = [
     ("step_decay zero", [*TRAIN, *STEP, "step_schedule=geometric", "step_decay=0"], None, "step_decay must be > 0"),
     ("step_schedule unknown", [*TRAIN, *STEP, "step_schedule=cosine"], None, "unknown step_schedule 'cosine'"),
     ("start unknown", [*TRAIN, *STEP, "start=zero"], None, "unknown start 'zero'"),
+    # -- issue 63: every record read back is checked by its schema (`cem.records`), the message naming the file and the field
+    ("eval run.json total_steps a word", ["eval", "--ckpt", "{tmp}/run2"], recorded(lambda r: r.update(total_steps="x")),
+     "run.json: total_steps must be an integer in [0, 1,000,000,000,000,000], got str 'x'"),
+    ("resume run.json total_steps negative", RESUME, recorded(lambda r: r.update(total_steps=-4)), "run.json: total_steps must be an integer in [0, 1,000,000,000,000,000], got int -4"),
+    ("resume run.json total_steps NaN", RESUME, recorded(lambda r: r.update(total_steps=float("nan"))), "run.json: total_steps must be an integer in [0, 1,000,000,000,000,000], got float nan"),
+    ("resume run.json total_steps 1e300", RESUME, recorded(lambda r: r.update(total_steps=1e300)), "run.json: total_steps must be an integer in [0, 1,000,000,000,000,000], got float 1e+300"),
+    ("resume run.json train a list", RESUME, recorded(lambda r: r.update(train=[1])), "run.json: train must be an object, got list"),
+    ("eval run.json model a string", ["eval", "--ckpt", "{tmp}/run2"], recorded(lambda r: r.update(model="cem")), "run.json: model must be an object, got str 'cem'"),
+    ("resume run.json tokenizer a number", RESUME, recorded(lambda r: r.update(tokenizer=7)), "run.json: tokenizer must be a string, got int 7"),
+    ("resume run.json corpus a list", RESUME, recorded(lambda r: r.update(corpus=["a"])), "run.json: corpus must be a string or an object, got list"),
+    ("eval run.json truncated", ["eval", "--ckpt", "{tmp}/run2"], damaged_run("run.json", '{"train": {"lr": 0.'), "run.json is corrupted: not JSON"),
+    ("rerun results.json steps a word", [*TRAIN, *STEP, "--arch", "cem", "--out", "{tmp}/run2"], resulted(steps="one"),
+     "results.json: steps must be an integer in [0, 1,000,000,000,000,000], got str 'one'"),
+    ("rerun results.json steps negative", [*TRAIN, *STEP, "--arch", "cem", "--out", "{tmp}/run2"], resulted(steps=-1), "results.json: steps must be an integer in [0, 1,000,000,000,000,000], got int -1"),
+    ("rerun results.json sessions a string", [*TRAIN, *STEP, "--arch", "cem", "--out", "{tmp}/run2"], resulted(sessions="x"), "results.json: sessions must be a list, got str 'x'"),
+    ("rerun results.json sessions of numbers", [*TRAIN, *STEP, "--arch", "cem", "--out", "{tmp}/run2"], resulted(sessions=[{}, 2]),
+     "results.json: sessions[1] must be an object, got int 2"),
+    ("rerun results.json a session's processor a number", [*TRAIN, *STEP, "--arch", "cem", "--out", "{tmp}/run2"], resulted(sessions=[{"processor": 5}]),
+     "results.json: sessions[0].processor must be a string, got int 5"),
+    ("rerun results.json processor_inferred a list", [*TRAIN, *STEP, "--arch", "cem", "--out", "{tmp}/run2"], resulted(processor_inferred=["x"]),
+     "results.json: processor_inferred must be an object, got list"),
+    ("rerun results.json processor_inferred without its processor", [*TRAIN, *STEP, "--arch", "cem", "--out", "{tmp}/run2"],
+     resulted(processor_inferred={"by": "a check"}), "results.json: processor_inferred.processor is missing"),
+    ("rerun results.json test_loss NaN", [*TRAIN, *STEP, "--arch", "cem", "--out", "{tmp}/run2"], resulted(test_loss=float("nan")),
+     "results.json: test_loss must be a finite number >= 0, got float nan"),
+    ("rerun results.json world_size zero", [*TRAIN, *STEP, "--arch", "cem", "--out", "{tmp}/run2"], resulted(world_size=0), "results.json: world_size must be an integer >= 1, got int 0"),
+    ("rerun results.json tokens_seen 1e400", [*TRAIN, *STEP, "--arch", "cem", "--out", "{tmp}/run2"], resulted(tokens_seen=float("inf")),
+     "results.json: tokens_seen must be an integer in [0, 1,000,000,000,000,000], got float inf"),
+    ("rerun results.json provenance a string", [*TRAIN, *STEP, "--arch", "cem", "--out", "{tmp}/run2"], resulted(provenance="me"),
+     "results.json: provenance must be an object, got str 'me'"),
+    ("rerun results.json parameters of words", [*TRAIN, *STEP, "--arch", "cem", "--out", "{tmp}/run2"], resulted(parameters={"total": "many"}),
+     "results.json: parameters.total must be an integer >= 0, got str 'many'"),
+    ("rerun results.json a list", [*TRAIN, *STEP, "--arch", "cem", "--out", "{tmp}/run2"],
+     lambda t, r, m: [shutil.copytree(r, t / "run2"), (t / "run2" / "results.json").write_text("[]")], "results.json is corrupted: expected a JSON object"),
+    ("rerun results.json truncated", [*TRAIN, *STEP, "--arch", "cem", "--out", "{tmp}/run2"],
+     lambda t, r, m: [shutil.copytree(r, t / "run2"), (t / "run2" / "results.json").write_text('{"steps": 1, "test_')], "results.json is corrupted: not JSON"),
+    ("resume a re-signed state with tokens_seen a word", RESUME, resigned(edited_state(tokens_seen="many")),
+     "trainer_state.pt: tokens_seen must be an integer in [0, 1,000,000,000,000,000], got str 'many'"),
+    ("resume a re-signed state with elapsed NaN", RESUME, resigned(edited_state(elapsed=float("nan"))), "trainer_state.pt: elapsed must be a finite number >= 0, got float nan"),
+    ("resume a re-signed state with elapsed negative", RESUME, resigned(edited_state(elapsed=-1.0)), "trainer_state.pt: elapsed must be a finite number >= 0, got float -1.0"),
+    ("resume a re-signed state with a session from step -1", RESUME, resigned(edited_state(sessions=[{"from_step": -1}])),
+     "trainer_state.pt: sessions[0].from_step must be an integer in [0, 1,000,000,000,000,000], got int -1"),
+    ("resume a re-signed state with a session of zero threads", RESUME, resigned(edited_state(sessions=[{"threads": 0}])),
+     "trainer_state.pt: sessions[0].threads must be an integer >= 1, got int 0"),
+    ("resume a re-signed state with step a float", RESUME, resigned(edited_state(step=1.0)), "step must be an integer"),
+    ("resume a re-signed state with step 1e30", RESUME, resigned(edited_state(step=10**30)), "step must be an integer in [0, 1,000,000,000,000,000] or null, got int 1000000000000000000000000000000"),
+    ("resume a re-signed state with the optimizer a list", RESUME, resigned(edited_state(optimizer=[1])), "trainer_state.pt: optimizer must be an object, got list"),
+    ("eval a re-signed state with its run a string", ["eval", "--ckpt", "{tmp}/run2"],
+     lambda t, r, m: [resigned(edited_state(run="x"))(t, r, m), (t / "run2" / "run.json").unlink()], "trainer_state.pt: run must be an object, got str 'x'"),
+    ("resume a re-signed state with format a string", RESUME, resigned(edited_state(format="1")), "trainer_state.pt: format must be an integer >= 0, got str '1'"),
+    ("resume a manifest whose files are a list", RESUME, manifested(lambda m: m.update(files=["model.safetensors"])),
+     "manifest.json: files must be a non-empty object, got list"),
+    ("resume a manifest whose bytes are a word", RESUME, manifested(lambda m: first_file(m).update(bytes="big")),
+     "manifest.json: files.config.json.bytes must be an integer >= 0, got str 'big'"),
+    ("resume a manifest entry without its sha256", RESUME, manifested(lambda m: first_file(m).pop("sha256")), "manifest.json: files.config.json.sha256 is missing"),
+    ("resume a manifest whose step is a word", RESUME, manifested(lambda m: m.update(step="one")), "manifest.json: step must be an integer in [0, 1,000,000,000,000,000] or null, got str 'one'"),
+    ("eval a manifest listing a file above its folder", ["eval", "--ckpt", "{tmp}/run2"], manifested(lambda m: m["files"].update({"../run.json": first_file(m)})),
+     "lists '../run.json', which is not a file in its folder"),
+    ("eval a manifest listing an absolute path", ["eval", "--ckpt", "{tmp}/run2"], manifested(lambda m: m["files"].update({"/etc/passwd": first_file(m)})),
+     "lists '/etc/passwd', which is not a file in its folder"),
+    ("resume a manifest nested deeply", RESUME, damaged_run("ckpt/manifest.json", "[" * 100000 + "]" * 100000), "manifest.json is corrupted: JSON nested too deeply"),
+    ("data verify shards of float64", ["data", "verify", "{tmp}/sh"], shards(lambda m: m["settings"].update(dtype="float64")),
+     "manifest.json: settings.dtype must be one of 'uint16', 'uint32', got str 'float64'"),
+    ("data verify a shard of a word's tokens", ["data", "verify", "{tmp}/sh"], shards(lambda m: m["splits"]["train"]["shards"][0].update(n_tokens="many")),
+     "manifest.json: splits.train.shards[0].n_tokens must be an integer in [0, 1,000,000,000,000,000], got str 'many'"),
+    ("train on a shard of 1e30 tokens", [*TRAIN, *STEP, "--data", "{tmp}/sh"], shards(lambda m: m["splits"]["train"]["shards"][0].update(n_tokens=10**30)),
+     "manifest.json: splits.train.shards[0].n_tokens must be an integer in [0, 1,000,000,000,000,000]"),
+    ("data verify a shard file above its folder", ["data", "verify", "{tmp}/sh"], shards(lambda m: m["splits"]["train"]["shards"][0].update(file="../c.txt")),
+     "lists '../c.txt', which is not a file in its folder"),
+    ("data verify shards whose splits are a list", ["data", "verify", "{tmp}/sh"], shards(lambda m: m.update(splits=[1])), "manifest.json: splits must be an object, got list"),
+    ("train on shards whose complete is a word", [*TRAIN, *STEP, "--data", "{tmp}/sh"], shards(lambda m: m.update(complete="yes")),
+     "manifest.json: complete must be true or false, got str 'yes'"),
+    ("data verify shards whose source files are a string", ["data", "verify", "{tmp}/sh"], shards(lambda m: m.update(source_files="c.txt")),
+     "manifest.json: source_files must be an object or null, got str 'c.txt'"),
+    ("data verify shards of another format", ["data", "verify", "{tmp}/sh"], shards(lambda m: m["settings"].update(format="other/9")),
+     "is not a cem token-shard manifest (cem-token-shards/1): its settings.format is 'other/9'"),
+    ("data verify shards whose end is of words", ["data", "verify", "{tmp}/sh"], shards(lambda m: m["splits"]["valid"].update(end=["a", 0])),
+     "manifest.json: splits.valid.end[0] must be an integer >= 0, got str 'a'"),
+    ("data prepare onto shards whose resume.json is a list", ["data", "prepare", "{tmp}/c.txt", "--tokenizer", "byte", "--tokens", "100", "--out", "{tmp}/sh", "--workers", "0"],
+     shard_resume("[1]"), "resume.json is corrupted: expected a JSON object"),
+    ("data prepare onto shards whose resume.json lacks a position", ["data", "prepare", "{tmp}/c.txt", "--tokenizer", "byte", "--tokens", "100", "--out", "{tmp}/sh",
+     "--workers", "0"], shard_resume('{"train": {"doc": 3}}'), "resume.json: train.position is missing"),
+    ("eval tokenizer meta of a numeric kind", ["eval", "--ckpt", "{tmp}/run2"], damaged_run("tokenizer/cem_tokenizer.json", '{"kind": 3}'),
+     "cem_tokenizer.json: kind must be one of 'byte', 'hf', got int 3"),
+    ("eval tokenizer meta without a kind", ["eval", "--ckpt", "{tmp}/run2"], damaged_run("tokenizer/cem_tokenizer.json", '{"name": "x"}'), "cem_tokenizer.json: kind is missing"),
+    ("train with a tokenizer meta of a negative eot_id", [*TRAIN, *STEP, "--tokenizer", "{tmp}/meta"], write("meta/cem_tokenizer.json", '{"kind": "hf", "name": "x", "eot_id": -1}'),
+     "cem_tokenizer.json: eot_id must be an integer >= 0, got int -1"),
+    ("train with a tokenizer meta of a word for eot_id", [*TRAIN, *STEP, "--tokenizer", "{tmp}/meta"], write("meta/cem_tokenizer.json", '{"kind": "hf", "name": "x", "eot_id": "0"}'),
+     "cem_tokenizer.json: eot_id must be an integer >= 0, got str '0'"),
+    ("train with a tokenizer meta of an empty name", [*TRAIN, *STEP, "--tokenizer", "{tmp}/meta"], write("meta/cem_tokenizer.json", '{"kind": "hf", "name": "", "eot_id": 0}'),
+     "cem_tokenizer.json: name must be a non-empty string, got str ''"),
+    ("train with a tokenizer_config.json of a numeric eos_token", [*TRAIN, *STEP, "--tokenizer", "{tmp}/tok"], hf_tokenizer('{"eos_token": 5}'),
+     "tokenizer_config.json: eos_token must be a string or an object or null, got int 5"),
+    ("train with a tokenizer_config.json whose eos_token lacks its content", [*TRAIN, *STEP, "--tokenizer", "{tmp}/tok"], hf_tokenizer('{"eos_token": {"lstrip": false}}'),
+     "tokenizer_config.json: eos_token.content is missing"),
     # -- the study's commands, moved to the cem-study package
     ("experiment moved", ["experiment", "fig2a", "--scale", "smoke"], None, "`cem experiment` moved to its own package: `cem-study experiment`"),
     ("report moved", ["report", "{tmp}/res"], None, "`cem report` moved to its own package: `cem-study report`"),

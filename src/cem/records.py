@@ -112,7 +112,7 @@ class Null(Kind):
         return f"{self.kind.what} or null"
 
     def problem(self, value, at: str) -> str | None:
-        return None if value is None else self.kind.problem(value, at)
+        return None if value is None else _outer(self, [self.kind.problem(value, at)], value, at)
 
 
 @dataclass(frozen=True)
@@ -126,8 +126,7 @@ class Either(Kind):
         return " or ".join(k.what for k in self.kinds)
 
     def problem(self, value, at: str) -> str | None:
-        problems = [k.problem(value, at) for k in self.kinds]
-        return None if None in problems else f"{at or 'the record'} must be {self.what}, got {_got(value)}"
+        return _outer(self, [k.problem(value, at) for k in self.kinds], value, at)
 
 
 @dataclass(frozen=True)
@@ -182,6 +181,15 @@ class Object(Kind):
         return next((p for k, kind in self.fields.items() if k in value and (p := kind.problem(value[k], _key(at, k)))), None)
 
 
+def _outer(kind: Kind, problems: list[str | None], value, at: str) -> str | None:
+    """The problem of a value of `kind` (a choice among kinds) from those of the kinds it may be: none if it is one;
+    the problem inside the one it is, of the wrong content (an object lacking a field); else what `kind` is."""
+    if None in problems:
+        return None
+    inner = [p for p in problems if not p.startswith(f"{at or 'the record'} must be")]
+    return inner[0] if inner else f"{at or 'the record'} must be {kind.what}, got {_got(value)}"
+
+
 def _key(at: str, key) -> str:
     """The path of `key` inside the field at `at` ("" at the top)."""
     return f"{at}.{key}" if at else str(key)
@@ -205,6 +213,7 @@ def read_record(path: str | os.PathLike, schema: Kind):
 # ------------------------------------------------------------------ the records
 
 TOKENS = Int(0, 10**15)  # a token or byte count (a petabyte: a bound no real corpus reaches, so 1e300 is refused)
+STEPS = TOKENS  # a step count: at most one per token
 SECONDS = Num(0)
 
 PROVENANCE = Object({  # `cem.provenance.provenance`: what produced a training session
@@ -212,30 +221,30 @@ PROVENANCE = Object({  # `cem.provenance.provenance`: what produced a training s
     "cpu_id": Null(Str()), "cpu_capability": Null(Str()), "device": Str(), "threads": Int(1), "cpu_count": Null(Int(1)),
     "platform": Str(),
 })
-SESSION = Object({**PROVENANCE.fields, "compiled": Bool(), "from_step": Int(0)})  # one training session of a run
+SESSION = Object({**PROVENANCE.fields, "compiled": Bool(), "from_step": STEPS})  # one training session of a run
 PROCESSOR_INFERRED = Object({"processor": Str(nonempty=True), "by": Str()}, required=("processor",))  # a same-bits check's
 
 RUN = Object({  # run.json (`RunDir.write_run`): the run's identity, its config (checked by `RunConfig.from_dict`) and budget
     "train": Object(), "model": Object(), "tokenizer": Str(), "corpus": Either((Str(), Object())), "config": Object(),
-    "total_steps": Int(0),
+    "total_steps": STEPS,
 })
 
 _SPLIT_METRICS = {f"{split}_{k}": kind for split in ("valid", "test") for k, kind in (
     ("loss", Num(0)), ("perplexity", Num(0, finite=False)), ("bits_per_byte", Num(0)), ("tokens", TOKENS), ("whole_split", Bool()))}
 RESULTS = Object({  # results.json (`trainer._finish`): a finished run's final metrics and what produced it
-    "status": Str(), "steps": Int(0), "tokens_seen": TOKENS, "train_wall_time_s": SECONDS, **_SPLIT_METRICS,
+    "status": Str(), "steps": STEPS, "tokens_seen": TOKENS, "train_wall_time_s": SECONDS, **_SPLIT_METRICS,
     "parameters": Map(Int(0)), "tokens_per_s": Num(0), "wall_time_s": SECONDS, "total_time_s": SECONDS, "device": Str(),
     "world_size": Int(1), "provenance": PROVENANCE, "sessions": List(SESSION), "processor_inferred": PROCESSOR_INFERRED,
     "model": Object(), "config": Object(), "tokenizer": Str(), "data": Str(),
 })
 
 TRAINER_STATE = Object({  # trainer_state.pt (`trainer._save`), as `torch.load(weights_only=True)` gives it
-    "step": Int(0), "format": Int(0), "tokens_seen": TOKENS, "elapsed": SECONDS, "optimizer": Object(), "scheduler": Object(),
+    "step": STEPS, "format": Int(0), "tokens_seen": TOKENS, "elapsed": SECONDS, "optimizer": Object(), "scheduler": Object(),
     "sampler": List(nonempty=True), "rng": List(nonempty=True), "guard": Object(), "run": Object(), "sessions": List(SESSION),
 }, required=("step",))
 
 CHECKPOINT_MANIFEST = Object({  # a checkpoint's manifest.json (`save_checkpoint`), format 0 read as {"files": ...}
-    "format": Int(0), "step": Null(Int(0)),
+    "format": Int(0), "step": Null(STEPS),
     "files": Map(Object({"bytes": Int(0), "sha256": Str(nonempty=True)}, required=("bytes", "sha256")), nonempty=True),
 }, required=("files",))
 

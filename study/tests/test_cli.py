@@ -69,7 +69,7 @@ RECORD_CASES = [  # issue 63: a damaged record of a finished run, read by --plan
     ("analyse, the row's sessions of numbers", [*PLAN, "--analyse-only"], bad_record("results.json", {"sessions": [2]}, row=True),
      "results.json (its row in {tmp}/r/runs.jsonl): sessions[0] must be an object, got int 2"),
     ("plan, the row's steps negative", [*PLAN, "--plan"], bad_record("results.json", {"steps": -3, "sessions": [{"processor": "x"}]}, row=True),
-     "steps must be an integer >= 0, got int -3"),
+     "steps must be an integer in [0, 1,000,000,000,000,000], got int -3"),
     ("analyse, the row's world size zero", [*PLAN, "--analyse-only"], bad_record("results.json", {"world_size": 0}, row=True),
      "results.json (its row in {tmp}/r/runs.jsonl): world_size must be an integer >= 1, got int 0"),
 ]

@@ -73,7 +73,7 @@ def test_a_finished_run_is_added_and_read_back_the_same(tmp_path):
 
 
 @pytest.mark.parametrize("name,value,expect", [
-    ("run", {"total_steps": "many"}, "run.json (its row in {table}): total_steps must be an integer >= 0, got str 'many'"),
+    ("run", {"total_steps": "many"}, "run.json (its row in {table}): total_steps must be an integer in [0, 1,000,000,000,000,000], got str 'many'"),
     ("run", {"corpus": 3}, "run.json (its row in {table}): corpus must be a string or an object, got int 3"),
     ("run", {"config": [1]}, "run.json (its row in {table}): config must be an object, got list"),
     ("results", {"sessions": "x"}, "results.json (its row in {table}): sessions must be a list, got str 'x'"),
