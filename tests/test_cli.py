@@ -762,6 +762,8 @@ RECORD_CASES = [
     ("eval a manifest listing an absolute path", ["eval", "--ckpt", "{tmp}/run2"], manifested(lambda m: m["files"].update({"/etc/passwd": first_file(m)})),
      "lists '/etc/passwd', which is not a file in its folder"),
     ("resume a manifest nested deeply", RESUME, damaged_run("ckpt/manifest.json", "[" * 100000 + "]" * 100000), "manifest.json is corrupted: JSON nested too deeply"),
+    ("data verify shards whose manifest lacks its settings and splits", ["data", "verify", "{tmp}/sh"], shards(lambda m: [m.pop("settings"), m.pop("splits")]),
+     "manifest.json: settings is missing"),
     ("data verify shards of float64", ["data", "verify", "{tmp}/sh"], shards(lambda m: m["settings"].update(dtype="float64")),
      "manifest.json: settings.dtype must be one of 'uint16', 'uint32', got str 'float64'"),
     ("data verify a shard of a word's tokens", ["data", "verify", "{tmp}/sh"], shards(lambda m: m["splits"]["train"]["shards"][0].update(n_tokens="many")),
