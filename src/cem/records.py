@@ -135,32 +135,31 @@ class List(Kind):
 
     item: Kind = field(default_factory=Kind)
     nonempty: bool = False
+    container, noun = list, "a list"
 
     @property
     def what(self) -> str:
-        return "a non-empty list" if self.nonempty else "a list"
+        return f"a non-empty {self.noun.split()[1]}" if self.nonempty else self.noun
 
     def problem(self, value, at: str) -> str | None:
-        if not isinstance(value, list) or (self.nonempty and not value):
-            return f"{at or 'the record'} must be {self.what}, got {'an empty list' if isinstance(value, list) else _got(value)}"
-        return next((p for i, v in enumerate(value) if (p := self.item.problem(v, f"{at}[{i}]"))), None)
+        if not isinstance(value, self.container) or (self.nonempty and not value):
+            got = f"an empty {self.noun.split()[1]}" if isinstance(value, self.container) else _got(value)
+            return f"{at or 'the record'} must be {self.what}, got {got}"
+        return next((p for where, v in self.entries(value, at) if (p := self.item.problem(v, where))), None)
+
+    def entries(self, value, at: str):
+        """Each item of `value` with its path."""
+        return ((f"{at}[{i}]", v) for i, v in enumerate(value))
 
 
 @dataclass(frozen=True)
-class Map(Kind):
-    """An object of any string keys, each value a `value` (at least one with `nonempty`)."""
+class Map(List):
+    """An object of any string keys, each value an `item` (at least one with `nonempty`)."""
 
-    value: Kind = field(default_factory=Kind)
-    nonempty: bool = False
+    container, noun = dict, "an object"
 
-    @property
-    def what(self) -> str:
-        return "a non-empty object" if self.nonempty else "an object"
-
-    def problem(self, value, at: str) -> str | None:
-        if not isinstance(value, dict) or (self.nonempty and not value):
-            return f"{at or 'the record'} must be {self.what}, got {'an empty object' if isinstance(value, dict) else _got(value)}"
-        return next((p for k, v in value.items() if (p := self.value.problem(v, _key(at, k)))), None)
+    def entries(self, value, at: str):
+        return ((_key(at, k), v) for k, v in value.items())
 
 
 @dataclass(frozen=True)

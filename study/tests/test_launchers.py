@@ -202,6 +202,7 @@ def test_the_documented_commands_build_their_launchers(tmp_path, monkeypatch, ca
     given = []
     monkeypatch.setattr(ex, "run_suite", lambda *a, **kw: given.append(a[6]) or [])
     monkeypatch.setattr(ex, "write_report", lambda *a, **kw: "report.md")
+    monkeypatch.setattr("cem_study.launchers.shutil.which", lambda name: f"/usr/bin/{name}")  # as on a cluster's login node
     base = ["experiment", "all", "--scale", "paper", "--results", str(tmp_path / "res")]
     assert main([*base, "--devices", "0,1,2,3,4,5,6,7", "--nproc-per-run", "2"]) == 0
     assert given[-1] == ProcessLauncher(jobs=4, nproc_per_run=2, devices=(("0", "1"), ("2", "3"), ("4", "5"), ("6", "7")))
