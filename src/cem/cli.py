@@ -663,6 +663,7 @@ def cmd_data_verify(args) -> int:
     """Each file checked against its manifest's sha256, one line each, then a summary; exit 1 if one is not intact."""
     from .data.tokenshards import MANIFEST as SHARDS_MANIFEST, verify_shards
     from .io import read_json
+    from .records import SHARD_MANIFEST
     from .training.checkpoint import MANIFEST as CKPT_MANIFEST, checkpoint_problems
 
     checked = []
@@ -670,7 +671,7 @@ def cmd_data_verify(args) -> int:
         if not folder.is_dir():
             raise FileNotFoundError(f"{folder}: no such folder (give a token-shard folder, a run folder or a checkpoint folder)")
         manifest = folder / SHARDS_MANIFEST
-        if manifest.is_file() and {"settings", "splits"} & read_json(manifest).keys():  # a checkpoint's has "files" (`verify_shards` checks the rest)
+        if manifest.is_file() and SHARD_MANIFEST.fields.keys() & read_json(manifest).keys():  # a checkpoint's lists "files" (`verify_shards` checks the rest)
             checked += verify_shards(folder)
             continue
         checkpoints = [folder] if (folder / CKPT_MANIFEST).is_file() else [c for c in (folder / "ckpt", folder / "ckpt.old") if c.is_dir()]

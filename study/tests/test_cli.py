@@ -22,6 +22,58 @@ def write(rel, content):
     return setup
 
 
+def _first_slug() -> str:
+    """The slug of smoke fig2a's first run (a run `--plan` and `--analyse-only` read)."""
+    from cem_study import get_scale
+    from cem_study.runner import _specs
+
+    return _specs("fig2a", get_scale("smoke"))[0].slug
+
+
+def bad_record(name, value, row=False):
+    """{tmp}/r with smoke fig2a's first run finished, its record `name` (results.json or run.json) replaced by `value`: in
+    its folder, or with `row` in its row of runs.jsonl (the folder gone, as after `git rm`)."""
+
+    def setup(tmp):
+        slug, good = _first_slug(), {"results.json": {"steps": 4, "valid_loss": 2.0, "wall_time_s": 1.0}, "run.json": {"train": {}, "total_steps": 4}}
+        records = {**good, name: value}
+        if row:
+            line = {"slug": slug, "run": records["run.json"], "results": records["results.json"], "evals": {}, "files": {}}
+            (tmp / "r" / "runs").mkdir(parents=True)
+            (tmp / "r" / "runs.jsonl").write_text(json.dumps(line) + "\n")
+        else:
+            for file, content in records.items():
+                write(f"r/runs/{slug}/{file}", content if isinstance(content, str) else json.dumps(content))(tmp)
+
+    return setup
+
+
+PLAN = ["experiment", "fig2a", "--scale", "smoke", "--processor", "Some CPU", "--results", "{tmp}/r"]
+RECORD_CASES = [  # issue 63: a damaged record of a finished run, read by --plan and --analyse-only, named with its field
+    ("plan, processor_inferred a list", [*PLAN, "--plan"], bad_record("results.json", {"processor_inferred": [1]}),
+     "results.json: processor_inferred must be an object, got list"),
+    ("analyse, processor_inferred a list", [*PLAN, "--analyse-only"], bad_record("results.json", {"processor_inferred": ["x"]}),
+     "results.json: processor_inferred must be an object, got list"),
+    ("plan, sessions of numbers", [*PLAN, "--plan"], bad_record("results.json", {"sessions": [1, "x"]}), "results.json: sessions[0] must be an object, got int 1"),
+    ("analyse, sessions of strings", [*PLAN, "--analyse-only"], bad_record("results.json", {"sessions": ["x"]}), "results.json: sessions[0] must be an object, got str 'x'"),
+    ("plan, a session's processor a number", [*PLAN, "--plan"], bad_record("results.json", {"sessions": [{"processor": 3}]}),
+     "results.json: sessions[0].processor must be a string, got int 3"),
+    ("plan, processor_inferred without its processor", [*PLAN, "--plan"], bad_record("results.json", {"processor_inferred": {"by": "a check"}}),
+     "results.json: processor_inferred.processor is missing"),
+    ("analyse, valid_loss NaN", [*PLAN, "--analyse-only"], bad_record("results.json", '{"valid_loss": NaN}'), "results.json: valid_loss must be a finite number"),
+    ("analyse, wall time a word", [*PLAN, "--analyse-only"], bad_record("results.json", {"wall_time_s": "long"}), "results.json: wall_time_s must be a finite number"),
+    ("analyse, results a list", [*PLAN, "--analyse-only"], bad_record("results.json", "[1]"), "results.json is corrupted: expected a JSON object"),
+    ("analyse, results truncated", [*PLAN, "--analyse-only"], bad_record("results.json", '{"steps": 4, "valid_lo'), "results.json is corrupted: not JSON"),
+    ("plan, the row's processor_inferred a list", [*PLAN, "--plan"], bad_record("results.json", {"processor_inferred": [1]}, row=True),
+     "results.json (its row in {tmp}/r/runs.jsonl): processor_inferred must be an object, got list"),
+    ("analyse, the row's sessions of numbers", [*PLAN, "--analyse-only"], bad_record("results.json", {"sessions": [2]}, row=True),
+     "results.json (its row in {tmp}/r/runs.jsonl): sessions[0] must be an object, got int 2"),
+    ("plan, the row's steps negative", [*PLAN, "--plan"], bad_record("results.json", {"steps": -3, "sessions": [{"processor": "x"}]}, row=True),
+     "steps must be an integer in [0, 1,000,000,000,000,000], got int -3"),
+    ("analyse, the row's world size zero", [*PLAN, "--analyse-only"], bad_record("results.json", {"world_size": 0}, row=True),
+     "results.json (its row in {tmp}/r/runs.jsonl): world_size must be an integer >= 1, got int 0"),
+]
+
 CASES = [
     ("experiment --jobs 0", ["experiment", "fig2a", "--scale", "smoke", "--jobs", "0", "--results", "{tmp}/r"], None, "jobs must be an integer >= 1"),
     ("experiment seeds not numbers", ["experiment", "fig2a", "--scale", "smoke", "--seeds", "a,b", "--results", "{tmp}/r"], None, "seeds"),
@@ -49,6 +101,9 @@ CASES = [
     ("experiment plan --processor empty", ["experiment", "fig2a", "--plan", "--scale", "smoke", "--processor", "", "--results", "{tmp}/r"], None, "--processor is empty"),
     ("experiment plan seeds not numbers", ["experiment", "fig2a", "--plan", "--scale", "smoke", "--seeds", "x", "--results", "{tmp}/r"], None, "--seeds must be"),
 ]
+
+
+CASES += RECORD_CASES
 
 
 @pytest.mark.parametrize("name,argv,setup,expect", CASES, ids=[c[0] for c in CASES])

@@ -83,6 +83,23 @@ def test_a_launcher_is_given_only_devices_of_this_machine(monkeypatch):
         make_launcher("process", 2, timeout_min=5)
 
 
+def test_a_jobs_settings_are_named_by_their_flags_and_checked(monkeypatch):
+    """Issue 63: --time-min with the process launcher was named as submitit's `timeout_min`; --time-min -5 ran a job
+    that failed with submitit's UncompletedJobError, --cpus-per-run 0 was accepted; --launcher slurm off a cluster was
+    submitit's 'Could not detect "srun"' (unexpected) once the first job was submitted."""
+    with pytest.raises(ValueError, match="^--time-min, --partition, --slurm-option account: settings of a scheduler's jobs, not of the process launcher$"):
+        make_launcher("process", 2, timeout_min=5, slurm_partition="p", slurm_account="a")
+    for option, value, said in (("timeout_min", -5, "--time-min must be an integer >= 1, got -5"), ("cpus_per_task", 0, "--cpus-per-run must be an integer >= 1, got 0"),
+                                ("gpus_per_node", -1, "--gpus-per-run must be an integer >= 0, got -1")):
+        with pytest.raises(ValueError, match=f"^{said}$"):
+            make_launcher("local", 1, **{option: value})
+    monkeypatch.setattr("shutil.which", lambda name: None)
+    with pytest.raises(ValueError, match="--launcher slurm: this machine is not on a SLURM cluster"):
+        make_launcher("slurm", 1)
+    monkeypatch.setattr("shutil.which", lambda name: f"/usr/bin/{name}")
+    assert make_launcher("slurm", 1, gpus_per_node=0, timeout_min=60).options == {"gpus_per_node": 0, "timeout_min": 60}
+
+
 class Recorded(ProcessLauncher):
     """The pool's hand-out of device groups, in this process: what each task would be told."""
 
@@ -185,6 +202,7 @@ def test_the_documented_commands_build_their_launchers(tmp_path, monkeypatch, ca
     given = []
     monkeypatch.setattr(ex, "run_suite", lambda *a, **kw: given.append(a[6]) or [])
     monkeypatch.setattr(ex, "write_report", lambda *a, **kw: "report.md")
+    monkeypatch.setattr("cem_study.launchers.shutil.which", lambda name: f"/usr/bin/{name}")  # as on a cluster's login node
     base = ["experiment", "all", "--scale", "paper", "--results", str(tmp_path / "res")]
     assert main([*base, "--devices", "0,1,2,3,4,5,6,7", "--nproc-per-run", "2"]) == 0
     assert given[-1] == ProcessLauncher(jobs=4, nproc_per_run=2, devices=(("0", "1"), ("2", "3"), ("4", "5"), ("6", "7")))

@@ -72,6 +72,30 @@ def test_a_finished_run_is_added_and_read_back_the_same(tmp_path):
     assert steps.groupby("slug")["loss"].last().to_dict() == {"a-run": 2.25, "b-run": 2.75}
 
 
+@pytest.mark.parametrize("name,value,expect", [
+    ("run", {"total_steps": "many"}, "run.json (its row in {table}): total_steps must be an integer in [0, 1,000,000,000,000,000], got str 'many'"),
+    ("run", {"corpus": 3}, "run.json (its row in {table}): corpus must be a string or an object, got int 3"),
+    ("run", {"config": [1]}, "run.json (its row in {table}): config must be an object, got list"),
+    ("results", {"sessions": "x"}, "results.json (its row in {table}): sessions must be a list, got str 'x'"),
+    ("results", {"test_loss": float("inf")}, "results.json (its row in {table}): test_loss must be a finite number >= 0, got float inf"),
+    ("results", {"parameters": {"total": -1}}, "results.json (its row in {table}): parameters.total must be an integer >= 0, got int -1"),
+])
+def test_a_row_is_checked_as_cem_checks_the_file_it_holds(tmp_path, name, value, expect):
+    """Issue 63: a row's run.json or results.json is read with the schema cem reads the file with (`cem.records`); a bad
+    one is a ValueError naming the run's folder, the row and the field (it was an AttributeError later, naming no run)."""
+    runs = tmp_path / "res" / "runs"
+    _folder(runs, "a-run")
+    assert main(["add", str(runs)]) == 0
+    table = RunTable(runs)
+    row = {**table.row("a-run"), name: value}
+    table.path.write_text(json.dumps(row) + "\n")
+    shutil.rmtree(runs / "a-run")
+    read = Run(runs / "a-run").read_run if name == "run" else Run(runs / "a-run").results
+    with pytest.raises(ValueError) as e:
+        read()
+    assert str(e.value) == f"{runs / 'a-run'}/" + expect.format(table=table.path)
+
+
 def test_a_folder_and_a_row_that_differ_are_an_error_naming_both(tmp_path):
     runs = tmp_path / "runs"
     d = _folder(runs, "a-run")

@@ -143,3 +143,12 @@ def test_an_undecodable_byte_is_named_across_reads(tmp_path, monkeypatch):
     (tmp_path / "x.txt").write_bytes("abc\n\n\u00e9\u00e9\n\nok".encode("utf-8") + b"\xff")  # an \u00e9 spans two reads
     with pytest.raises(ValueError, match=r"x.txt is not utf-8 text \(byte 13: b'\\xff'\)"):
         list(text_documents(tmp_path / "x.txt"))
+
+
+
+def test_a_codec_that_refuses_the_whole_text_names_the_file_and_the_setting(tmp_path):
+    """Issue 63: data_encoding=utf-16 on a UTF-8 file was "UTF-16 stream does not start with BOM" (a UnicodeError
+    that is no UnicodeDecodeError, from the decoder reading the file in pieces), naming neither the file nor the setting."""
+    (tmp_path / "u8.txt").write_text("hello world\n" * 300)
+    with pytest.raises(ValueError, match=r"u8.txt is not utf-16 text \(byte 0: b'h'\); give its encoding with --data-encoding NAME"):
+        list(text_documents(tmp_path / "u8.txt", "utf-16"))

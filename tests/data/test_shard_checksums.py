@@ -98,7 +98,7 @@ def test_cem_data_verify_fails_a_checkpoint_whose_manifest_lists_no_files(tmp_pa
     (ckpt / "manifest.json").write_text(json.dumps({**manifest, "files": {}}))
     assert main(["data", "verify", str(ckpt)]) == 2
     err = capsys.readouterr().err
-    assert f"checkpoint {ckpt} is corrupted: manifest.json lists no files" in err and len(err.splitlines()) == 1
+    assert f"checkpoint {ckpt} is corrupted: manifest.json: files must be a non-empty object, got an empty object" in err and len(err.splitlines()) == 1
 
 
 def _outside_entries(tmp_path) -> list[str]:

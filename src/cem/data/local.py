@@ -46,11 +46,19 @@ class UndecodableText(ValueError):
         return UndecodableText(*self.details, flag=flag)
 
 
+def _undecodable(path: object, encoding: str, e: UnicodeError, data: bytes, base: int = 0) -> UndecodableText:
+    """The UndecodableText of a decoding error `e` of `data` (which starts at byte `base` of `path`): at the byte a
+    UnicodeDecodeError names, else (a codec that refuses the whole text, UTF-16 without its byte-order mark) at
+    `data`'s first."""
+    start = e.start if isinstance(e, UnicodeDecodeError) else 0
+    return UndecodableText(path, encoding, base + start, bytes(data[start : start + 1]))
+
+
 def _decode(path: object, data: bytes, encoding: str) -> str:
     try:
         return data.decode(encoding)
-    except UnicodeDecodeError as e:
-        raise UndecodableText(path, encoding, e.start, data[e.start : e.start + 1]) from None
+    except UnicodeError as e:
+        raise _undecodable(path, encoding, e, data) from None
 
 
 def _read_text(path: Path, encoding: str) -> Iterator[str]:
@@ -62,8 +70,8 @@ def _read_text(path: Path, encoding: str) -> Iterator[str]:
             pending = len(decoder.getstate()[0])
             try:
                 yield decoder.decode(data, final=not data)
-            except UnicodeDecodeError as e:
-                raise UndecodableText(path, encoding, offset - pending + e.start, e.object[e.start : e.start + 1]) from None
+            except UnicodeError as e:
+                raise _undecodable(path, encoding, e, getattr(e, "object", data), offset - pending) from None
             if not data:
                 return
             offset += len(data)

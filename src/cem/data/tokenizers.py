@@ -16,7 +16,8 @@ from tqdm import tqdm
 from cem.data.chunking import pieces
 from cem.data.corpus import Corpus
 from cem.data.fsutil import cache_root
-from cem.io import atomic_write, read_json
+from cem.io import atomic_write
+from cem.records import HF_TOKENIZER_META, TOKENIZER_CONFIG, TOKENIZER_META, check, read_record
 
 EOT_TOKEN = "<|endoftext|>"
 META_FILE = "cem_tokenizer.json"
@@ -128,19 +129,14 @@ def load_tokenizer(directory: str | Path) -> Tokenizer:
     meta_path = directory / META_FILE
     if not meta_path.is_file():
         raise FileNotFoundError(f"no saved tokenizer in {directory} (missing {META_FILE})")
-    meta = read_json(meta_path)
-    if "kind" not in meta:
-        raise ValueError(f"{meta_path} is corrupted: expected a mapping with a 'kind'")
+    meta = read_record(meta_path, TOKENIZER_META)
     if meta["kind"] == "byte":
         return ByteTokenizer()
-    if meta["kind"] == "hf":
-        if not isinstance(meta.get("eot_id"), int) or not isinstance(meta.get("name"), str):
-            raise ValueError(f"{meta_path} is corrupted: an hf tokenizer needs an integer eot_id and a name")
-        backend = _backend_from_file(directory / "tokenizer.json")
-        if not 0 <= meta["eot_id"] < backend.get_vocab_size(with_added_tokens=True):
-            raise ValueError(f"{meta_path}: eot_id {meta['eot_id']} is outside the tokenizer's vocabulary")
-        return HFTokenizer(backend, meta["eot_id"], meta["name"])
-    raise ValueError(f"{meta_path}: unknown tokenizer kind {meta['kind']!r}")
+    check(HF_TOKENIZER_META, meta, meta_path)  # the other kind TOKENIZER_META allows: "hf"
+    backend = _backend_from_file(directory / "tokenizer.json")
+    if not 0 <= meta["eot_id"] < backend.get_vocab_size(with_added_tokens=True):
+        raise ValueError(f"{meta_path}: eot_id {meta['eot_id']} is outside the tokenizer's vocabulary")
+    return HFTokenizer(backend, meta["eot_id"], meta["name"])
 
 
 def _backend_from_file(path: Path) -> hf.Tokenizer:
@@ -260,7 +256,7 @@ def _find_eot_id(backend: hf.Tokenizer, directory: Path) -> int:
     config_path = directory / "tokenizer_config.json"
     candidates = list(_EOT_CANDIDATES)
     if config_path.is_file():
-        eos = read_json(config_path).get("eos_token")
+        eos = read_record(config_path, TOKENIZER_CONFIG).get("eos_token")
         eos = eos.get("content") if isinstance(eos, dict) else eos
         if isinstance(eos, str):
             candidates.insert(0, eos)

@@ -31,6 +31,7 @@ import itertools
 import json
 import os
 import re
+import reprlib
 import signal
 import sys
 from collections import deque
@@ -51,7 +52,8 @@ from cem.data.stream import DocumentStreams, Stream, open_streams
 from cem.data.chunking import pieces
 from cem.data.tokenizers import META_FILE, Tokenizer, bpe_from_texts, get_tokenizer, load_tokenizer
 from cem.data.local import SUFFIXES
-from cem.io import LOCK_FILE, atomic_write, atomic_write_json, lock_folder, outside_folder, refuse_link, remove_stale_temp_files, sha256_file
+from cem.io import LOCK_FILE, atomic_write, atomic_write_json, lock_folder, outside_folder, read_json, refuse_link, remove_stale_temp_files, sha256_file
+from cem.records import SHARD_MANIFEST, SHARD_RESUME, RecordError, check, read_record
 from cem.processes import die_with_parent, stop_pool, submit_quietly
 
 FORMAT = "cem-token-shards/1"
@@ -180,7 +182,7 @@ def _prepare_locked(source: CorpusSpec, tokenizer_spec: str, out: Path, tokens: 
     remove_stale_temp_files(out, own)  # what a killed prepare left: this folder is held by this one
     remove_stale_temp_files(out / TOKENIZER_DIR, r".+")
     workers = (os.cpu_count() or 1) if workers is None else workers
-    resume = json.loads((out / RESUME).read_text(encoding="utf-8")) if (out / RESUME).is_file() else {}
+    resume = read_record(out / RESUME, SHARD_RESUME) if (out / RESUME).is_file() else {}
     with _executor(workers, out / TOKENIZER_DIR, encoding) as pool:
         for split in SPLITS:
             state = manifest["splits"].setdefault(split, {"shards": [], "end": [0, 0], "n_bytes": 0, "done": False})
@@ -381,33 +383,17 @@ def _read_manifest(out: Path) -> dict | None:
     path = out / MANIFEST
     if not path.is_file():
         return None
+    manifest = read_json(path)
+    if isinstance(manifest.get("settings"), dict) and manifest["settings"].get("format", FORMAT) != FORMAT:
+        raise ValueError(f"{path} is not a cem token-shard manifest ({FORMAT}): its settings.format is {reprlib.repr(manifest['settings']['format'])}")
     try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, RecursionError) as e:  # not JSON, not UTF-8, nested too deeply, an integer of 5000 digits
-        raise ValueError(f"{path} is corrupted ({str(e) or 'nested too deeply'}); remove the folder and prepare again") from None
-    if isinstance(manifest, dict) and "settings" not in manifest and "splits" in manifest:
-        raise ValueError(f"{path} is corrupted: it has no settings; remove the folder and prepare again")
-    if not isinstance(manifest, dict) or not isinstance(manifest.get("settings"), dict) or manifest["settings"].get("format") != FORMAT:
-        raise ValueError(f"{path} is not a cem token-shard manifest ({FORMAT})")
-    lacking = _manifest_lacks(manifest)
-    if lacking:
-        raise ValueError(f"{path} is corrupted: it has no valid {lacking}; remove the folder and prepare again")
+        check(SHARD_MANIFEST, manifest, path)
+    except RecordError as e:
+        raise RecordError(f"{e}; remove the folder and prepare again") from None
     outside = outside_folder(path, [shard["file"] for state in manifest["splits"].values() for shard in state["shards"]])
     if outside:
         raise ValueError(f"{outside}; remove the folder and prepare again")
     return manifest
-
-
-def _manifest_lacks(manifest: dict) -> str | None:
-    """The first entry a token-shard manifest lacks (or holds as the wrong kind) of those read from it, None if none."""
-    settings, splits = manifest["settings"], manifest.get("splits")
-    lacking = [k for k, kind in (("splits", dict), ("complete", bool)) if not isinstance(manifest.get(k), kind)]
-    lacking += [f"settings.{k}" for k in ("source", "tokenizer", "tokenizer_spec", "dtype") if not isinstance(settings.get(k), str)]
-    for split, state in splits.items() if isinstance(splits, dict) else ():
-        if not isinstance(state, dict) or not {"shards", "end", "n_bytes", "done"} <= state.keys() or not isinstance(state["shards"], list) \
-                or not all(isinstance(x, dict) and {"file", "n_tokens", "sha256"} <= x.keys() for x in state["shards"]):
-            lacking.append(f"splits.{split}")
-    return lacking[0] if lacking else None
 
 
 def _source_files(source: CorpusSpec) -> dict[str, list] | None:

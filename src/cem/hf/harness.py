@@ -105,6 +105,12 @@ def harness_evaluate(model, tokenizer, tasks: list[str], limit: int | None = Non
         folder = export_hf(model, Path(tmp) / "model", tokenizer=tokenizer)
         lm = HFLM(pretrained=str(folder), backend="causal", device=device, batch_size=batch_size)
         with _commit_of_cem():
-            out = simple_evaluate(model=lm, tasks=list(tasks), limit=limit, num_fewshot=num_fewshot, task_manager=manager)
+            try:
+                out = simple_evaluate(model=lm, tasks=list(tasks), limit=limit, num_fewshot=num_fewshot, task_manager=manager)
+            except ValueError as e:  # lm-eval draws the examples with random.sample, which says only this
+                if num_fewshot is None or "Sample larger than population" not in str(e):
+                    raise
+                raise ValueError(f"num_fewshot (--num-fewshot) {num_fewshot:,}: more few-shot examples than {', '.join(tasks)} "
+                                 "holds documents to draw them from; give fewer") from None
     return {task: {k.split(",")[0]: v for k, v in metrics.items() if k not in ("name", "alias") and "_stderr" not in k}
             for task, metrics in out["results"].items()}

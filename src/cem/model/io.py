@@ -40,6 +40,10 @@ def load_config(directory: str | Path) -> ModelConfig:
     if not path.is_file():
         raise FileNotFoundError(f"no model config at {path} (expected a directory written by save_pretrained)")
     data = read_json(path)
+    if "model_type" in data and data.get("format") != FORMAT:  # transformers' config, as `cem export` writes it
+        raise ValueError(f"{directory} is a Hugging Face model folder (its config.json has model_type {data['model_type']!r}; `cem export` "
+                         "writes these), not a cem run or checkpoint: load it with transformers' AutoModelForCausalLM (after "
+                         "`import cem.hf` for the CEM format), or give the run folder it was exported from")
     data.pop("format", None)
     try:
         return ModelConfig.from_dict(data)

@@ -19,10 +19,8 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import os
 import random
-import reprlib
 import resource
 import shutil
 from pathlib import Path
@@ -30,8 +28,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..io import atomic_write_json, make_temp_dir, outside_folder, sha256_file
+from ..io import atomic_write_json, make_temp_dir, outside_folder, read_json, sha256_file
 from ..model import LanguageModel, ModelConfig, load_pretrained, save_weights
+from ..records import CHECKPOINT_MANIFEST, TRAINER_STATE, check
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1  # of the manifest and trainer state; a checkpoint with a higher one is refused
@@ -176,12 +175,7 @@ def read_manifest(directory: Path) -> dict:
     if not manifest.is_file():
         raise ValueError(f"checkpoint {directory} has no {MANIFEST} (lost or removed: a save always writes it), so its files "
                          "cannot be verified; they are kept: restore it, or pass --overwrite to start the run again")
-    try:
-        data = json.loads(manifest.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise ValueError(f"checkpoint {directory} is corrupted: unreadable {MANIFEST}") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"checkpoint {directory} is corrupted: {MANIFEST} is not a mapping")
+    data = read_json(manifest)
     if "files" not in data:
         data = {"format": 0, "step": None, "files": data}
     version = data.get("format")
@@ -189,13 +183,8 @@ def read_manifest(directory: Path) -> dict:
         raise ValueError(
             f"checkpoint {directory} has format version {version!r}; this cem reads versions up to {FORMAT_VERSION} (a newer cem wrote it?)"
         )
-    step = data.get("step")
-    if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
-        raise ValueError(f"checkpoint {directory} is corrupted: {MANIFEST} records step {step!r} (an integer >= 0 expected)")
-    if not isinstance(data["files"], dict) or not all(isinstance(m, dict) and {"bytes", "sha256"} <= m.keys() for m in data["files"].values()):
-        raise ValueError(f"checkpoint {directory} is corrupted: {MANIFEST} has no valid file table")
-    if not data["files"]:  # a save lists its weights and trainer state
-        raise ValueError(f"checkpoint {directory} is corrupted: {MANIFEST} lists no files")
+    data.setdefault("step", None)
+    check(CHECKPOINT_MANIFEST, data, f"checkpoint {directory} is corrupted: {MANIFEST}")  # a save lists its weights and trainer state
     outside = outside_folder(manifest, data["files"])
     if outside:
         raise ValueError(f"checkpoint {directory} is corrupted: {outside}")
@@ -275,17 +264,10 @@ def load_trainer_state(directory: Path) -> dict:
         raise ValueError(f"refusing to load {path}: not a plain trainer state (only tensors, numbers and containers are read): {first}") from None
     if not isinstance(state, dict) or "step" not in state:
         raise ValueError(f"refusing to load {path}: not a cem trainer state")
-    step = state["step"]
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        raise ValueError(f"refusing to load {path}: its step is {step!r} (an integer >= 0 expected)")
     version = state.get("format", 0)
-    if not isinstance(version, int) or not 0 <= version <= FORMAT_VERSION:
+    if isinstance(version, int) and not isinstance(version, bool) and version > FORMAT_VERSION:
         raise ValueError(f"{path} has format version {version!r}; this cem reads versions up to {FORMAT_VERSION}")
-    sessions = state.get("sessions", [])
-    if not isinstance(sessions, list) or not all(isinstance(s, dict) for s in sessions):
-        raise ValueError(f"refusing to load {path}: its sessions is {reprlib.repr(sessions)} (a list of objects expected, "
-                         "one per training session)")
-    return state
+    return check(TRAINER_STATE, state, f"refusing to load {path}")
 
 
 RESUME_KEYS = ("tokens_seen", "elapsed", "optimizer", "scheduler", "sampler", "rng")  # what a resume reads besides the step

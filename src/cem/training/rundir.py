@@ -27,8 +27,9 @@ from pathlib import Path
 
 import torch
 
-from ..io import LOCK_FILE, LockedError, atomic_write_json, lock_folder, read_json, refuse_link
+from ..io import LOCK_FILE, LockedError, atomic_write_json, lock_folder, refuse_link
 from ..model import LanguageModel, ModelConfig, load_pretrained
+from ..records import RESULTS, RUN, read_record
 from .checkpoint import MANIFEST as CKPT_MANIFEST, find_checkpoint, load_checkpoint, load_trainer_state, verify_checkpoint
 from .config import RunConfig, TrainConfig
 
@@ -178,11 +179,7 @@ class RunDir:
         """The contents of run.json, None if there is none (ValueError if it is unreadable)."""
         if not self.run_json.exists():
             return None
-        recorded = read_json(self.run_json)
-        for key in ("config", "train", "model"):
-            if key in recorded and not isinstance(recorded[key], dict):
-                raise ValueError(f"{self.run_json} is corrupted: its {key!r} is not a mapping")
-        return recorded
+        return read_record(self.run_json, RUN)
 
     def differences(self, identity: dict) -> list[str]:
         """What differs between the run recorded here and `identity` (`run_identity`): "tokenizer",
@@ -332,7 +329,7 @@ class RunDir:
 
     def results(self) -> dict | None:
         """The final results, None while the run is unfinished."""
-        return read_json(self.results_json) if self.results_json.exists() else None
+        return read_record(self.results_json, RESULTS) if self.results_json.exists() else None
 
     def write_results(self, results: dict) -> None:
         atomic_write_json(self.results_json, results)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
 
-from cem.checks import check_positive_int
+from cem.checks import check_nonnegative_int, check_positive_int
 from cem.processes import die_with_parent
 
 _STOP = None  # in a worker of a pool: the pool's stop event (`_init_worker`)
@@ -273,6 +274,12 @@ class SlurmLauncher(SubmititLauncher):
     assigns_devices = False
     poll_s: float = 30.0
 
+    def __post_init__(self) -> None:
+        if shutil.which("srun") is None:  # what submitit looks for, when the first job is submitted ('Could not detect "srun"')
+            raise ValueError("--launcher slurm: this machine is not on a SLURM cluster (no srun on PATH); run on the cluster's "
+                             "login node, or use --launcher local or process")
+        super().__post_init__()
+
     def defaults(self) -> dict:
         return {**super().defaults(), "gpus_per_node": self.nproc_per_run}  # a CPU cluster: gpus_per_node=0 in `options`
 
@@ -289,6 +296,14 @@ def slurm_options(pairs) -> dict:
 
 
 LAUNCHERS = {"process": ProcessLauncher, "local": LocalLauncher, "slurm": SlurmLauncher}
+# submitit's parameters that `cem-study experiment` sets, by its flag, and the least each may be (a job's minutes, CPUs, GPUs)
+OPTION_FLAGS = {"slurm_partition": ("--partition", None), "timeout_min": ("--time-min", 1), "cpus_per_task": ("--cpus-per-run", 1),
+                "gpus_per_node": ("--gpus-per-run", 0)}
+
+
+def _flag(option: str) -> str:
+    """The flag that sets the submitit parameter `option` (`--slurm-option KEY=...` for `slurm_KEY`)."""
+    return OPTION_FLAGS[option][0] if option in OPTION_FLAGS else f"--slurm-option {option.removeprefix('slurm_')}"
 
 
 def make_launcher(kind: str = "process", jobs: int | None = None, devices=None, nproc_per_run: int = 1, folder=None, until=None,
@@ -304,7 +319,11 @@ def make_launcher(kind: str = "process", jobs: int | None = None, devices=None, 
         raise ValueError(f"--devices: the {kind} scheduler assigns each job's devices")
     submitit = issubclass(cls, SubmititLauncher)
     if options and not submitit:
-        raise ValueError(f"{', '.join(options)}: settings of a scheduler's jobs, not of the {kind} launcher")
+        raise ValueError(f"{', '.join(map(_flag, options))}: settings of a scheduler's jobs, not of the {kind} launcher")
+    for option, value in options.items():
+        low = OPTION_FLAGS.get(option, (None, None))[1]
+        if low is not None:
+            (check_positive_int if low else check_nonnegative_int)(_flag(option), value)
     if devices is not None:
         from cem.device import cuda_device_ids
 

@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 from cem.io import LOCK_FILE, LockedError, atomic_write_text, lock_folder, read_json
+from cem.records import RESULTS, RUN, check
 from cem.training.metrics import read_metrics
 from cem.training.rundir import RunDir
 
@@ -287,7 +288,7 @@ class Run(RunDir):
             if row is not None and row["run"] != recorded:
                 raise self._differ("run.json")
             return recorded
-        return copy.deepcopy(row["run"]) if row is not None else None
+        return self._from_row("run.json", RUN) if row is not None else None
 
     def results(self) -> dict | None:
         row = self.row
@@ -296,7 +297,13 @@ class Run(RunDir):
             if row is not None and res != row["results"]:
                 raise self._differ("results.json" if res is not None else "the folder's run is unfinished, the row's finished")
             return res
-        return copy.deepcopy(row["results"]) if row is not None else None
+        return self._from_row("results.json", RESULTS) if row is not None else None
+
+    def _from_row(self, name: str, schema):
+        """The record `name` of the run's row (None where the row holds none), checked as cem checks the file (`cem.records`)."""
+        value = self.row[name.removesuffix(".json")]
+        where = f"{self.path / name} (its row in {self.table.path})"
+        return None if value is None else copy.deepcopy(check(schema, value, where))
 
     def started_only(self) -> bool:
         return self.live() and super().started_only()
