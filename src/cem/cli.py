@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import ast
 import errno
+import functools
 import inspect
 import json
 import os
@@ -61,9 +62,10 @@ def _one_line(e: BaseException) -> str:
     return " ".join(text.split())
 
 
+@functools.cache
 def field_docs(cls) -> dict[str, str]:
     """The docstring under each field of the dataclass `cls` and the dataclasses it derives from (as litgpt's
-    jsonargparse reads them), by name."""
+    jsonargparse reads them), by name (read once: parsing the sources was most of the time a parser took to build)."""
     docs = {}
     for c in reversed([c for c in cls.__mro__ if "__dataclass_fields__" in vars(c)]):
         body = ast.parse(textwrap.dedent(inspect.getsource(c))).body[0].body
