@@ -136,7 +136,9 @@ class Probe:
 
         def model(path: str):  # a micro model of the architecture the run folder names
             torch.manual_seed(0)
-            return models.setdefault(path, LanguageModel(model_config("micro", MODELS.get(path, "cem"), vocab_size=ByteTokenizer.vocab_size)))
+            if path not in models:
+                models[path] = LanguageModel(model_config("micro", MODELS.get(path, "cem"), vocab_size=ByteTokenizer.vocab_size))
+            return models[path]
 
         class Run:  # what `cem export` reads of a run folder
             path = "run"
@@ -201,3 +203,14 @@ def test_each_flag_has_an_effect_or_is_refused_in_each_mode(command, mode, dest,
     assert code == 0 and "error" not in err, err
     if command.probe is not None and (mode, dest) not in command.exempt:
         assert run(base)[2] != seen, f"{' '.join(given)} changed nothing"
+
+
+def test_train_depth_max_alone_is_not_refused_for_a_mean_never_set():
+    """Issue 63: `train_depth_max=1` with the default fixed depth was refused for train_depth_mean, which only the
+    poisson-lognormal draw reads; that draw's mean above its maximum is still refused."""
+    from cem.cli import _run_config
+
+    parse = build_parser().parse_args
+    assert _run_config(parse(["info", "train_depth_max=1"])).model().training.depth_max == 1
+    with pytest.raises(ValueError, match="train_depth_mean=2 is above train_depth_max=1"):
+        _run_config(parse(["info", "train_depth=model", "train_depth_dist=poisson-lognormal", "train_depth_max=1"]))
