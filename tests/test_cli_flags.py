@@ -93,7 +93,7 @@ COMMANDS = [
              "both kinds": {"steps": "--steps has no effect with --attn-steps and --mlp-steps given", "adaptive_rule": "without adaptive steps"},
              "compiled": {"static": "--static has no effect with --compile", "adaptive_rule": "without adaptive steps",
                           "adaptive_tol": "compile=True decodes with fixed steps", "guard": "compile=True decodes with fixed steps"}},
-            values={"prompt": ["--prompt", "ab"], "adaptive_tol": ["--adaptive-tol", "0.01"], "top_k": ["--top-k", "2"], "guard": ["--guard", "2"]},
+            values={"ckpt": ["--ckpt", "cem-t2"], "adaptive_rule": ["--adaptive-rule", "update"], "prompt": ["--prompt", "ab"], "adaptive_tol": ["--adaptive-tol", "0.01"], "top_k": ["--top-k", "2"], "guard": ["--guard", "2"]},
             exempt={**{(m, "device"): "auto is the CPU on a machine without a GPU" for m in ("cem", "llama", "cem-mlp", "greedy", "adaptive", "both kinds", "compiled")},
                     ("compiled", "compile"): "the mode itself"},
             probe="generate"),
@@ -121,7 +121,7 @@ def cases():
                     yield pytest.param(command, mode, dest, id=f"{' '.join(command.words)}[{mode}] {dest}")
 
 
-MODELS = {"cem": "cem", "llama": "llama", "cem-mlp": "cem-mlp"}
+MODELS = {"cem": "cem", "llama": "llama", "cem-mlp": "cem-mlp", "cem-t2": "cem-t2"}  # a run folder's name: its architecture
 
 
 class Probe:
