@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import ast
 import errno
+import functools
 import inspect
 import json
 import os
@@ -61,9 +62,10 @@ def _one_line(e: BaseException) -> str:
     return " ".join(text.split())
 
 
+@functools.cache
 def field_docs(cls) -> dict[str, str]:
     """The docstring under each field of the dataclass `cls` and the dataclasses it derives from (as litgpt's
-    jsonargparse reads them), by name."""
+    jsonargparse reads them), by name (read once: parsing the sources was most of the time a parser took to build)."""
     docs = {}
     for c in reversed([c for c in cls.__mro__ if "__dataclass_fields__" in vars(c)]):
         body = ast.parse(textwrap.dedent(inspect.getsource(c))).body[0].body
@@ -150,7 +152,7 @@ class OnDevice(Options):
 class SettingsOptions(Options):
     config: str | None = None
     """a YAML file of settings (flat keys or train:/model: sections)"""
-    overrides: list[str] = field(default_factory=list, metadata=_flag(positional=True, nargs="*"))
+    overrides: list[str] = field(default_factory=list, metadata=_flag(positional=True, nargs="*", metavar="KEY=VALUE"))
     """key=value settings, e.g. lr=1e-3 attn_steps=2 kq_diag=per_head (every training setting, and the model's: `cem info --keys`)"""
 
 
@@ -334,14 +336,140 @@ def check_named(flag: str, value: str | None, instead: str) -> None:
         raise ValueError(f"{flag} is empty: {instead}")
 
 
+@dataclass(frozen=True)
+class Applies:
+    """Where a flag has an effect: where `when(args)` holds (`when(args, model)` with `on_model`, checked once the
+    command has loaded its model); elsewhere it means nothing, as `why` says ("--x has no effect WHY"): refused
+    (exit 2), or, with `warn`, named in a one-line warning (a flag only checked in that mode)."""
+
+    when: typing.Callable
+    why: str
+    warn: bool = False
+    on_model: bool = False
+
+
+ALWAYS: tuple[Applies, ...] = ()  # a flag with an effect in every mode of its command
+
+
+def given_flags(parser: argparse.ArgumentParser, argv: list[str]) -> dict[str, str]:
+    """The flags and arguments `argv` gives, by dest, each spelled as its help shows it: `argv` parsed again with
+    every default of `parser` and its subcommands suppressed, so that what is left was given (even at its default)."""
+
+    def actions(p):
+        for a in p._actions:
+            yield a
+            if isinstance(a, argparse._SubParsersAction):
+                for sub in dict.fromkeys(a.choices.values()):
+                    yield from actions(sub)
+
+    every = list(actions(parser))
+    defaults = [a.default for a in every]
+    try:
+        for a in every:
+            a.default = argparse.SUPPRESS
+        given = vars(parser.parse_known_args(argv)[0])
+    finally:
+        for a, default in zip(every, defaults):
+            a.default = default
+    return {a.dest: (a.option_strings[0] if a.option_strings else a.metavar or a.dest.upper()) for a in every
+            if a.dest in given and not isinstance(a, argparse._SubParsersAction)}
+
+
+def check_flags(args, model=None) -> None:
+    """Refuse, in one line, each flag given (`args.given`) that has no effect in the mode its command runs in (the
+    command's `args.applies`: dest -> `Applies` rules; those `on_model` when `model` is given), or keep it for the
+    one-line warning `run_command` prints once the command has run (`args.warned`; a refusal is the only line)."""
+    found: dict[Applies, list[str]] = {}
+    for dest, flag in getattr(args, "given", {}).items():
+        for rule in args.applies[dest]:
+            if rule.on_model == (model is not None) and not (rule.when(args, model) if rule.on_model else rule.when(args)):
+                found.setdefault(rule, []).append(flag)
+                break
+
+    def said(warn: bool) -> str:
+        return "; ".join(f"{', '.join(flags)} {'has' if len(flags) == 1 else 'have'} no effect {rule.why}" for rule, flags in found.items() if rule.warn == warn)
+
+    if said(False):
+        raise ValueError(said(False))
+    if said(True):
+        args.warned = [*getattr(args, "warned", []), said(True)]
+
+
+def _greedy(args) -> bool:
+    return args.temperature != 0
+
+
+def _descent(model, sublayer: str | None = None) -> bool:
+    """Whether `model` has CEM layers (of the `sublayer` kind), whose recursion the test-time settings change."""
+    return any(sublayer in (None, m.sublayer) for m in model.descent_layers())
+
+
+def _local_text(args) -> bool:
+    from .data.corpora import parse_corpus
+
+    return not parse_corpus(args.name).is_hf
+
+
+def _plain_llama(model) -> bool:
+    from .hf.llama_export import is_plain_llama
+
+    return is_plain_llama(model)
+
+
+def _table(rules: dict, *names: str, fields_of=()) -> dict:
+    """A command's flags (its dests) and the rules of each: `rules`, and `names` and the fields of `fields_of` ALWAYS."""
+    return {**{n: ALWAYS for n in names}, **{f.name: ALWAYS for c in fields_of for f in fields(c)}, **rules}
+
+
+NOT_KEYS = Applies(lambda a: not a.keys, "with --keys (it lists the settings and exits)")
+MEMORY = Applies(lambda a: a.memory, "without --memory (a setting of the memory plan)")
+SHARDS = Applies(lambda a: a.tokenizer is not None, "without --tokenizer (a setting of the token shards)")
+FETCH = Applies(lambda a: a.tokenizer is None, "with --tokenizer (the token shards read the corpus where it is)")
+LOCAL_TEXT = Applies(_local_text, "with an hf: source (read as the dataset gives its rows; a setting of local text files)")
+SAMPLED = Applies(_greedy, "at --temperature 0 (greedy decoding takes the likeliest token)")
+CEM_LAYERS = Applies(lambda a, m: _descent(m), "on a model without CEM layers (no recursion to change)", on_model=True)
+
+
+def flag_table() -> dict[str, dict[str, tuple[Applies, ...]]]:
+    """Each subcommand's flags (by dest) and where each has an effect: the one place that knows it (`check_flags`);
+    a flag without an entry is a KeyError, and tests/test_cli_flags.py walks them all in every mode."""
+    from .layers import Inference
+    from .training import TrainConfig
+
+    return {
+        "train": _table({"overwrite": (Applies(lambda a: not a.resume, "with --resume, which continues the run --overwrite would delete: give one of them"),)},
+                        fields_of=(TrainConfig, SettingsOptions, TrainOptions)),
+        "eval": _table({}, fields_of=(EvalOptions,)),
+        "generate": _table({
+            "top_k": (SAMPLED,), "top_p": (SAMPLED,), "seed": (SAMPLED,),
+            "static": (Applies(lambda a: not a.compile, "with --compile (which decodes with the static cache already)"),),
+            "steps": (CEM_LAYERS, Applies(lambda a, m: any({"attn": a.attn_steps, "mlp": a.mlp_steps}[x.sublayer] is None for x in m.descent_layers()),
+                                          "with --attn-steps and --mlp-steps given (each CEM layer's T is its kind's)", on_model=True)),
+            "attn_steps": (Applies(lambda a, m: _descent(m, "attn"), "on a model without CEM attention layers", on_model=True),),
+            "mlp_steps": (Applies(lambda a, m: _descent(m, "mlp"), "on a model without CEM MLP layers", on_model=True),),
+            "adaptive_tol": (CEM_LAYERS,), "guard": (CEM_LAYERS,),
+            "adaptive_rule": (CEM_LAYERS, Applies(lambda a, m: a.adaptive_tol is not None or m.config.inference.adaptive_tol is not None,
+                                                  "without adaptive steps (--adaptive-tol, or the model's adaptive_tol)", on_model=True)),
+        }, fields_of=(SampleOptions, Inference, DecodeOptions)),
+        "export": _table({"remote_code": (Applies(lambda a, m: a.format == "hf" and not _plain_llama(m),
+                                                  "on a LlamaForCausalLM export (a plain Llama, or --format llama): its folder needs no code", on_model=True),)},
+                         fields_of=(ExportOptions,)),
+        "lm-eval": _table({}, fields_of=(LmEvalOptions,)),
+        "data prepare": _table({**dict.fromkeys(("tokens", "held_out_tokens", "shard_tokens", "workers", "out"), (SHARDS,)),
+                                **dict.fromkeys(("encoding", "doc_separator"), (SHARDS, LOCAL_TEXT)), **dict.fromkeys(("source", "force"), (FETCH,))},
+                               fields_of=(PrepareOptions,)),
+        "data verify": _table({}, fields_of=(VerifyOptions,)),
+        "info": _table({**{f.name: (NOT_KEYS, MEMORY) for f in fields(MemoryOptions)}, "memory": (NOT_KEYS,), "mem_vocab": (NOT_KEYS,),
+                        **{n: (NOT_KEYS,) for n in (*RUN_FIELDS, "config", "overrides")}}, "keys"),
+    }
+
+
 def cmd_train(args) -> int:
     from .training import Interrupted, NothingToDo, train
     from .training.budget import with_default_steps
     from .training.rundir import default_run_dir
 
     check_named("--out", args.out, "give a folder, or leave --out out for the default runs/NAME")
-    if args.resume and args.overwrite:
-        raise ValueError("--resume continues a run and --overwrite deletes it: give one of them")
     out = Path(args.out) if args.out else None
     base = _recorded_config(out) if out is not None and args.resume else None
     run = _run_config(args, base)  # with --resume: the run's own settings, changed only by what is given
@@ -439,6 +567,7 @@ def cmd_generate(args) -> int:
     device = pick_device(args.device)
     inference = Inference(**_given(args, Inference))
     model, tokenizer, run = _load_run(args.ckpt)
+    check_flags(args, model)
     _check_tokenizer(model, tokenizer, run, "generate from")
     if not 0 <= args.seed < 2**63:
         raise ValueError(f"--seed must be in [0, 2**63), got {args.seed}")
@@ -505,6 +634,7 @@ def cmd_export(args) -> int:
 
     check_named("OUT", args.out, "name the folder to export into")
     model, tokenizer, run = _load_run(args.run)
+    check_flags(args, model)
     _check_tokenizer(model, tokenizer, run, "export")
     if run.holds(args.out) is not None:
         raise ValueError(f"cannot export into {args.out}: it is, or lies in, {run.holds(args.out)} of the run being exported; choose another output folder")
@@ -629,12 +759,9 @@ def cmd_data_prepare(args) -> int:
     from .data.tokenshards import WORKERS_PER_CPU, parse_tokens, prepare_shards
 
     if args.tokenizer is None:
-        if args.encoding != "utf-8" or args.doc_separator is not None:
-            raise ValueError("--encoding and --doc-separator apply to the token shards of a local corpus (with --tokenizer)")
         print(prepare(args.name, args.data_dir, source=args.source, force=args.force))
         return 0
     from .checks import check_nonnegative_int
-    from .data.corpora import parse_corpus
     from .data.tokenizers import check_spec
 
     check_named("--tokenizer", args.tokenizer, "give byte, bpe:N or a tokenizer")
@@ -644,8 +771,6 @@ def cmd_data_prepare(args) -> int:
         raise ValueError(f"--out {args.out} is a file; name a folder for the token shards")
     if args.workers is not None:
         check_nonnegative_int("--workers", args.workers, high=WORKERS_PER_CPU * (os.cpu_count() or 1))
-    if parse_corpus(args.name).is_hf and (args.encoding != "utf-8" or args.doc_separator is not None):
-        raise ValueError(f"--encoding and --doc-separator apply to local text files; {args.name} is read as the dataset gives its rows")
     tokens = {k: parse_tokens(getattr(args, k), "--" + k.replace("_", "-")) for k in ("tokens", "held_out_tokens", "shard_tokens")}
     if args.doc_separator == "":
         raise ValueError("--doc-separator is empty (leave it out for blank lines)")
@@ -702,11 +827,9 @@ def _version() -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     from .layers import Inference
-    from .training import TrainConfig
     from .training.budget import DEFAULT_STEPS
 
-    docs = field_docs(TrainConfig)
-    device_help = docs["device"]
+    applies = flag_table()
 
     parser = Parser(prog="cem", description="Causal Energy Minimization language models")
     parser.add_argument("--version", action="version", version=_version())
@@ -718,43 +841,43 @@ def build_parser() -> argparse.ArgumentParser:
                        "steps; --overwrite starts again.")
     _add_run_args(p, None, {"max_steps": f"{DEFAULT_STEPS} when neither this nor --tokens is given"})
     _add_field_flags(p, TrainOptions)
-    p.set_defaults(func=cmd_train)
+    p.set_defaults(func=cmd_train, applies=applies["train"])
 
     p = sub.add_parser("eval", help="evaluate a trained run on a split (its own corpus, sequence length and batch size)")
     _add_field_flags(p, EvalOptions)
-    p.set_defaults(func=cmd_eval)
+    p.set_defaults(func=cmd_eval, applies=applies["eval"])
 
     p = sub.add_parser("generate", help="sample text from a trained run (past the context: a window of the latest tokens)")
     _add_field_flags(p, SampleOptions)
     _add_field_flags(p, Inference, defaults={f.name: "the model's" for f in fields(Inference)})
     _add_field_flags(p, DecodeOptions)
-    p.set_defaults(func=cmd_generate)
+    p.set_defaults(func=cmd_generate, applies=applies["generate"])
 
     p = sub.add_parser("export", help="write a run as a Hugging Face model directory (AutoTokenizer, AutoModelForCausalLM, pipeline)")
     _add_field_flags(p, ExportOptions)
-    p.set_defaults(func=cmd_export)
+    p.set_defaults(func=cmd_export, applies=applies["export"])
 
     p = sub.add_parser("lm-eval", help="score a trained run with lm-evaluation-harness tasks (offline: cem_local_text, cem_local_choice)")
     _add_field_flags(p, LmEvalOptions)
-    p.set_defaults(func=cmd_lm_eval)
+    p.set_defaults(func=cmd_lm_eval, applies=applies["lm-eval"])
 
     p = sub.add_parser("data", help="prepare the named corpora")
     data_sub = p.add_subparsers(dest="data_command", required=True)
     p = data_sub.add_parser("prepare", help="fetch a named corpus into the data directory (Hugging Face datasets or its canonical file), "
                             "or with --tokenizer write the token shards of a corpus of any size")
     _add_field_flags(p, PrepareOptions)
-    p.set_defaults(func=cmd_data_prepare)
+    p.set_defaults(func=cmd_data_prepare, applies=applies["data prepare"])
 
     p = data_sub.add_parser("verify", help="check every file of token-shard folders, run folders (their checkpoints) or checkpoint "
                             "folders against the sha256 its manifest records; exit 1 if one is missing or altered")
     _add_field_flags(p, VerifyOptions)
-    p.set_defaults(func=cmd_data_verify)
+    p.set_defaults(func=cmd_data_verify, applies=applies["data verify"])
 
     p = sub.add_parser("info", help="print the resolved config and the parameter breakdown")
     _add_run_args(p)
     _add_field_flags(p, InfoOptions)
     _add_field_flags(p.add_argument_group("memory planner (--memory): predicted peak training memory per device"), MemoryOptions)
-    p.set_defaults(func=cmd_info)
+    p.set_defaults(func=cmd_info, applies=applies["info"])
     return parser
 
 
@@ -771,8 +894,10 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
         stray = [a for a in extra if a.startswith("-") or "=" not in a]
         if stray or (extra and not hasattr(args, "overrides")):
             parser.error(f"unrecognized arguments: {' '.join(stray or extra)}")
+        args.given = given_flags(parser, argv)
         if extra:  # key=value settings written among the options
             args.overrides = [*args.overrides, *extra]
+            args.given["overrides"] = "KEY=VALUE"
         return run_command(args)
     except KeyboardInterrupt:  # before a command runs (`run_command` says it for the command itself)
         print("cem: error: interrupted (Ctrl-C)", file=sys.stderr)
@@ -798,7 +923,11 @@ def run_command(args, prog: str = "cem") -> int:
     except ValueError:  # not the main thread
         previous = None
     try:
-        return args.func(args)
+        check_flags(args)
+        code = args.func(args)
+        for warning in getattr(args, "warned", ()):
+            print(f"{prog} {args.command}: warning: {warning}", file=sys.stderr)
+        return code
     except Terminated as e:  # its args: where the run stands and how to go on, when the trainer says (`train`)
         return fail(" ".join(("terminated (SIGTERM)", *map(str, e.args))), 143)
     except KeyboardInterrupt as e:

@@ -99,6 +99,21 @@ CASES = [
     ("experiment plan --results empty", ["experiment", "fig2a", "--plan", "--scale", "smoke", "--results", " "], None, "--results is empty"),
     ("experiment plan --results a file", ["experiment", "fig2a", "--plan", "--scale", "smoke", "--results", "{tmp}/afile"], write("afile", "x"), "afile is a file"),
     ("experiment plan --processor empty", ["experiment", "fig2a", "--plan", "--scale", "smoke", "--processor", "", "--results", "{tmp}/r"], None, "--processor is empty"),
+    # -- flags that mean nothing or contradict (issue 63: `cem_study.cli.FLAGS`); --plan checks the run's flags as the run would
+    ("experiment plan and analyse-only", ["experiment", "fig2a", "--plan", "--analyse-only", "--scale", "smoke", "--results", "{tmp}/r"], None,
+     "--analyse-only has no effect with --plan: give one of them"),
+    ("experiment plan --nproc-per-run 0", ["experiment", "fig2a", "--plan", "--scale", "smoke", "--nproc-per-run", "0", "--results", "{tmp}/r"], None,
+     "--nproc-per-run must be an integer >= 1"),
+    ("experiment plan --until tomorrow", ["experiment", "fig2a", "--plan", "--scale", "smoke", "--until", "tomorrow", "--results", "{tmp}/r"], None, "--until 'tomorrow'"),
+    ("experiment --until empty", ["experiment", "fig2a", "--scale", "smoke", "--until", "", "--results", "{tmp}/r"], None, "--until is empty"),
+    ("experiment local --cpus-per-run 0", ["experiment", "fig2a", "--scale", "smoke", "--launcher", "local", "--cpus-per-run", "0", "--results", "{tmp}/r"], None,
+     "--cpus-per-run must be an integer >= 1"),
+    ("experiment local --time-min 0", ["experiment", "fig2a", "--scale", "smoke", "--launcher", "local", "--time-min", "0", "--results", "{tmp}/r"], None,
+     "--time-min must be an integer >= 1"),
+    ("experiment local --partition", ["experiment", "fig2a", "--scale", "smoke", "--launcher", "local", "--partition", "gpu", "--results", "{tmp}/r"], None,
+     "--partition has no effect without --launcher slurm"),
+    ("experiment process --cpus-per-run", ["experiment", "fig2a", "--scale", "smoke", "--cpus-per-run", "2", "--results", "{tmp}/r"], None,
+     "--cpus-per-run has no effect with --launcher process"),
     ("experiment plan seeds not numbers", ["experiment", "fig2a", "--plan", "--scale", "smoke", "--seeds", "x", "--results", "{tmp}/r"], None, "--seeds must be"),
 ]
 
@@ -181,3 +196,36 @@ def test_analyse_only_trains_nothing_and_says_what_each_experiment_waits_for(tmp
     assert "fig2c: not analysed, waiting for the Llama rate sweep at cpu128 (3 runs to train)" in out
     assert "fig2d: not analysed" in out and "no report written" in out
     assert not (tmp_path / "cpu").exists() and not (tmp_path / "cpu128" / "report.md").exists()
+
+
+def test_every_flag_of_experiment_and_report_has_its_rules():
+    """`cem_study.cli.FLAGS` knows each subcommand's flags, read from the parser: a new flag without an entry fails."""
+    import argparse
+
+    from cem_study.cli import FLAGS, build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert {name: {a.dest for a in p._actions if a.dest != "help"} for name, p in sub.choices.items()} == {k: set(v) for k, v in FLAGS.items()}
+
+
+TRAINING_ONLY = {"--jobs": "2", "--nproc-per-run": "2", "--until": "23:59", "--launcher": "local", "--data-dir": "d", "--device": "cpu", "--allow-short": None}
+
+
+@pytest.mark.parametrize("mode", ["--plan", "--analyse-only"])
+@pytest.mark.parametrize("flag,value", TRAINING_ONLY.items())
+def test_a_flag_only_training_reads_is_checked_and_named_in_a_warning_under_plan_and_analyse_only(mode, flag, value, tmp_path, monkeypatch, capsys):
+    """Under --plan (and --analyse-only) a flag only the run reads is checked as for the run and named in one warning
+    line, exit 0; one both read, none. What the command ran with is stubbed: its flags are the question."""
+    import cem_study
+
+    monkeypatch.setattr(cem_study, "plan", lambda *a, **kw: {})
+    monkeypatch.setattr(cem_study, "format_plan", lambda plan: "the plan")
+    monkeypatch.setattr(cem_study, "analyse_finished", lambda *a, **kw: ([], {}))
+    reads = {"--plan": (), "--analyse-only": ("--data-dir", "--device", "--allow-short")}[mode]  # the analyses read these
+    argv = ["experiment", "fig2a", "--scale", "smoke", "--results", str(tmp_path / "r"), mode, flag, *([value] if value else [])]
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    if flag in reads:
+        assert err == ""
+    else:
+        assert err.count("\n") == 1 and err.startswith("cem-study experiment: warning: ") and f"{flag} has no effect with {mode}" in err, err

@@ -244,7 +244,7 @@ def test_set_inference_on_a_users_own_model():
     "bad,match",
     [
         (dict(train_depth_dist="zipf"), "train_depth_dist"),
-        (dict(train_depth_mean=5.0), "train_depth_mean"),  # above train_depth_max = 3
+        (dict(train_depth_dist="poisson-lognormal", train_depth_mean=5.0), "train_depth_mean"),  # above train_depth_max = 3
         (dict(train_depth_mean=0.5), "train_depth_mean"),
         (dict(backprop_steps=1.5), "backprop_steps"),
         (dict(fixed_point_weight=-0.1), "fixed_point_weight"),

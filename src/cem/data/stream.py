@@ -75,6 +75,9 @@ def _hashed(keyed: Callable[[], Iterator[tuple[str, str]]], split: str) -> Itera
 
 def _local_streams(path: Path, encoding: str, separator: str | None) -> DocumentStreams:
     named = split_files(path) if path.is_dir() else {}
+    for split, file in named.items():  # before any split is written: an empty valid.txt is found in seconds, not after the train split
+        if next((doc for doc in iter_documents(file, encoding, separator) if doc.strip()), None) is None:
+            raise ValueError(f"{file} is empty (no text, or only blank lines): the {split} split of {path} needs some")
     if named:
         return lambda split, resume=None: Stream(iter_documents(named[split], encoding, separator))
     files = corpus_files(path)

@@ -58,7 +58,7 @@ class RecursionTraining:
         check_choice("train_depth_dist", self.depth_dist, tuple(DEPTH_DISTRIBUTIONS))
         check_positive_int("train_depth_max", self.depth_max, MAX_STEPS)
         check_finite("train_depth_mean", self.depth_mean, 1)
-        if self.depth_mean > self.depth_max:  # e.g. train_depth_max=1 with the default mean: say what to set
+        if self.depth_dist == "poisson-lognormal" and self.depth_mean > self.depth_max:  # the mean of that draw only; the default's: say what to set
             raise ValueError(f"train_depth_mean={self.depth_mean:g} is above train_depth_max={self.depth_max} (train_depth_mean "
                              f"defaults to {RecursionTraining.depth_mean:g}): set train_depth_mean={self.depth_max} (or less) as well")
         check_finite("fixed_point_weight", self.fixed_point_weight, 0)

@@ -295,7 +295,8 @@ def apply_overrides(run: RunConfig, items: dict) -> RunConfig:
 
 class _ConfigLoader(yaml.SafeLoader):
     """`yaml.safe_load`'s loader without aliases (`*name`: a few lines of them expand to any size, the
-    "billion laughs") and with values nested at most `MAX_DEPTH` levels (deeper ones overflowed the stack)."""
+    "billion laughs"), with values nested at most `MAX_DEPTH` levels (deeper ones overflowed the stack), and
+    without a key given twice in a mapping (YAML keeps the last: the first would mean nothing)."""
 
     MAX_DEPTH = 8
 
@@ -311,6 +312,15 @@ class _ConfigLoader(yaml.SafeLoader):
         finally:
             self.depth -= 1
 
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, str) and key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"key {key!r} given twice", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
 
 def load_run_config(yaml_path: str | Path | None = None, overrides: list[str] | dict | None = None, base: RunConfig | None = None, **train_kw) -> RunConfig:
     """Defaults (or `base`, e.g. a run directory's recorded config), then a YAML file (flat keys, or
@@ -318,6 +328,8 @@ def load_run_config(yaml_path: str | Path | None = None, overrides: list[str] | 
     run = base or RunConfig()
     if yaml_path is not None:
         path = Path(yaml_path)
+        if path.is_dir():
+            raise ValueError(f"config file {path} is a folder; give a YAML file")
         if not path.is_file():
             raise FileNotFoundError(f"config file not found: {path}")
         try:
@@ -333,10 +345,13 @@ def load_run_config(yaml_path: str | Path | None = None, overrides: list[str] | 
             raise ValueError(f"config file {path} must hold a mapping of keys to values")
         flat = {}
         for k, v in data.items():
-            if k in ("train", "model") and isinstance(v, dict):
-                flat.update({f"{k}.{kk}": vv for kk, vv in v.items()})
-            else:
-                flat[k] = v
+            flat.update({f"{k}.{kk}": vv for kk, vv in v.items()} if k in ("train", "model") and isinstance(v, dict) else {k: v})
+        named: dict[str, str] = {}  # a setting given flat and in its section
+        for k in map(str, flat):
+            name = k.rpartition(".")[2]
+            if name in named:
+                raise ValueError(f"config file {path}: {named[name]} and {k} set the same setting; give it once")
+            named[name] = k
         run = apply_overrides(run, flat)
     run = apply_overrides(run, {k: v for k, v in train_kw.items() if v is not None})
     if isinstance(overrides, dict):

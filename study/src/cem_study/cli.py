@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from cem.cli import Parser, check_named, field_docs, run_command
+from cem.cli import ALWAYS, Applies, Parser, check_named, field_docs, given_flags, run_command
 
 PROG = "cem-study"
 
@@ -21,11 +21,49 @@ def _seeds(text: str) -> tuple[int, ...]:
     return seeds
 
 
+PLAN = Applies(lambda a: not a.plan, "with --plan, which trains and analyses nothing (checked as for the run)", warn=True)
+ANALYSE = Applies(lambda a: not a.analyse_only, "with --analyse-only, which trains nothing (checked as for the run)", warn=True)
+SLURM = Applies(lambda a: a.launcher == "slurm", "without --launcher slurm (a setting of SLURM's jobs)")
+SUBMITIT = Applies(lambda a: a.launcher != "process", "with --launcher process (a setting of submitit's jobs: --launcher local or slurm)")
+TRAINING = (PLAN, ANALYSE)  # what only training reads
+
+FLAGS = {  # each subcommand's flags (by dest) and where each has an effect (`cem.cli.check_flags`)
+    "experiment": {
+        **dict.fromkeys(("id", "scale", "results", "seeds", "processor", "rehearse", "plan"), ALWAYS),
+        "analyse_only": (Applies(lambda a: not a.plan, "with --plan: give one of them (--plan writes nothing, --analyse-only the report)"),),
+        **dict.fromkeys(("data_dir", "device", "allow_short"), (PLAN,)),
+        **dict.fromkeys(("jobs", "devices", "nproc_per_run", "until", "launcher"), TRAINING),
+        **dict.fromkeys(("partition", "gpus_per_run", "slurm_option"), (SLURM, *TRAINING)),
+        **dict.fromkeys(("time_min", "cpus_per_run"), (SUBMITIT, *TRAINING)),
+    },
+    "report": dict.fromkeys(("results_dir", "allow_short"), ALWAYS),
+}
+
+
+def _launcher(ex, args, results: str):
+    """The launcher the run trains with, and its deadline (`--until`): built in every mode, so that --plan and
+    --analyse-only refuse what the run would."""
+    from cem.checks import check_nonnegative_int, check_positive_int
+
+    from .costs import Deadline
+
+    check_named("--until", args.until, "give a time as HH:MM or an ISO date and time, or leave --until out")
+    for flag, value, check in (("--time-min", args.time_min, check_positive_int), ("--cpus-per-run", args.cpus_per_run, check_positive_int),
+                               ("--gpus-per-run", args.gpus_per_run, check_nonnegative_int)):
+        if value is not None:
+            check(flag, value)
+    options = {k: v for k, v in (("slurm_partition", args.partition), ("timeout_min", args.time_min), ("gpus_per_node", args.gpus_per_run),
+                                 ("cpus_per_task", args.cpus_per_run)) if v is not None}
+    until = Deadline.parse(args.until) if args.until is not None else None
+    return ex.make_launcher(args.launcher, args.jobs, args.devices, args.nproc_per_run, Path(results) / ".submitit", until,
+                            **options, **ex.slurm_options(args.slurm_option))
+
+
 def cmd_experiment(args) -> int:
     import cem_study as ex
     from cem.checks import check_positive_int
 
-    from .costs import Deadline, DeadlineReached
+    from .costs import DeadlineReached
 
     check_named("--results", args.results, "give a folder, or leave --results out for the default results/SCALE")
     check_named("--processor", args.processor, "give a processor's name as its runs record it, or leave --processor out")
@@ -47,6 +85,7 @@ def cmd_experiment(args) -> int:
         pick_device(args.device)  # an unknown device is refused before any run starts
     if Path(results).exists() and not Path(results).is_dir():
         raise ValueError(f"--results {results} is a file; name a folder for the results")
+    launcher = _launcher(ex, args, results)
     if args.plan:
         print(ex.format_plan(ex.plan(args.scale, results, ids, **overrides)))
         return 0
@@ -60,11 +99,6 @@ def cmd_experiment(args) -> int:
             return 0
         print(f"report: {ex.write_report(results, allow_short=args.allow_short or args.rehearse)}")
         return 0
-    options = {k: v for k, v in (("slurm_partition", args.partition), ("timeout_min", args.time_min), ("gpus_per_node", args.gpus_per_run),
-                                 ("cpus_per_task", args.cpus_per_run)) if v is not None}
-    until = Deadline.parse(args.until) if args.until else None
-    launcher = ex.make_launcher(args.launcher, args.jobs, args.devices, args.nproc_per_run, Path(results) / ".submitit", until,
-                                **options, **ex.slurm_options(args.slurm_option))
     try:
         summaries = ex.run_suite(args.scale, results, args.data_dir, launcher.jobs, ids, args.device, launcher, **overrides)
     except DeadlineReached as e:  # the runs that fitted have finished: an orderly stop, no report until all are in
@@ -142,19 +176,22 @@ def build_parser() -> Parser:
     p.add_argument("--rehearse", action="store_true",
                    help="the suite in shape (corpus, sizes, learning-rate sweeps, seeds, analyses, report) at 3 steps per run, into "
                         "results/SCALE-rehearsal unless --results: finds a pipeline error in minutes, before a suite of hours; never findings")
-    p.set_defaults(func=cmd_experiment)
+    p.set_defaults(func=cmd_experiment, applies=FLAGS["experiment"])
 
     p = sub.add_parser("report", help="write RESULTS_DIR/report.md from experiment results")
     p.add_argument("results_dir", help=f"a results directory written by `{PROG} experiment`")
     p.add_argument("--allow-short", action="store_true", dest="allow_short", help="accept runs short of the Chinchilla budget (the report's first line says so); the smoke scale's "
                    "report needs none: a pipeline check, without verdicts")
-    p.set_defaults(func=cmd_report)
+    p.set_defaults(func=cmd_report, applies=FLAGS["report"])
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        args = build_parser().parse_args(argv)  # imports torch: seconds in which a Ctrl-C is one line too
+        parser = build_parser()  # imports torch: seconds in which a Ctrl-C is one line too
+        argv = sys.argv[1:] if argv is None else argv
+        args = parser.parse_args(argv)
+        args.given = given_flags(parser, argv)
         return run_command(args, PROG)
     except KeyboardInterrupt:  # before a command runs (`run_command` says it for the command itself)
         print(f"{PROG}: error: interrupted (Ctrl-C)", file=sys.stderr)
