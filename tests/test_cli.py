@@ -627,7 +627,8 @@ CASES = [
     ("info memory seq of two million", ["info", "--memory", "--seq", "2000000"], None, "--seq must be at most 1,048,576"),
     ("info memory device of inf GB", ["info", "--memory", "--device-gb", "inf"], None, "--device-gib (--device-gb) must be a finite number"),
     ("info memory device of 1e400 GB", ["info", "--memory", "--device-gb", "1e400"], None, "--device-gib (--device-gb) must be a finite number"),
-    ("train_depth_max=1 under the default depth mean", [*TRAIN, *STEP, "train_depth_max=1"], None, "set train_depth_mean=1 (or less) as well"),
+    ("train_depth_max=1 under the default depth mean", [*TRAIN, *STEP, "train_depth=model", "train_depth_dist=poisson-lognormal", "train_depth_max=1"], None,
+     "set train_depth_mean=1 (or less) as well"),
     # -- interruptions and limits
     ("Ctrl-C while the command line loads", ["info"], patch("cem.cli.build_parser", SimulatedCtrlC), "cem: error: interrupted (Ctrl-C)"),
     ("file size limit in a checkpoint", [*TRAIN, *STEP], file_size_limit_in_checkpoint, "file size limit (ulimit -f) reached while writing a checkpoint (the previous checkpoint is kept): {tmp}/out/ckpt/trainer_state.pt"),
