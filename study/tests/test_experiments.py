@@ -225,7 +225,7 @@ def test_a_recorded_learning_rate_choice_stands_when_a_sweep_run_changes(corpus,
     assert record["lr"] == pick and record["seeds"] == [0] and set(record["grid"]) == {r["lr"] for r in first["rows"]}
     other = next(r["lr"] for r in first["rows"] if r["lr"] != pick)
     path = root / "runs" / RunSpec.make("micro", "llama", train={"lr": other}).with_seed(0).slug / "results.json"
-    path.write_text(json.dumps({**json.loads(path.read_text()), "valid_loss": -1.0}))  # as if trained again
+    path.write_text(json.dumps({**json.loads(path.read_text()), "valid_loss": 1e-6}))  # as if trained again, now the best
     again = run_experiment("lr", "smoke", root, **kw)
     assert again["chosen"]["micro"]["lr"] == pick and again["chosen"]["micro"]["best_now"]["lr"] == other
     (root / "lr" / "choices.json").write_text('{"micro-llama": {"lr": "fast"}}')
@@ -248,7 +248,7 @@ def test_fig3a_brackets_the_current_best_rate_when_a_run_trained_again_moves_it(
     end, new = (max(record["grid"]), 8e-3) if 8e-3 not in record["grid"] else (min(record["grid"]), 5e-4)
     assert new not in record["grid"]  # the decision grew the grid on one side at most
     path = root / "runs" / RunSpec.make("micro", "llama", train={"lr": end}).with_seed(0).slug / "results.json"
-    path.write_text(json.dumps({**json.loads(path.read_text()), "valid_loss": -1.0}))  # as if trained again
+    path.write_text(json.dumps({**json.loads(path.read_text()), "valid_loss": 1e-6}))  # as if trained again, now the best
     assert plan("smoke", root, ("fig3a",), **kw)["experiments"]["fig3a"]["train"] == 1
     summary = run_experiment("fig3a", "smoke", root, **kw)
     again = json.loads((root / "lr" / "choices.json").read_text())["micro-llama"]
