@@ -609,8 +609,8 @@ def test_regime_check_reads_its_cached_fits_and_names_the_best_order(corpus, tmp
     for seed in (0, 1, 2):
         atomic_write_json(analysis.CONTEXT_USE.path(tmp_path / "runs" / v.spec.with_seed(seed).slug), {"short": [8, 16], "short_loss": 2.0, "long_loss": 1.5})
     rows = [{"label": "Llama a", "group": "a", "lr": 1e-3, "budget_tokens": 5000, "tokens": 5000, "valid_loss": 1.19, "valid_loss_per_seed": [1.185, 1.19, 1.195], "seeds": [0, 1, 2]}]
-    for g in _ngrams((1.30, 1.20, 1.15, 1.10), (1.32, 1.22, 1.17, 1.12)):
-        atomic_write_json(tmp_path / f"ngram-a-{g['order']}.json", g)
+    fits = _ngrams((1.30, 1.20, 1.15, 1.10), (1.32, 1.22, 1.17, 1.12))
+    atomic_write_json(analysis.ngram_cache(tmp_path, "a"), {"fits": fits})
 
     def no_fit(*args, **kwargs):
         raise AssertionError("fit although cached")
@@ -622,7 +622,7 @@ def test_regime_check_reads_its_cached_fits_and_names_the_best_order(corpus, tmp
     assert "windowed: 5-gram" in finding.evidence and "unbroken: 5-gram" in finding.evidence
     assert "Llama - the best, the 8-gram: +0.0700" in finding.evidence and "Llama - the best, the 8-gram: +0.0900" in finding.evidence
     assert "the 7- and 8-gram beat Llama" in finding.evidence
-    atomic_write_json(tmp_path / "ngram-a-5.json", {**_ngrams((1.3,) * 4, (1.3,) * 4)[0], "window": 64})  # scored in other windows
+    atomic_write_json(analysis.ngram_cache(tmp_path, "a"), {"fits": [{**fits[0], "window": 64}, *fits[1:]]})  # scored in other windows
     with pytest.raises(AssertionError, match="fit although cached"):
         analysis.regime_check(Context(s, rows, [v], tmp_path, tmp_path), {"a": {"lr": 1e-3}})
 
@@ -818,8 +818,7 @@ def test_fig4s_alibi_quartet_checks_its_llama_against_the_ngrams_first(corpus, t
              "test_loss_per_seed": x, "test_perplexity": math.exp(sum(x) / 3), "seeds": [0, 1, 2], "processor_per_seed": [None] * 3}
             for label, x in losses.items()]
     n_train = len(ngram._splits(s.data, s.tokenizer, None)[0]["train"])
-    for g in _ngrams((1.30, 1.20, 1.15, 1.10), (1.32, 1.22, 1.17, 1.12), tokens=n_train, window=256):
-        atomic_write_json(tmp_path / f"ngram-cpu128-l8-{g['order']}.json", g)
+    atomic_write_json(analysis.ngram_cache(tmp_path, "cpu128-l8"), {"fits": _ngrams((1.30, 1.20, 1.15, 1.10), (1.32, 1.22, 1.17, 1.12), tokens=n_train, window=256)})
     monkeypatch.setattr(ngram, "ngram_baseline", lambda *a, **k: pytest.fail("fit although cached"))
     findings, extra = EXPERIMENTS["fig4-alibi"].analyze(Context(s, rows, variants, tmp_path, tmp_path))
     regime, *claims = findings

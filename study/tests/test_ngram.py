@@ -205,7 +205,8 @@ def test_the_committed_6_gram_of_wikitext_2_bytes():
     data = Path(os.environ.get("CEM_DATA_DIR") or Path(__file__).resolve().parents[2].parent / "shared" / "data")
     if not (data / "wikitext-2").is_dir():
         pytest.skip(f"no wikitext-2 under {data} (set $CEM_DATA_DIR)")
-    committed = json.loads((Path(__file__).resolve().parents[2] / "study/results/cpu128/lr/ngram-cpu128-6.json").read_text())
+    fits = json.loads((Path(__file__).resolve().parents[2] / "study/results/cpu128/lr/ngram-cpu128.json").read_text())["fits"]
+    committed = next(g for g in fits if g["order"] == 6)
     splits, vocab = _splits("wikitext-2", "byte", data)
     assert len(splits["train"]) == committed["train_tokens"] == 10_797_777
     assert KneserNey(6, vocab).fit(splits["train"]).nll(splits["valid"]) == committed["valid_loss"]

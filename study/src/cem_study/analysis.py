@@ -730,7 +730,7 @@ def orders_beating(orders: list[int], whom: str = "Llama") -> str:
 def regime_ngrams(c: Context, size: str, row: dict, spec) -> tuple[list[dict], int, int]:
     """The n-grams of `REGIME_ORDERS` a size's baseline (summary row `row`, trained as `spec`) is checked against: fit
     on min(its budget, the train split) training tokens (at a scale cut to `max_steps`, a rehearsal's, the tokens its
-    runs saw) and scored in its windows; each fit cached as OUT/ngram-SIZE-ORDER.json (one not fit or scored as this
+    runs saw) and scored in its windows; the fits cached in one file, `ngram_cache` (one not fit or scored as this
     check needs is fit again). Returns (the fits, tokens, window)."""
     from .ngram import _splits, ngram_baseline
 
@@ -742,14 +742,19 @@ def regime_ngrams(c: Context, size: str, row: dict, spec) -> tuple[list[dict], i
         part = {"train": splits["train"][:tokens], "valid": splits["valid"], "test": splits["test"]}
         return ngram_baseline(part, vocab, order, window=window)
 
-    ngrams = []
+    path = ngram_cache(c.out, size)
+    fits = {g["order"]: g for g in (json.loads(path.read_text())["fits"] if path.exists() else [])}
     for order in REGIME_ORDERS:
-        path = c.out / f"ngram-{size}-{order}.json"
-        cached = json.loads(path.read_text()) if path.exists() else {}
-        if cached.get("window") != window or cached.get("train_tokens") != tokens:  # not fit or scored as this check needs
-            path.unlink(missing_ok=True)
-        ngrams.append(_cached(path, lambda o=order: fit(o)))
-    return ngrams, tokens, window
+        g = fits.get(order)
+        if g is None or g.get("window") != window or g.get("train_tokens") != tokens:  # not fit or scored as this check needs
+            fits[order] = fit(order)
+            atomic_write_json(path, {"fits": [fits[o] for o in sorted(fits)]})
+    return [fits[o] for o in REGIME_ORDERS], tokens, window
+
+
+def ngram_cache(out: Path, size: str) -> Path:
+    """The file holding a size's n-gram fits of the regime check, every order: OUT/ngram-SIZE.json, {"fits": [...]}."""
+    return Path(out) / f"ngram-{size}.json"
 
 
 def regime_finding(size: str, who: str, row: dict, ngrams: list[dict], tokens: int, window: int) -> tuple[Finding, dict]:
