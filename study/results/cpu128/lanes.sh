@@ -24,16 +24,24 @@ set -euo pipefail
 WT=$(cd "$(dirname "$0")/../../.." && pwd)      # the frozen worktree this script lives in
 MAIN=${1:?the checkout whose study/results receive the runs}
 DATA=${2:?the folder holding wikitext-2/}
-PROC=${PROC:-AMD EPYC (AuthenticAMD family 25 model 17 stepping 1)}
+SCALE=${SCALE:-cpu128}                          # another scale's campaign: SCALE=screen64 (study/results/screen64/README.md)
+if [ "$SCALE" = cpu128 ]; then PROC=${PROC:-AMD EPYC (AuthenticAMD family 25 model 17 stepping 1)}; fi
 LOGS=${LOGS:-/tmp/suite/logs}
 mkdir -p "$LOGS"
 export PYTHONPATH="$WT/src:$WT/study/src" OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
-run() { python -m cem_study experiment "${IDS:-all}" --scale cpu128 --jobs 1 --results "$MAIN/study/results/cpu128" --data-dir "$DATA" \
-          --processor "$PROC" ${UNTIL:+--until "$UNTIL"}; }
+PROC=${PROC:-$(python -c "from cem.provenance import processor; print(processor())")}   # else the one it starts on
+# PASSES="0 0,1 0,1,2": one pass a seed list, each analysing the seeds so far (every variant's seed 0 first)
+run() {
+  for seeds in ${PASSES:-all}; do
+    local only=(); [ "$seeds" = all ] || only=(--seeds "$seeds")
+    python -m cem_study experiment "${IDS:-all}" --scale "$SCALE" --jobs 1 --results "$MAIN/study/results/$SCALE" --data-dir "$DATA" \
+      --processor "$PROC" ${UNTIL:+--until "$UNTIL"} "${only[@]}" || return
+  done
+}
 
-# two lanes on the same list (`all`: the core experiments first, lr,fig2c,fig2d,fig4,fig3b,positional,fig3a, then the
-# rest): a run one lane holds is left to it, and an experiment waiting on such a run is put off until the lane's other
-# experiments are done, so neither lane waits while work is left
-( run ) > "$LOGS/laneA.log" 2>&1 &
-( sleep 20; run ) > "$LOGS/laneB.log" 2>&1 &
-echo "lanes started: logs in $LOGS (laneA.log, laneB.log); pids $(jobs -p | tr '\n' ' ')"
+# two lanes on the same list (`all`: the scale's suite, at cpu128 the core experiments first, lr,fig2c,fig2d,fig4,fig3b,
+# positional,fig3a, then the rest): a run one lane holds is left to it, and an experiment waiting on such a run is put
+# off until the lane's other experiments are done, so neither lane waits while work is left
+( run ) > "$LOGS/${SCALE}A.log" 2>&1 &
+( sleep 20; run ) > "$LOGS/${SCALE}B.log" 2>&1 &
+echo "lanes of $SCALE started on $PROC: logs in $LOGS (${SCALE}A.log, ${SCALE}B.log); pids $(jobs -p | tr '\n' ' ')"
