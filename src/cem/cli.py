@@ -395,7 +395,7 @@ def check_flags(args, model=None) -> None:
         args.warned = [*getattr(args, "warned", []), said(True)]
 
 
-def _greedy(args) -> bool:
+def _sampled(args) -> bool:
     return args.temperature != 0
 
 
@@ -426,7 +426,7 @@ MEMORY = Applies(lambda a: a.memory, "without --memory (a setting of the memory 
 SHARDS = Applies(lambda a: a.tokenizer is not None, "without --tokenizer (a setting of the token shards)")
 FETCH = Applies(lambda a: a.tokenizer is None, "with --tokenizer (the token shards read the corpus where it is)")
 LOCAL_TEXT = Applies(_local_text, "with an hf: source (read as the dataset gives its rows; a setting of local text files)")
-SAMPLED = Applies(_greedy, "at --temperature 0 (greedy decoding takes the likeliest token)")
+SAMPLED = Applies(_sampled, "at --temperature 0 (greedy decoding takes the likeliest token)")
 CEM_LAYERS = Applies(lambda a, m: _descent(m), "on a model without CEM layers (no recursion to change)", on_model=True)
 
 
