@@ -189,9 +189,10 @@ def test_the_cpu128_scale_reuses_the_committed_cpu_runs(tmp_path):
     assert s.runs(root) == REPO / "study" / "results" / "cpu" / "runs"
     # fig2a's 9 runs at 2e-3, Llama's rate there (the training default, so with the sweep left out the runs are the
     # same runs), found; left to train: CEM attention's own-rate sweep, its seed 0 at 1e-3 and 4e-3 (the campaign
-    # before that sweep: its runs and choice, which add runs as the campaign goes, are left out)
+    # before that sweep: its runs and choice, which add runs as the campaign goes, are left out), and the RoPE Llama's
+    # seeds 3-4 (`Scale.rope_seeds`; CEM attention's are fig4's T=1 pair's, committed)
     root = _campaign_of(tmp_path, ("cpu128-llama", "cpu128-cem-attn"))
-    assert plan("cpu128", root, ("fig2a",), lr_sweep=False)["experiments"]["fig2a"] == {"finished": 9, "train": 2, "evaluate": 0, "again": 0}
+    assert plan("cpu128", root, ("fig2a",), lr_sweep=False)["experiments"]["fig2a"] == {"finished": 9, "train": 4, "evaluate": 0, "again": 0}
 
 
 

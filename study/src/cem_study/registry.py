@@ -44,8 +44,16 @@ def _spec(s: Scale, size: str, arch: str, **model) -> RunSpec:
     return RunSpec.make(size, arch, train=s.train_for(size), **model)
 
 
-def _llama(s: Scale, size: str, group: str = "Llama") -> Variant:
-    return Variant(f"Llama {size}", _spec(s, size, "llama"), {"group": group})
+def _rope(s: Scale, v: Variant, kind: str = "default") -> Variant:
+    """`v` with the scale's `rope_seeds` added to its seeds (those of `kind`, or its own): the RoPE Llama, or a variant
+    compared with it."""
+    if not s.rope_seeds:
+        return v
+    return replace(v, seeds=tuple(dict.fromkeys((*(v.seeds or s.seeds_for(kind)), *s.rope_seeds))))
+
+
+def _llama(s: Scale, size: str, group: str = "Llama", kind: str = "default") -> Variant:
+    return _rope(s, Variant(f"Llama {size}", _spec(s, size, "llama"), {"group": group}), kind)
 
 
 def _llama_alibi(s: Scale, size: str, slopes: str = "standard", **model) -> Variant:
@@ -62,7 +70,7 @@ def lr_variants(s: Scale) -> list[Variant]:
     sweep = [Variant(f"Llama {size} lr={lr:g}", RunSpec.make(size, "llama", train={"lr": lr}), {"group": size, "lr": lr}, s.sweep_seeds(size))
              for size in s.sizes for lr in s.grid(size, "llama")]
     chosen = dict(s.chosen_lrs)
-    return sweep + [Variant(f"Llama {size} (chosen rate, every seed)", _spec(s, size, "llama"), {"group": f"{size}, every seed", "lr": chosen[size], "regime": True})
+    return sweep + [_rope(s, Variant(f"Llama {size} (chosen rate, every seed)", _spec(s, size, "llama"), {"group": f"{size}, every seed", "lr": chosen[size], "regime": True}))
                     for size in s.sizes if size in chosen]
 
 
@@ -98,7 +106,7 @@ def lr_findings(c: Context):
 def fig2a_variants(s: Scale) -> list[Variant]:
     out = []
     for size in s.sizes:
-        out += [_llama(s, size), _llama_alibi(s, size), Variant(f"CEM attention {size}", _spec(s, size, "cem-attn"), {"group": "CEM attention"}, own_rate=True)]
+        out += [_llama(s, size), _llama_alibi(s, size), _rope(s, Variant(f"CEM attention {size}", _spec(s, size, "cem-attn"), {"group": "CEM attention"}, own_rate=True))]
     return out
 
 
@@ -142,11 +150,12 @@ def _sublayer(kind: str) -> tuple[str, str, str, str]:
 def _recursion_variants(s: Scale, kind: str, exp_id: str) -> list[Variant]:
     arch, steps_key, precond_key, name = _sublayer(kind)
     b = s.base
-    out = [_llama(s, b), _llama_alibi(s, b)] if kind == "attn" else [_llama(s, b)]
+    out = [_llama(s, b, kind="recursion"), *([_llama_alibi(s, b)] if kind == "attn" else [])]
     pair = s.pair_seeds_of(exp_id)  # the T=1/T=2 pair's own seeds, where it has more than the controls
     for steps in (1, 2):
-        out.append(Variant(f"{name} T={steps}", _spec(s, b, arch, **{steps_key: steps, precond_key: PRECOND}), {"group": name, "steps": steps},
-                           pair, own_rate=True, paired=True))
+        v = Variant(f"{name} T={steps}", _spec(s, b, arch, **{steps_key: steps, precond_key: PRECOND}), {"group": name, "steps": steps},
+                    pair, own_rate=True, paired=True)
+        out.append(_rope(s, v, "recursion") if steps == 2 else v)  # T=2 is compared with Llama
     for steps in (1, 2):  # the step-length controls: one learned gain multiplies every step (at T=1 the key is left at its default)
         out.append(Variant(f"{name} T={steps} learned step", _spec(s, b, arch, learn_step_size=True, **{precond_key: PRECOND}, **({steps_key: steps} if steps > 1 else {})),
                            {"group": f"{name}, learned step gain", "steps": steps}))
@@ -195,7 +204,7 @@ def fig3a_variants(s: Scale) -> list[Variant]:
     their validation-best rates (full CEM's from its seed-0 sweep) and the position-matched control."""
     b = s.base
     if s.own_rates:
-        return [_llama(s, b), Variant("full CEM", _spec(s, b, "cem-t2"), {"group": LR_GROUPS[1]}, own_rate=True),
+        return [_llama(s, b), _rope(s, Variant("full CEM", _spec(s, b, "cem-t2"), {"group": LR_GROUPS[1]}, own_rate=True)),
                 _llama_alibi(s, b)]
     out = [Variant(f"Llama lr={lr:g}", RunSpec.make(b, "llama", train={"lr": lr}), {"group": LR_GROUPS[0], "lr": lr}) for lr in s.grid(b, "llama")]
     out += [Variant(f"CEM lr={lr:g}", RunSpec.make(b, "cem-t2", train={"lr": lr}), {"group": LR_GROUPS[1], "lr": lr}) for lr in s.grid(b, "cem-t2")]
@@ -290,8 +299,8 @@ def fig3c_variants(s: Scale) -> list[Variant]:
 def fig4_variants(s: Scale) -> list[Variant]:
     b, pair = s.base, s.pair_seeds_of("fig4")
     return [
-        Variant("Llama attention x1", _spec(s, b, "llama"), {"group": "plain reuse", "steps": 1}),
-        Variant("Llama attention x2", _spec(s, b, "llama", attn_reuse=2), {"group": "plain reuse", "steps": 2}),
+        _rope(s, Variant("Llama attention x1", _spec(s, b, "llama"), {"group": "plain reuse", "steps": 1}), "recursion"),
+        _rope(s, Variant("Llama attention x2", _spec(s, b, "llama", attn_reuse=2), {"group": "plain reuse", "steps": 2}), "recursion"),
         Variant("Llama ALiBi attention x1", _spec(s, b, "llama-alibi"), {"group": "plain reuse, ALiBi", "steps": 1}),
         Variant("Llama ALiBi attention x2", _spec(s, b, "llama-alibi", attn_reuse=2), {"group": "plain reuse, ALiBi", "steps": 2}),
         Variant("CEM attention T=1", _spec(s, b, "cem-attn"), {"group": "CEM attention", "steps": 1}, pair, own_rate=True, paired=True),

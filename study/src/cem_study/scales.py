@@ -76,6 +76,9 @@ class Scale:
     # their observed validation difference (`cem_study.seeds`, which decides `pair_seeds`)
     more_pair_seeds: tuple[tuple[str, tuple[int, ...]], ...] = ()
     pair_seeds: tuple[tuple[str, tuple[int, ...]], ...] = ()  # (experiment, seeds) of each pair decided so far
+    # seeds that the RoPE Llama and each variant compared with it add (fig2a, fig2c, fig2d and fig3a against Llama, fig4's plain
+    # reuse, the regime check): RoPE's seeds spread 5-15x more than ALiBi's or CEM attention's, so its comparisons need more
+    rope_seeds: tuple[int, ...] = ()
 
     def train_settings(self) -> dict:
         """Training settings shared by every run of this scale."""
@@ -192,7 +195,7 @@ SCALES = {
     "cpu128": Scale(
         "cpu128", "wikitext-2", "byte", ("cpu128",), "cpu128", (0, 1, 2), (0, 1, 2), 256, 16,
         lrs=(1e-3, 2e-3, 4e-3), lr_sweep=True, lr_sweep_seeds=1, lr_tie=0.002, rate_rules=("paper", "own"), runs_from="cpu",
-        more_pair_seeds=tuple((i, (3, 4)) for i in ("fig2c", "fig2d", "fig4", "fig3c")), suite=CPU128_SUITE, limits=(
+        more_pair_seeds=tuple((i, (3, 4)) for i in ("fig2c", "fig2d", "fig4", "fig3c")), rope_seeds=(3, 4), suite=CPU128_SUITE, limits=(
             "models of 0.80M non-embedding parameters (4 layers, 4 heads of width 32, context 256) on 17M bytes of "
             "WikiText-2 (1.6 passes): one size, so no trend; learning rates chosen by seed-0 sweeps on validation loss (ties "
             "within 0.002 nats go to the lower rate); nothing here is a GPU speed")),
