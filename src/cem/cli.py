@@ -186,6 +186,8 @@ class EvalOptions(OnDevice):
     """sequence length (default: the run's)"""
     max_batches: int | None = None
     """stop after this many batches (default: the whole split)"""
+    stride: int | None = None
+    """score with sliding windows every this many tokens, so every token has at least seq_len - stride tokens of context (default: disjoint windows, the context reset at each, as the run's validation)"""
     json: bool = False
     """print the metrics as one JSON line"""
 
@@ -547,10 +549,13 @@ def cmd_eval(args) -> int:
     if args.batch_size is not None and args.batch_size < 1:
         raise ValueError(f"batch_size (--batch-size) must be >= 1, got {args.batch_size}")
     e = run.eval_settings(model.config.context, args.data, args.data_dir, args.seq_len, args.batch_size)
+    if args.stride is not None and not 1 <= args.stride <= e.seq_len:
+        raise ValueError(f"--stride must be between 1 and the sequence length {e.seq_len}, got {args.stride}")
     split = token_split(e.data, tokenizer, e.tokenizer, args.split, e.data_dir, e.encoding)
     metrics = evaluate(model.to(device), split, e.seq_len, e.batch_size, device, args.max_batches, autocast_for(e.precision, device),
-                       progress=not args.json, desc=f"{e.data} {args.split}")
-    metrics = {"data": e.data, "split": args.split, **metrics, "parameters": parameter_breakdown(model)}
+                       progress=not args.json, desc=f"{e.data} {args.split}", stride=args.stride)
+    metrics = {"data": e.data, "split": args.split, **metrics, "seq_len": e.seq_len, "stride": args.stride or e.seq_len,
+               "parameters": parameter_breakdown(model)}
     if args.json:
         print(json.dumps(metrics))
     else:

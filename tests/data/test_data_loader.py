@@ -119,3 +119,48 @@ def test_eval_batches_limit_and_errors():
     assert [x.shape for x, _ in limited] == [(3, SEQ_LEN), (3, SEQ_LEN)]
     with pytest.raises(ValueError, match="at least 2 tokens"):
         iter_eval_batches(np.arange(1), SEQ_LEN, 3)
+
+
+def _first_window(n_tokens: int, seq_len: int, stride: int) -> list[int]:
+    """The start of the window that scores each target t = 1 .. n-1, found independently of the loader: windows
+    start at 0, stride, 2 stride, ... and one more ends at the last token; the first of them holding t scores it."""
+    last = n_tokens - 1 - seq_len
+    starts = sorted({*range(0, last + 1, stride), last}) if last >= 0 else [0]
+    return [min(s for s in starts if s + seq_len >= t) for t in range(1, n_tokens)]
+
+
+@pytest.mark.parametrize("n_tokens,seq_len,stride", [(81, 8, 8), (81, 8, 4), (84, 8, 3), (9, 8, 1), (5, 8, 2), (100, 7, 5), (37, 6, 6), (10, 9, 4)])
+def test_sliding_eval_batches_score_every_target_once_with_the_context_of_its_first_window(n_tokens, seq_len, stride):
+    tokens = np.arange(n_tokens, dtype=np.uint32)
+    batches = list(iter_eval_batches(tokens, seq_len, batch_size=3, stride=stride))
+    scored = {}  # target -> the first token of its context
+    for x, y in batches:
+        assert x.shape == y.shape and x.shape[0] <= 3
+        for xr, yr in zip(x.tolist(), y.tolist()):
+            assert [v for v in yr if v != -100] == sorted(v for v in yr if v != -100)
+            for v in yr:
+                if v != -100:
+                    assert v not in scored
+                    scored[v] = xr[0]
+    assert sorted(scored) == list(range(1, n_tokens))
+    assert [scored[t] for t in range(1, n_tokens)] == _first_window(n_tokens, seq_len, stride)
+    if n_tokens - 1 >= seq_len:  # past the first window, every target has at least seq_len - stride tokens before it
+        assert all(t - scored[t] >= seq_len - stride + 1 for t in range(seq_len + 1, n_tokens))
+        assert all(x.shape[1] == seq_len for x, _ in batches)
+
+
+def test_a_stride_of_the_sequence_length_is_the_disjoint_windows():
+    tokens = np.arange(8 * 10 + 4)
+    plain = list(iter_eval_batches(tokens, SEQ_LEN, 3))
+    same = list(iter_eval_batches(tokens, SEQ_LEN, 3, stride=SEQ_LEN))
+    assert len(plain) == len(same) and all(torch.equal(a, c) and torch.equal(b, d) for (a, b), (c, d) in zip(plain, same))
+    for stride in (0, SEQ_LEN + 1):
+        with pytest.raises(ValueError, match="stride must be between 1 and the sequence length 8"):
+            iter_eval_batches(tokens, SEQ_LEN, 3, stride=stride)
+
+
+@pytest.mark.parametrize("n_tokens,stride", [(81, None), (84, None), (5, None), (84, 3), (9, 1), (5, 2), (81, 8)])
+def test_eval_batch_count_is_the_batches_yielded(n_tokens, stride):
+    from cem.data import eval_batch_count
+
+    assert eval_batch_count(n_tokens, SEQ_LEN, 3, stride) == len(list(iter_eval_batches(np.arange(n_tokens), SEQ_LEN, 3, stride=stride)))

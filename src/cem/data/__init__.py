@@ -1,7 +1,7 @@
 """Data layer: corpora, tokenizers, cached token shards and batch samplers."""
 
 from cem.data.corpora import KNOWN_CORPORA, SPLITS, Corpus, CorpusSpec, load_corpus, parse_corpus, prepared_data_dir, resolve_data_dir
-from cem.data.loader import SequenceSampler, iter_eval_batches
+from cem.data.loader import SequenceSampler, eval_batch_count, iter_eval_batches
 from cem.data.shards import TokenSplit, build_split, token_cache_dir
 from cem.data.tokenizers import (
     EOT_TOKEN,
@@ -25,6 +25,7 @@ __all__ = [
     "Tokenizer",
     "build_split",
     "get_tokenizer",
+    "eval_batch_count",
     "iter_eval_batches",
     "load_corpus",
     "parse_corpus",

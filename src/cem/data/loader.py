@@ -103,20 +103,40 @@ class SequenceSampler:
         self.seed, self.epoch, self.index, self._order = state["seed"], state["epoch"], state["index"], None
 
 
+IGNORE = -100  # a target that is not scored (`cem.model.loss.next_token_loss`'s ignore_index)
+
+
 def iter_eval_batches(
-    tokens: np.ndarray, seq_len: int, batch_size: int, max_batches: int | None = None
+    tokens: np.ndarray, seq_len: int, batch_size: int, max_batches: int | None = None, stride: int | None = None
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """All windows of `tokens` in order as (x, y) int64 batches: every token but the first is a target once.
 
-    Full windows (laid out as in SequenceSampler) come in batches of `batch_size` rows, the
-    last possibly smaller; a final partial window, if any, comes last as a (1, r) batch with
-    r < seq_len. `max_batches` stops early (coverage is then partial).
+    Without `stride` (or with `stride == seq_len`) the windows are disjoint, laid out as in SequenceSampler: full
+    windows come in batches of `batch_size` rows, the last possibly smaller; a final partial window, if any, comes
+    last as a (1, r) batch with r < seq_len. The context is reset at each window's start.
+
+    With `stride < seq_len` the windows slide: they start every `stride` tokens, and each scores only the targets
+    the windows before it did not (the others are `IGNORE`), so every target after the first window's has at least
+    `seq_len - stride` tokens of context; a last full window ends at the split's end. `max_batches` stops early
+    (coverage is then partial).
     """
     if seq_len < 1 or batch_size < 1:
         raise ValueError(f"seq_len and batch_size must be positive, got {seq_len} and {batch_size}")
+    if stride is not None and not 1 <= stride <= seq_len:
+        raise ValueError(f"stride must be between 1 and the sequence length {seq_len}, got {stride}")
     if len(tokens) < 2:
         raise ValueError(f"need at least 2 tokens to evaluate, got {len(tokens)}")
-    return itertools.islice(_eval_batches(tokens, seq_len, batch_size), max_batches)
+    batches = _eval_batches(tokens, seq_len, batch_size) if stride in (None, seq_len) else _sliding_batches(tokens, seq_len, batch_size, stride)
+    return itertools.islice(batches, max_batches)
+
+
+def eval_batch_count(n_tokens: int, seq_len: int, batch_size: int, stride: int | None = None) -> int:
+    """How many batches `iter_eval_batches` yields for a split of `n_tokens` tokens."""
+    if stride in (None, seq_len):
+        n_full = (n_tokens - 1) // seq_len
+        return -(-n_full // batch_size) + (n_full * seq_len < n_tokens - 1)
+    starts = _sliding_starts(n_tokens, seq_len, stride)
+    return -(-len(starts) // batch_size) if len(starts) else 1
 
 
 def _eval_batches(
@@ -134,3 +154,30 @@ def _eval_batches(
 
         tail = torch.from_numpy(np.array(tokens[tail_start:], dtype=np.int64))[None]
         yield tail[:, :-1], tail[:, 1:]
+
+
+def _sliding_starts(n_tokens: int, seq_len: int, stride: int) -> np.ndarray:
+    """Starts of the full sliding windows: every `stride` tokens, and one more ending at the last token."""
+    if n_tokens - 1 < seq_len:
+        return np.zeros(0, dtype=np.int64)
+    starts = np.arange(0, n_tokens - 1 - seq_len + 1, stride)
+    return starts if starts[-1] == n_tokens - 1 - seq_len else np.append(starts, n_tokens - 1 - seq_len)
+
+
+def _sliding_batches(
+    tokens: np.ndarray, seq_len: int, batch_size: int, stride: int
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """The batches of `iter_eval_batches` with `stride < seq_len`, without a limit."""
+    import torch
+
+    starts = _sliding_starts(len(tokens), seq_len, stride)
+    if not len(starts):  # the split is shorter than one window: it is scored whole, as without a stride
+        yield from _eval_batches(tokens, seq_len, batch_size)
+        return
+    # window k's targets are tokens[s_k + 1 .. s_k + seq_len]; those up to the previous window's last are scored
+    first = np.concatenate([[0], starts[:-1] + seq_len - starts[1:]])  # position of each window's first new target
+    for i in range(0, len(starts), batch_size):
+        rows = _windows(tokens, starts[i : i + batch_size], seq_len + 1)
+        x, y = rows[:, :-1], rows[:, 1:].clone()
+        y[torch.from_numpy(np.arange(seq_len)[None, :] < first[i : i + batch_size, None])] = IGNORE
+        yield x, y

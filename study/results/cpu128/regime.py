@@ -2,7 +2,7 @@
 orders 5-8 on WikiText-2 bytes, each n-gram scored on the unbroken text and as the transformer is scored (disjoint
 windows of its context, `cem_study.ngram.scored_positions`).
 
-    python study/results/cpu128/regime.py [--data-dir /work/shared/data] [--refit]
+    python study/results/cpu128/regime.py [--data-dir /work/shared/data] [--refit] [--stride 128]
 
 Writes regime.json (the data) and regime.md (the tables) beside this script. The n-grams are fit on the first
 min(the size's Chinchilla budget, the train split) training bytes (the regime check's convention,
@@ -11,12 +11,19 @@ already in regime.json are reused unless --refit. Llama's losses are those of ev
 (study/results/cpu/runs.jsonl, `cem_study.records`; the rate from lr/choices.json). The comparison is the analysis' own
 (`cem_study.analysis.regime_against`, the rule of its regime check): a size speaks when Llama minus the best order (on
 validation, in the transformer's windows) has its 95% t interval over the seeds below zero.
+
+Both with full context: each Llama seed whose weights are here (its run folder holds a checkpoint: the seeds trained
+in this machine's session) is scored again with sliding windows (`cem eval --stride`: windows every `--stride` bytes,
+each byte after the first window with at least 256 - stride bytes before it), against the n-grams on the unbroken
+text; the scores are kept in regime.json, so they outlive the weights.
 """
 
 import argparse
 import json
 import math
+import os
 import resource
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -24,6 +31,7 @@ from pathlib import Path
 from cem_study.analysis import REGIME_ORDERS, REGIME_SCORINGS, regime_against
 from cem_study.ngram import _splits, ngram_baseline
 from cem_study.records import Run
+from cem.training import RunDir
 from cem_study.sweep import RunSpec, budget_tokens
 from cem.io import atomic_write_json, atomic_write_text
 from cem.provenance import processor
@@ -49,12 +57,40 @@ def llama(size: str) -> dict:
     return {"lr": lr, "seeds": seeds}
 
 
-def main(data_dir: str, refit: bool) -> None:
+def sliding(run_dir: Path, data_dir: str, stride: int) -> dict:
+    """The run's validation and test losses with sliding windows every `stride` tokens (`cem eval --stride`, the
+    library's command), on one thread as the runs trained."""
+    out = {"stride": stride}
+    for split in ("valid", "test"):
+        started = time.perf_counter()
+        done = subprocess.run([sys.executable, "-m", "cem", "eval", "--ckpt", str(run_dir), "--split", split, "--stride", str(stride),
+                               "--data-dir", data_dir, "--device", "cpu", "--json"], capture_output=True, text=True, check=True,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+        metrics = json.loads(done.stdout.strip().splitlines()[-1])
+        out |= {f"{split}_loss": metrics["loss"], f"{split}_tokens": metrics["tokens"], f"{split}_seconds": time.perf_counter() - started}
+    return out | {"processor": processor()}
+
+
+def add_sliding(sizes: dict, old: dict, data_dir: str, stride: int) -> None:
+    """Each seed's sliding-window scores: kept from regime.json, else computed where its checkpoint is here."""
+    for size, s in sizes.items():
+        kept = old.get("sizes", {}).get(size, {}).get("seeds", {})
+        for seed, r in s["seeds"].items():
+            if (k := kept.get(str(seed), {}).get("sliding")) and k["stride"] == stride:
+                r["sliding"] = k
+            elif RunDir(run := RESULTS / "cpu" / "runs" / r["slug"]).checkpoint() is not None:
+                r["sliding"] = sliding(run, data_dir, stride)
+                print(f"{r['slug']}: sliding windows (stride {stride}): valid {r['sliding']['valid_loss']:.5f}, "
+                      f"test {r['sliding']['test_loss']:.5f}", flush=True)
+
+
+def main(data_dir: str, refit: bool, stride: int) -> None:
     out_json = HERE / "regime.json"
-    old = json.loads(out_json.read_text()) if out_json.is_file() and not refit else {}
-    cached = {(g["train_tokens"], g["order"], g["window"]): g for g in old.get("ngrams", [])}
+    old = json.loads(out_json.read_text()) if out_json.is_file() else {}
+    cached = {(g["train_tokens"], g["order"], g["window"]): g for g in old.get("ngrams", [])} if not refit else {}
     splits, vocab = _splits("wikitext-2", "byte", data_dir)
     sizes = {size: llama(size) for size in SIZES}
+    add_sliding(sizes, old, data_dir, stride)
     windows = {r["seq_len"] for s in sizes.values() for r in s["seeds"].values()}
     if len(windows) != 1:
         sys.exit(f"regime.py: the Llama runs have several context lengths {sorted(windows)}; one window per table")
@@ -79,6 +115,9 @@ def main(data_dir: str, refit: bool) -> None:
             fits = [ngrams[tokens, o] for o in REGIME_ORDERS]
             table[size]["against"][tokens] = {split: regime_against([r[f"{split}_loss"] for r in s["seeds"].values()], fits, split)
                                               for split in ("valid", "test")}
+            if slid := [r["sliding"] for r in s["seeds"].values() if "sliding" in r]:  # both with full context
+                table[size].setdefault("sliding_against", {})[tokens] = {
+                    split: regime_against([r[f"{split}_loss"] for r in slid], fits, split)["unbroken"] for split in ("valid", "test")}
     record = {"window": window, "orders": list(REGIME_ORDERS), "ngrams": list(cached.values()), "sizes": table}
     atomic_write_json(out_json, record)
     atomic_write_text(HERE / "regime.md", render(record, ngrams, len(splits["train"])))
@@ -93,8 +132,8 @@ def render(record: dict, ngrams: dict, n_train: int) -> str:
         f"Written by `regime.py` (issue 62). Modified Kneser-Ney (`cem_study.ngram`) fit on the first N training bytes; "
         f"scored **unbroken** (every byte after the up to n - 1 bytes before it) and **windowed**, as the transformer is "
         f"scored: disjoint windows of {w} bytes, the context reset at each window's start, every byte but the split's first "
-        f"a target once (`cem.data.iter_eval_batches`). The transformer is scored on those disjoint windows only; a "
-        f"sliding-window transformer score (full context at every byte) needs the trained weights, which are not committed. "
+        f"a target once (`cem.data.iter_eval_batches`). The transformer is scored on those disjoint windows, and where its "
+        f"weights were at hand (they are not committed) also with sliding windows, both with full context (below). "
         f"Llama: every seed committed at the size's chosen rate; difference = Llama - n-gram per seed, mean [95% t interval "
         f"over seeds]; the best order is the one lowest on validation under that scoring. A size speaks when Llama - best "
         f"order has its validation interval below zero.",
@@ -114,15 +153,33 @@ def render(record: dict, ngrams: dict, n_train: int) -> str:
                      for k in ("unbroken", "windowed")]
             lines.append(f"| {size} | {len(s['seeds'])} | {int(tokens):,} bytes | {cells[0]} | {cells[1]} | "
                          f"{'yes' if v['unbroken']['speaks'] else 'no'} / {'yes' if v['windowed']['speaks'] else 'no'} |")
+    if any("sliding_against" in s for s in record["sizes"].values()):
+        lines += ["", "## Both with full context: Llama with sliding windows against the n-grams on the unbroken text", "",
+                  "Llama scored with windows every `stride` bytes (each byte after the first window with at least "
+                  f"{w} - stride bytes of context; `cem eval --stride`), on the seeds whose weights were at hand; Llama - n-gram "
+                  "on validation, mean [95% t interval over those seeds]; * the best order.", "",
+                  "| size | seeds (stride) | n-gram fit on | Llama valid (per seed) | " + " | ".join(f"order {o}" for o in record["orders"])
+                  + " | speaks |", "|---|---|---|---|" + "---|" * len(record["orders"]) + "---|"]
+        for size, s in record["sizes"].items():
+            slid = {seed: r["sliding"] for seed, r in s["seeds"].items() if "sliding" in r}
+            for tokens, row in s.get("sliding_against", {}).items():
+                v = row["valid"]
+                cells = [interval(m) + (" *" if m["order"] == v["best_order"] else "") for m in v["minus"]]
+                strides = ", ".join(sorted({str(r["stride"]) for r in slid.values()}))
+                lines.append(f"| {size} | {', '.join(f's{k}' for k in slid)} ({strides}) | {int(tokens):,} | "
+                             + ", ".join(f"{r['valid_loss']:.5f}" for r in slid.values()) + " | " + " | ".join(cells)
+                             + f" | {'yes' if v['speaks'] else 'no' if len(slid) > 1 else 'no (one seed: no interval)'} |")
     lines += ["", "## n-gram losses", "", "| train bytes | order | valid unbroken | valid windowed | test unbroken | test windowed | fit + score (wall s, shared VM) |",
               "|---|---|---|---|---|---|---|"]
     for (tokens, order), g in sorted(ngrams.items()):
         lines.append(f"| {tokens:,} | {order} | {g['valid_loss']:.5f} | {g['valid_loss_windowed']:.5f} | {g['test_loss']:.5f} | "
                      f"{g['test_loss_windowed']:.5f} | {g['seconds']:.0f} |")
-    lines += ["", "## Llama at its chosen rate", "", "| size | lr | seed | run | valid | test |", "|---|---|---|---|---|---|"]
+    lines += ["", "## Llama at its chosen rate", "", "Disjoint windows (as trained and validated); sliding: every `stride` bytes, where the weights "
+              "were at hand (— where not).", "", "| size | lr | seed | run | valid | test | valid, sliding | test, sliding |", "|---|---|---|---|---|---|---|---|"]
     for size, s in record["sizes"].items():
         for seed, r in s["seeds"].items():
-            lines.append(f"| {size} | {s['lr']:g} | {seed} | `{r['slug']}` | {r['valid_loss']:.5f} | {r['test_loss']:.5f} |")
+            slid = [f"{r['sliding'][f'{x}_loss']:.5f} ({r['sliding']['stride']})" if "sliding" in r else "—" for x in ("valid", "test")]
+            lines.append(f"| {size} | {s['lr']:g} | {seed} | `{r['slug']}` | {r['valid_loss']:.5f} | {r['test_loss']:.5f} | {slid[0]} | {slid[1]} |")
     for split in ("valid", "test"):
         lines += ["", f"## Llama - n-gram, {'validation' if split == 'valid' else 'test'} (nats per byte; * the best order on validation)", "",
                   "| size | n-gram fit on | scoring | " + " | ".join(f"order {o}" for o in record["orders"]) + " | per seed, minus the best order |",
@@ -158,7 +215,8 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data-dir", default="/work/shared/data", help="the folder holding wikitext-2/ (default %(default)s)")
     parser.add_argument("--refit", action="store_true", help="fit every n-gram again instead of reusing those in regime.json")
+    parser.add_argument("--stride", type=int, default=128, help="the sliding windows' stride, in bytes (default %(default)s)")
     args = parser.parse_args()
     start = time.perf_counter()
-    main(args.data_dir, args.refit)
+    main(args.data_dir, args.refit, args.stride)
     print(f"regime.py: {time.perf_counter() - start:.0f} s, peak {peak_mib():,.0f} MiB")
