@@ -332,6 +332,18 @@ def test_the_first_screen_is_a_table_and_the_figure(tmp_path):
     assert (tmp_path / "res" / "verdicts_paper.png").stat().st_size > 10_000
 
 
+def test_a_summary_behind_the_runs_its_experiment_now_asks_for_says_so(tmp_path):
+    """A summary that `--analyse-only` left standing while runs its experiment now asks for train (`awaits`): the
+    report shows it as last analysed and names what it waits for, and its Holm verdicts are provisional."""
+    root = _family_suite(tmp_path / "res", pending_fig2b=False)
+    path = root / "fig2c" / "summary.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "awaits": "2 of its 32 runs to train or evaluate"}))
+    report = write_report(root).read_text()
+    assert "> **Interim report: 1 experiment(s) shown as last analysed**, not all the runs they now ask for finished yet: " \
+           "fig2c: 2 of its 32 runs to train or evaluate." in report
+    assert "The Holm verdicts are provisional" in report
+
+
 def test_a_summary_waiting_for_a_sweep_already_decided_is_refused(tmp_path, capsys):
     """fig2b's summary, analysed before its plain CEM MLP's sweep landed, still waits for it: `cem report` refuses
     to call the sweep waiting and says to analyse fig2b again; a sweep another key only begins with does not count."""

@@ -661,7 +661,11 @@ def write_report(results_dir: str | Path, allow_short: bool = False) -> Path:
     if waiting:
         lines += [f"> **Interim report: {len(waiting)} experiment(s) judged under the paper's rate rule alone**, the second rule (each "
                   "CEM variant at its own best rate) waiting for its runs: " + "; ".join(f"{i}: {what}" for i, what in waiting) + ".", ""]
-    if (missing or waiting) and not pipeline and any(sizes.values()):
+    behind = [(s["experiment"], s["awaits"]) for s in summaries if s.get("awaits")]
+    if behind:
+        lines += [f"> **Interim report: {len(behind)} experiment(s) shown as last analysed**, not all the runs they now ask for "
+                  "finished yet: " + "; ".join(f"{i}: {what}" for i, what in behind) + ".", ""]
+    if (missing or waiting or behind) and not pipeline and any(sizes.values()):
         lines += ["> **The Holm verdicts are provisional.** Each family is fixed by the scale's suite, not by the findings in so far: "
                   + ", ".join(f"{n} {family}" for family, n in sizes.items() if n) + " directional findings under the paper's rate rule, "
                   f"the {sizes['paper']} of the paper's under the second; a finding not measured yet counts as p = 1"

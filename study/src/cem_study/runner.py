@@ -14,7 +14,7 @@ import torch
 
 from cem.checks import check_positive_int
 from cem.device import cpu_model
-from cem.io import atomic_write_json
+from cem.io import atomic_write_json, read_json
 from cem.training import RunDir
 from . import lr, seeds
 from .findings import Context
@@ -363,6 +363,8 @@ def analyse_finished(scale: str = "cpu", results_dir: str | Path | None = None, 
         paper = _specs(i, sc)
         if todo := unfinished(paper, sc):
             waiting[i] = f"{len(todo)} of its {_n_runs(len(paper))} to train or evaluate"
+            if (last := root / i / "summary.json").exists():  # its last analysis stands, and its report says what it lacks
+                atomic_write_json(last, {**read_json(last), "awaits": waiting[i]})
             continue
         at, sweeps = sc, []
         for template in own_templates(EXPERIMENTS[i], sc):
