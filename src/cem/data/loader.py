@@ -103,7 +103,7 @@ class SequenceSampler:
         self.seed, self.epoch, self.index, self._order = state["seed"], state["epoch"], state["index"], None
 
 
-IGNORE = -100  # a target that is not scored (`cem.model.loss.next_token_loss`'s ignore_index)
+IGNORE = -100  # a target that is not scored (the default ignore_index of `cem.model.loss.next_token_loss`)
 
 
 def iter_eval_batches(

@@ -10,10 +10,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..data.loader import IGNORE
+
 REDUCTIONS = ("mean", "sum", "none")
 
 
-def next_token_loss(logits: Tensor, targets: Tensor, reduction: str = "mean", ignore_index: int = -100) -> Tensor:
+def next_token_loss(logits: Tensor, targets: Tensor, reduction: str = "mean", ignore_index: int = IGNORE) -> Tensor:
     """Cross-entropy of `logits` (..., vocab) against `targets` (...), aligned position by position.
 
     reduction "mean" (over the counted targets), "sum", or "none" (shape of `targets`). Targets equal to
