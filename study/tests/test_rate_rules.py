@@ -90,6 +90,30 @@ def test_a_suite_trains_on_its_processor_only(corpus, tmp_path, monkeypatch):
     assert [x["processor"] for x in json.loads(res_path.read_text())["sessions"]] == ["Another CPU"]
 
 
+def test_a_campaign_of_seed_blocks_trains_each_seed_on_one_processor(corpus, tmp_path, monkeypatch):
+    """With `seed_blocks`, a seed that another processor has started is refused here (naming the seeds this machine
+    may train), its finished runs are never trained again, and a seed no processor has started trains here."""
+    monkeypatch.setenv("CEM_CACHE_DIR", str(tmp_path / "cache"))
+    import cem.provenance
+
+    s = replace(get_scale("smoke", data=str(corpus)), seed_blocks=True)
+    first = RunSpec.make("micro", "llama")
+    run_sweep([first], s, tmp_path)
+    here = json.loads((tmp_path / "runs" / first.slug / "results.json").read_text())["sessions"][0]["processor"]
+    assert get_scale("screen64").seed_blocks and not get_scale("cpu128").seed_blocks
+    monkeypatch.setattr(cem.provenance, "processor", lambda device=None: "Another CPU")  # as if on another machine
+    elsewhere = replace(s, processor="Another CPU")
+    assert run_status(first, elsewhere, tmp_path) == "finished"  # not trained again: its seed is the other processor's
+    same_seed = RunSpec.make("micro", "cem")
+    with pytest.raises(ValueError, match=rf"another holds seed 0 on {re.escape(here)}; this machine is Another CPU: train --seeds 1 here"):
+        run_sweep([first, same_seed], elsewhere, tmp_path)
+    assert not (tmp_path / "runs" / same_seed.slug).exists()
+    run_sweep([RunSpec.make("micro", "cem", seed=1)], elsewhere, tmp_path)  # a seed none has started trains here
+    monkeypatch.setattr(cem.provenance, "processor", lambda device=None: "A third CPU")
+    with pytest.raises(ValueError, match=r"another holds seed 1 on Another CPU.*; this machine is A third CPU: train nothing here"):
+        run_sweep([RunSpec.make("micro", "cem-attn", seed=1)], s, tmp_path)  # seeds 0 and 1 are started elsewhere
+
+
 def test_a_rate_decided_on_another_processors_runs_is_decided_again_on_the_suites(corpus, tmp_path, monkeypatch):
     """A sweep's record names the processors of the runs it was decided on. A decision made (in part) on another
     processor's runs compared losses across processors: at a suite with a processor it is made again once those

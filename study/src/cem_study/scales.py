@@ -69,6 +69,10 @@ class Scale:
     own_lrs: tuple[tuple[str, float], ...] = ()  # (sweep key, lr) chosen by the own-rate sweeps (`cem_study.lr`)
     runs_from: str | None = None  # the results folder (a sibling of this scale's) whose runs/ this scale shares
     processor: str | None = None  # train only on this processor; a finished run recorded on another is trained again
+    # each seed a campaign of one processor (its block): a seed's runs train on the processor of its first finished run,
+    # a finished run is never trained again elsewhere, and a machine with another refuses that seed; pairs by seed
+    # then never cross processors, and the campaign goes on wherever a seed no other processor has started can train
+    seed_blocks: bool = False
     # the committed runs folder (under study/results) of runs trained together on the GPU this scale's runs train on in
     # one call: its plan estimates that call's wall time from them (`costs.wave_seconds`)
     measured_on: str | None = None
@@ -200,14 +204,16 @@ SCALES = {
             "WikiText-2 (1.6 passes): one size, so no trend; learning rates chosen by seed-0 sweeps on validation loss (ties "
             "within 0.002 nats go to the lower rate); nothing here is a GPU speed")),
     # the test-time recipes' screening (issue 64): the cpu scale's base size on its data and budget, in a runs folder of
-    # its own (a campaign of one processor, never paired with the cpu campaign's runs), every run at the rate the cpu
+    # its own (never paired with the cpu campaign's runs), each seed's runs on one processor (`seed_blocks`: a session's
+    # machine is drawn, and one processor's campaign of 21 runs waits for that machine), every run at the rate the cpu
     # campaign's cpu64 Llama sweep chose (0.008, on validation, on another processor): not swept again here
     "screen64": Scale(
-        "screen64", "wikitext-2", "byte", ("cpu64",), "cpu64", (0, 1, 2), (0, 1, 2), 256, 16, chosen_lrs=(("cpu64", 8e-3),),
+        "screen64", "wikitext-2", "byte", ("cpu64",), "cpu64", (0, 1, 2), (0, 1, 2), 256, 16, chosen_lrs=(("cpu64", 8e-3),), seed_blocks=True,
         suite=("recipes",), eval_steps=(1, 2, 3, 4, 6, 8, 12, 16), test_time_batches=32, limits=(
             "a screening: 0.2M non-embedding parameters (cpu64: 4 layers, width 64, context 256) on 4.7M bytes of WikiText-2, "
             "far below n-gram level (the cpu campaign's regime check), so it only ranks recipes for the larger sizes; every run "
-            "at the learning rate the cpu campaign's cpu64 Llama sweep chose (0.008), not swept again on this processor; "
+            "at the learning rate the cpu campaign's cpu64 Llama sweep chose (0.008), not swept again here; each seed's runs "
+            "train on one processor, and seeds on different processors add that processor's rounding to the seed spread; "
             "the recipes' settings (μ = 1, the gate's start, the curriculum's thirds) are not swept; each T evaluated on the "
             "first 131k test tokens (32 batches of 16 windows), the choices read the first 131k validation tokens")),
     # fig4's position-matched quartet at cpu128's width, twice as deep (issue 62): one call on one lent H200, its twelve

@@ -205,11 +205,37 @@ def run_status(spec: RunSpec, scale: Scale, root: Path, products=()) -> str:
     res = run.results()
     if res is None:
         return "train"
-    if scale.processor and other_processor(res, scale.processor):
-        return "again"
+    if scale.processor and not scale.seed_blocks and other_processor(res, scale.processor):
+        return "again"  # (in a campaign of seed blocks, another processor's seed is refused: `run_sweep`)
     if not missing(products, run.path):
         return "finished"
     return "evaluate" if run.checkpoint() is not None else "again"
+
+
+def block_processors(scale: Scale, root: Path) -> dict[int, list[str]]:
+    """Per seed, the processors that the finished runs of the scale's runs folder with that seed trained on: where
+    each seed's block trains (`Scale.seed_blocks`)."""
+    from .records import runs_in
+
+    out: dict[int, list[str]] = {}
+    for run in runs_in(scale.runs(root)):
+        res = run.results()
+        if res is not None:
+            procs = out.setdefault(int(res["config"]["train"]["seed"]), [])
+            procs += [p for p in recorded_processors(res) if p not in procs]
+    return out
+
+
+def _check_block(fresh: list[RunSpec], scale: Scale, root: Path, here: str) -> None:
+    """Refuse to train a seed whose block another processor holds (`Scale.seed_blocks`), naming the seeds this machine may train."""
+    owners = block_processors(scale, root)
+    foreign = sorted({s.seed for s in fresh if any(p != here for p in owners.get(s.seed, []))})
+    if foreign:
+        held = "; ".join(f"seed {k} on {', '.join(owners[k])}" for k in foreign)
+        free = sorted(k for k in scale.seeds_for("recursion") if all(p == here for p in owners.get(k, [])))
+        raise ValueError(f"each seed of this campaign trains on one processor, and another holds {held}; this machine is "
+                         f"{here}: train " + (f"--seeds {','.join(map(str, free))} here (started here or by none)" if free else
+                                              "nothing here (every seed is started elsewhere)"))
 
 
 def other_processor(res: dict, processor: str) -> str | None:
@@ -241,16 +267,18 @@ def run_sweep(specs: list[RunSpec], scale: Scale, root: Path, data_dir: str | No
     fresh = [s for s in unique if status[s] == "train"]
     evaluate = [s for s in unique if status[s] in ("evaluate", "again")]
     again = [s for s in unique if status[s] == "again"]
-    if scale.processor and (fresh or again):
+    if (scale.processor or scale.seed_blocks) and (fresh or again):
         from cem.device import pick_device
         from cem.provenance import processor
 
         here = processor(pick_device(run_config((fresh or again)[0], scale, data_dir).train.device))  # the GPU's name on CUDA
-        if here != scale.processor:
+        if scale.processor and here != scale.processor:
             raise ValueError(f"this suite trains on {scale.processor} only (its runs are paired by seed, and another processor "
                              f"sums floats in another order); this machine is {here}: run it where the other runs ran")
+        if scale.seed_blocks:
+            _check_block(fresh + again, scale, Path(root), here)
     for s in again:
-        other = other_processor(runs[s].results(), scale.processor) if scale.processor else None
+        other = other_processor(runs[s].results(), scale.processor) if scale.processor and not scale.seed_blocks else None
         if other:
             why = f"it was trained on {other}, and this suite trains on {scale.processor} only"
         else:
