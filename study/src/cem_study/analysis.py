@@ -17,9 +17,10 @@ from cem.data import iter_eval_batches, load_tokenizer
 from cem.data.tokenshards import token_split
 from cem.layers import SUBLAYERS
 from cem.layers.steps import DescentLayer, Inference
+from cem.model import ModelConfig
 from cem.model.flops import forward_flops_per_token
 from cem.training import RunDir
-from .findings import Context, Finding, by_seed, row
+from .findings import TWICE, Context, Finding, _nats, by_seed, row
 from .products import Product
 from .stats import Interval, mean_std
 
@@ -297,15 +298,12 @@ def _loss_at(curve: list[dict], t: int) -> list[float] | None:
     return next((r["test_loss_per_seed"] for r in curve if r["eval_steps"] == t), None)
 
 
-def test_time_study(c: Context, rules=EXIT_RULES_STUDIED) -> tuple[list, dict]:
+def test_time_curves(c: Context, rules=EXIT_RULES_STUDIED) -> dict:
     """Every model of the experiment evaluated at each T of the scale's `eval_steps` (`depth_study`, on the
     scale's `test_time_batches`): the CEM models with every CEM layer at T, fixed and with each exit rule of
     `rules` at most the deepest T, against the per-token oracle; the Llama controls with plain
-    reuse at test time, and a deeper Llama trained as such (evaluated as trained).
-
-    Findings, on seed-paired test-loss differences: per CEM model, whether evaluating at twice its mean
-    training depth m lowers the loss against evaluating at m (the test-time compute question), and how it
-    compares there with the deeper Llama (about the same FLOPs at m = 1: twice the layers)."""
+    reuse at test time, and a deeper Llama trained as such (evaluated as trained). Per CEM model also where
+    its steps from m to 2m cost (`extra_steps`) and how far its layers' outputs drift (`drift`)."""
     curves, adaptive, oracle = {}, {}, {}
     run_dirs = {v.label: [c.scale.runs(c.root) / v.spec.with_seed(s).slug for s in c.scale.seeds_for("recursion")] for v in c.variants}
     for v in c.variants:
@@ -346,26 +344,46 @@ def test_time_study(c: Context, rules=EXIT_RULES_STUDIED) -> tuple[list, dict]:
         traces = [DRIFT.get(d, c.data_dir, c.device) for d in run_dirs[v.label]]
         drifts[v.label] = {"steps": traces[0]["steps"], **{key: np.mean([np.median([r[key] for r in t["layers"].values()], axis=0) for t in traces], axis=0).tolist()
                                                               for key in ("drift", "cos_h", "radial")}}
+    return {"curves": curves, "adaptive": adaptive, "oracle": oracle, "extra_steps": extra, "drift": drifts}
+
+
+def twice_depth(v, curve: list[dict], family: str = "ours") -> Finding | None:
+    """(ours) Evaluating `v` at twice its mean trained depth m lowers its test loss against at m: per seed, the loss of
+    its run at m minus at 2m (`curve`: its test-time curve); None where the curve lacks m or 2m."""
+    m = v.tags.get("mean_depth", v.tags["steps"])
+    base, more = _loss_at(curve, round(m)), _loss_at(curve, round(2 * m))
+    if base is None or more is None:
+        return None
+    means = {r["eval_steps"]: r["test_perplexity"] for r in curve}
+    d = Interval.of([a - b for a, b in zip(base, more)])
+    what = "applying each sublayer" if v.tags.get("kind") == "reuse" else "evaluating at"
+    return Finding(
+        f"(ours) {v.label}: {what} T={round(2 * m)}, twice the mean trained depth, lowers the test loss against T={round(m)}",
+        d.verdict(+1),
+        f"test loss at T={round(m)} minus at T={round(2 * m)}: {d.text('+.4f', 'nats')}; mean perplexity "
+        + ", ".join(f"T={t}: {p:.3f}" for t, p in means.items()) + f"; lowest at T={min(means, key=means.get)}",
+        d.to_dict(), family=family, p=d.p, contrast=f"{v.label} at T={round(m)} - at T={round(2 * m)}",
+    )
+
+
+def test_time_study(c: Context, rules=EXIT_RULES_STUDIED) -> tuple[list, dict]:
+    """The test-time study (`test_time_curves`). Findings, on seed-paired test-loss differences: per CEM model, whether
+    evaluating at twice its mean training depth m lowers the loss against evaluating at m (the test-time compute
+    question: `twice_depth`), and how it compares there with the deeper Llama (about the same FLOPs at m = 1: twice
+    the layers)."""
+    extra = test_time_curves(c, rules)
+    curves = extra["curves"]
     findings, answer = [], {"twice": {}, "deeper": {}}  # answer: the question in plain words (`report`)
     deeper = next((v.label for v in c.variants if v.tags.get("kind") == "deeper"), None)
     for v in c.variants:
         if v.tags.get("kind") == "deeper":
             continue
         m = v.tags.get("mean_depth", v.tags["steps"])
-        base, more = _loss_at(curves[v.label], round(m)), _loss_at(curves[v.label], round(2 * m))
-        means = {r["eval_steps"]: r["test_perplexity"] for r in curves[v.label]}
-        if base is not None and more is not None:
-            d = Interval.of([a - b for a, b in zip(base, more)])
-            what = "applying each sublayer" if v.tags.get("kind") == "reuse" else "evaluating at"
-            findings.append(Finding(
-                f"(ours) {v.label}: {what} T={round(2 * m)}, twice the mean trained depth, lowers the test loss against T={round(m)}",
-                d.verdict(+1),
-                f"test loss at T={round(m)} minus at T={round(2 * m)}: {d.text('+.4f', 'nats')}; mean perplexity "
-                + ", ".join(f"T={t}: {p:.3f}" for t, p in means.items()) + f"; lowest at T={min(means, key=means.get)}",
-                d.to_dict(), family="ours", p=d.p, contrast=f"{v.label} at T={round(m)} - at T={round(2 * m)}",
-            ))
+        more = _loss_at(curves[v.label], round(2 * m))
+        if (twice := twice_depth(v, curves[v.label])) is not None:
+            findings.append(twice)
             if v.tags.get("kind") != "reuse":
-                answer["twice"][v.label] = {"m": round(m), "2m": round(2 * m), "verdict": findings[-1].verdict, "difference": d.to_dict()}
+                answer["twice"][v.label] = {"m": round(m), "2m": round(2 * m), "verdict": twice.verdict, "difference": twice.difference}
         if deeper is not None and more is not None and v.tags.get("kind") != "reuse":
             other = curves[deeper][0]
             d = Interval.of([a - b for a, b in zip(other["test_loss_per_seed"], more)])
@@ -378,8 +396,7 @@ def test_time_study(c: Context, rules=EXIT_RULES_STUDIED) -> tuple[list, dict]:
                 d.to_dict(), family="ours", p=d.p, contrast=f"{deeper} - {v.label} at T={round(2 * m)}",
             ))
             answer["deeper"][v.label] = {"2m": round(2 * m), "verdict": findings[-1].verdict, "difference": d.to_dict(), "than": deeper}
-    return findings, {"curves": curves, "adaptive": adaptive, "oracle": oracle, "extra_steps": extra, "drift": drifts, "answer": answer,
-                      "against_random_depth": _against_random_depth(c.variants, curves)}
+    return findings, {**extra, "answer": answer, "against_random_depth": _against_random_depth(c.variants, curves)}
 
 
 def _against_random_depth(variants, curves: dict) -> dict:
@@ -407,9 +424,31 @@ RECIPE_RULES = EXIT_RULES_STUDIED + (("second-difference", 1e-2), ("second-diffe
 
 
 def recipes_products(scale, variant, seed: int | None = None) -> list[Product]:
-    """What the recipes study reads from each run's weights: the test-time study's products (with RECIPE_RULES),
-    and the validation curve its choices read."""
-    return test_time_products(scale, variant, seed, RECIPE_RULES) + [valid_curve_product(scale, variant)]
+    """What the recipes studies read from each run's weights: the test-time study's products (with RECIPE_RULES),
+    and for a CEM model the validation curve its choices read (a Llama control, evaluated as trained, has none)."""
+    return test_time_products(scale, variant, seed, RECIPE_RULES) + ([] if variant.tags.get("kind") else [valid_curve_product(scale, variant)])
+
+
+def valid_means(c: Context) -> dict[str, dict[int, float]]:
+    """Each CEM model's mean validation loss over the recursion seeds at each T of its `valid_curve` (by label)."""
+    runs, seeds = c.scale.runs(c.root), c.scale.seeds_for("recursion")
+    out = {}
+    for v in (v for v in c.variants if not v.tags.get("kind")):
+        product = valid_curve_product(c.scale, v)
+        curves = [product.get(runs / v.spec.with_seed(s).slug, c.data_dir, c.device)["curve"] for s in seeds]
+        out[v.label] = {r["eval_steps"]: float(np.mean([cv[i]["valid_loss"] for cv in curves])) for i, r in enumerate(curves[0])}
+    return out
+
+
+def beats_at(c: Context, curves: dict, ours: tuple[str, int], theirs: tuple[str, int], claim: str, note: str = "") -> Finding:
+    """(ours) `ours` (a label and the T it is evaluated at) has a lower test loss than `theirs`: theirs minus ours on
+    their test-time `curves`, paired by seed (`by_seed`: a seed whose two runs ran on different processors is left out)."""
+    (a, ta), (b, tb) = ours, theirs
+    at = lambda label, t: {**row(c.rows, label), "test_loss_per_seed": _loss_at(curves[label], t)}  # noqa: E731
+    pairs, dropped = by_seed([at(b, tb), at(a, ta)])
+    d = Interval.of([x - y for x, y in pairs])
+    return Finding(claim, d.verdict(+1), f"{b} at T={tb} minus {a} at T={ta}, test loss: {_nats(d, dropped)}{note}",
+                   d.to_dict(), family="ours", p=d.p, contrast=f"{b} at T={tb} - {a} at T={ta}")
 
 
 def recipes_study(c: Context) -> tuple[list, dict]:
@@ -420,13 +459,7 @@ def recipes_study(c: Context) -> tuple[list, dict]:
     spoil), the first two confirmed at the larger sizes; and the first one at its validation-best T against the
     baseline (the variant tagged `baseline`, fixed T=2, at its trained T) on test, the one finding a choice makes."""
     findings, extra = test_time_study(c, RECIPE_RULES)
-    runs = c.scale.runs(c.root)
-    seeds = c.scale.seeds_for("recursion")
-    valid = {}
-    for v in c.variants:
-        product = valid_curve_product(c.scale, v)
-        curves = [product.get(runs / v.spec.with_seed(s).slug, c.data_dir, c.device)["curve"] for s in seeds]
-        valid[v.label] = {r["eval_steps"]: float(np.mean([cv[i]["valid_loss"] for cv in curves])) for i, r in enumerate(curves[0])}
+    valid = valid_means(c)
     baseline = next(v for v in c.variants if v.tags.get("baseline"))
     recipes = [v for v in c.variants if not v.tags.get("baseline") and not v.tags.get("kind")]
     twice = {v.label: valid[v.label].get(round(2 * v.tags.get("mean_depth", v.tags["steps"]))) for v in recipes}
@@ -437,14 +470,63 @@ def recipes_study(c: Context) -> tuple[list, dict]:
         best = ranked[0]
         t_best = min(valid[best], key=valid[best].get)
         base_t = baseline.tags["steps"]
-        ours, theirs = _loss_at(extra["curves"][best], t_best), _loss_at(extra["curves"][baseline.label], base_t)
-        d = Interval.of([b - a for a, b in zip(ours, theirs)])
-        findings.append(Finding(
-            f"(ours) the recipe chosen on validation, {best}, at its validation-best T={t_best} beats {baseline.label} at T={base_t}",
-            d.verdict(+1), f"{baseline.label} at T={base_t} minus {best} at T={t_best}, test loss: {d.text('+.4f', 'nats')}",
-            d.to_dict(), family="ours", p=d.p, contrast=f"{baseline.label} at T={base_t} - {best} at T={t_best}"))
-        choice["best"] = {"label": best, "T": t_best, "against": baseline.label, "difference": d.to_dict()}
+        findings.append(beats_at(c, extra["curves"], (best, t_best), (baseline.label, base_t),
+                                 f"(ours) the recipe chosen on validation, {best}, at its validation-best T={t_best} beats {baseline.label} at T={base_t}"))
+        choice["best"] = {"label": best, "T": t_best, "against": baseline.label, "difference": findings[-1].difference}
     return findings, {**extra, "choice": choice}
+
+
+def run_model_config(run_dir: Path) -> tuple[ModelConfig, int]:
+    """A run's model config and sequence length, as its run.json records them."""
+    recorded = RunDir(run_dir).read_run()
+    cfg = ModelConfig.from_dict(recorded["model"])
+    return cfg, recorded["train"].get("seq_len") or cfg.context
+
+
+def flops_matched(cfg: ModelConfig, steps, budget: int, seq_len: int) -> tuple[int, int] | None:
+    """The largest T of `steps` at which `cfg`'s forward FLOPs per token (`forward_flops_per_token`, every recursing CEM
+    layer at T) are at most `budget`, with those FLOPs; None where none is."""
+    fits = [(t, f) for t in steps if (f := forward_flops_per_token(cfg.at(Inference(steps=t)), seq_len)) <= budget]
+    return max(fits) if fits else None
+
+
+def recipes_confirm_study(c: Context) -> tuple[list, dict]:
+    """The confirmation of the screening's two recipes (issue 64), at each size: the test-time curves of every model
+    (`test_time_curves`, with RECIPE_RULES); per recipe, its test loss at 2m against at m (`twice_depth`, the Holm
+    family TWICE: 2 recipes x the sizes, fixed before the data); the first recipe at its validation-best T against
+    fixed T=2 at its trained T, and at the most forward FLOPs per token up to the deeper Llama's (`flops_matched`)
+    against that Llama as trained (`beats_at`, paired by seed)."""
+    extra = test_time_curves(c, RECIPE_RULES)
+    curves, valid = extra["curves"], valid_means(c)
+    runs, seed = c.scale.runs(c.root), c.scale.seeds_for("recursion")[0]
+    findings, confirm = [], {}
+    for size in c.scale.sizes:
+        here = [v for v in c.variants if v.spec.size == size]
+        baseline = next(v for v in here if v.tags.get("baseline"))
+        deeper = next(v for v in here if v.tags.get("kind") == "deeper")
+        recipes = sorted((v for v in here if "recipe" in v.tags), key=lambda v: v.tags["recipe"])
+        findings += [f for v in recipes if (f := twice_depth(v, curves[v.label], TWICE)) is not None]
+        first = recipes[0]
+        t_best = min(valid[first.label], key=valid[first.label].get)
+        base_t = baseline.tags["steps"]
+        findings.append(beats_at(c, curves, (first.label, t_best), (baseline.label, base_t),
+                                 f"(ours) {size}: the screening's first recipe, {first.label}, at its validation-best T={t_best} beats {baseline.label} at T={base_t}"))
+        llama_cfg, seq_len = run_model_config(runs / deeper.spec.with_seed(seed).slug)
+        budget = forward_flops_per_token(llama_cfg, seq_len)
+        cem_cfg, _ = run_model_config(runs / first.spec.with_seed(seed).slug)
+        steps = [r["eval_steps"] for r in curves[first.label]]
+        entry = {"recipes": [v.label for v in recipes], "first": first.label, "valid_best_T": t_best,
+                 "valid_curve": [{"eval_steps": t, "valid_loss": x} for t, x in valid[first.label].items()],
+                 "deeper": deeper.label, "deeper_flops_per_token": budget}
+        if (match := flops_matched(cem_cfg, steps, budget, seq_len)) is not None:
+            t, flops = match
+            entry.update(matched_T=t, flops_per_token=flops, flops_ratio=flops / budget)
+            findings.append(beats_at(
+                c, curves, (first.label, t), (deeper.label, 1),
+                f"(ours) {size}: the screening's first recipe, {first.label}, at T={t}, the deepest T within the forward FLOPs per token of {deeper.label}, beats it",
+                f"; forward FLOPs per token {flops:,} at T={t} vs {budget:,} (ratio {flops / budget:.3f})"))
+        confirm[size] = entry
+    return findings, {**extra, "confirmation": confirm}
 
 
 def _layer_inputs(model, ids: torch.Tensor) -> dict[str, tuple[DescentLayer, torch.Tensor]]:

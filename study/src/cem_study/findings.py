@@ -10,7 +10,8 @@ the claim's sign; a "close" claim is an equivalence test (the whole interval wit
 
 Families (for the Holm correction in the report): `paper` (the paper's own directional claims), `control`
 (the same claims against the controls this project adds: the position-matched Llama, the learned step
-gain), `ours` (beyond the paper), each fixed before the data: every directional claim the scale's suite judges
+gain), `ours` (beyond the paper), `twice` (the test-time recipes' confirmation: each confirmed recipe at twice
+its mean trained depth against at it, per size, `analysis.recipes_confirm_study`), each fixed before the data: every directional claim the scale's suite judges
 (`registry.planned`), a claim not measured yet counting as p = 1. Equivalence and non-inferiority findings are
 outside the multiplicity correction.
 """
@@ -25,7 +26,8 @@ from .scales import Scale
 from .stats import Interval
 from .sweep import Variant
 
-FAMILIES = ("paper", "control", "ours")
+TWICE = "twice"  # the recipes' confirmation: each recipe at 2m against at m (`analysis.recipes_confirm_study`)
+FAMILIES = ("paper", "control", "ours", TWICE)
 # the tests a finding can rest on: the sign of an interval (directional), an interval inside ±margin (equivalence) or
 # below +margin (non-inferiority), or a count over a model's layers and steps (one seed: no interval)
 KINDS = ("directional", "equivalence", "non-inferiority", "count")

@@ -315,16 +315,14 @@ def plot_test_time(summary, title, path):
                       f"with all at m, mean over {n} seeds with its 95% interval." if extra else ""))
 
 
-def plot_recipes(summary, title, path):
-    """The test-time recipes: test loss against T at evaluation, one line per trained model, its mean trained
-    depth m marked with a filled circle and 2m with an open one (below m's: more steps helped)."""
-    depth = {r["label"]: r.get("mean_depth", r.get("steps")) for r in summary.get("rows", [])}
-    fig, ax = plt.subplots(figsize=(9, 5.5))
-    for label, rows in summary["curves"].items():
+def _loss_lines(ax, curves: dict, depth: dict, name=lambda label: label) -> None:
+    """Mean test loss against T at evaluation with 95% error bars, a line per model of `curves` (labelled `name(label)`),
+    its mean trained depth m (`depth`) marked with a filled circle and 2m with an open one."""
+    for label, rows in curves.items():
         ts = [r["eval_steps"] for r in rows]
         loss = [float(sum(r["test_loss_per_seed"]) / len(r["test_loss_per_seed"])) for r in rows]
         err = [0.0 if (h := ci_halfwidth(r["test_loss_per_seed"])) != h else h for r in rows]
-        line = ax.errorbar(ts, loss, yerr=err, marker=".", ms=4, capsize=2, label=label)
+        line = ax.errorbar(ts, loss, yerr=err, marker=".", ms=4, capsize=2, label=name(label))
         m = depth.get(label)
         for t, face in ((m and round(m), None), (m and round(2 * m), "none")):
             if t in ts:
@@ -333,10 +331,44 @@ def plot_recipes(summary, title, path):
     ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
     ax.set_xlabel("T at evaluation (every recursing CEM layer)")
     ax.set_ylabel("test loss (nats per token)")
+
+
+def _depths(summary: dict) -> dict:
+    """Each model's mean trained depth m (its `steps` where it has none), by label."""
+    return {r["label"]: r.get("mean_depth", r.get("steps")) for r in summary.get("rows", [])}
+
+
+def plot_recipes(summary, title, path):
+    """The test-time recipes: test loss against T at evaluation, one line per trained model, its mean trained
+    depth m marked with a filled circle and 2m with an open one (below m's: more steps helped)."""
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    _loss_lines(ax, summary["curves"], _depths(summary))
     ax.legend(fontsize=6)
     n = next(iter(summary["curves"].values()))[0]["test_perplexity_ci"]["n"]
     _finish(fig, ax, title, path, f"Mean test loss over {n} seeds; error bars: 95% confidence interval of the mean (t). Filled circle: "
             "the model's mean trained depth m; open circle: 2m (the test-time question: is the open circle below the filled one?).")
+
+
+def plot_recipes_confirm(summary, title, path):
+    """The recipes' confirmation: test loss against T at evaluation, a panel per size, a line per CEM model with its
+    trained depth m (filled circle) and 2m (open) marked, the deeper Llama (evaluated as trained) a horizontal line."""
+    sizes, depth = summary["scale"]["sizes"], _depths(summary)
+    size_of = {r["label"]: r["size"] for r in summary["rows"]}
+    deeper = {r["label"] for r in summary["rows"] if r.get("kind") == "deeper"}
+    fig, axes = plt.subplots(1, len(sizes), figsize=(7 * len(sizes), 5.5), sharey=True, squeeze=False)
+    for ax, size in zip(axes[0], sizes):
+        here = {label: rows for label, rows in summary["curves"].items() if size_of[label] == size}
+        _loss_lines(ax, {label: rows for label, rows in here.items() if label not in deeper}, depth, lambda label: label.removesuffix(f" {size}"))
+        for label in (label for label in here if label in deeper):
+            (r,) = here[label]
+            loss = sum(r["test_loss_per_seed"]) / len(r["test_loss_per_seed"])
+            ax.axhline(loss, color="black", ls="--", lw=1, label=f"{label.removesuffix(f' {size}')} (as trained)")
+        ax.set_title(size, fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+    n = next(iter(summary["curves"].values()))[0]["test_perplexity_ci"]["n"]
+    _finish_panels(fig, title, path, f"Mean test loss over {n} seeds; error bars: 95% confidence interval of the mean (t). Filled circle: "
+                   "the model's mean trained depth m; open circle: 2m. Dashed: the Llama with twice the layers, evaluated as trained.")
 
 
 def _half_width(interval: dict) -> float:

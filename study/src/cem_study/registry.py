@@ -6,15 +6,17 @@ How findings are judged is in `cem_study.findings`.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
 from . import analysis, plots
+from .costs import COMMITTED
 from .findings import Context, Finding, close, gains_more, lower, not_worse, training_gap
 from .products import Product
-from .scales import Scale
+from .scales import SCALES, Scale
 from .stats import Interval
 from .sweep import RunSpec, Variant
 from cem.model.config import SIZES
@@ -468,7 +470,6 @@ def testtime_variants(s: Scale) -> list[Variant]:
     """The test-time experiment's models at the base size (tags: `steps`, the T each is evaluated at by
     default; `mean_depth`, its mean training depth m, whose 2m the findings evaluate it at)."""
     b = s.base
-    layers = SIZES[b]["n_layers"]
     return [
         Variant("full CEM trained T=1", _spec(s, b, "cem"), {"group": "trained T=1", "steps": 1, "mean_depth": 1}),
         Variant("full CEM trained T=2", _spec(s, b, "cem", attn_steps=2, mlp_steps=2), {"group": "trained T=2", "steps": 2, "mean_depth": 2}),
@@ -486,8 +487,15 @@ def testtime_variants(s: Scale) -> list[Variant]:
                 {"group": "constant path length", "steps": 3, "mean_depth": 2}),
         Variant("full CEM, T~U{1..3}, anchored (λ = 1)", _spec(s, b, "cem", **RANDOM_DEPTH, **ANCHOR),
                 {"group": "anchored steps", "steps": 3, "mean_depth": 2}),
-        Variant(f"Llama with {2 * layers} layers", _spec(s, b, "llama", n_layers=2 * layers), {"group": "deeper Llama", "steps": 1, "kind": "deeper"}),
+        _deeper_llama(s, b),
     ]
+
+
+def _deeper_llama(s: Scale, size: str) -> Variant:
+    """A Llama with twice the layers of `size` at its width, on the size's budget (the Chinchilla tokens of the preset's
+    Llama: cem.training.budget), evaluated as trained (tag `kind`: deeper)."""
+    layers = SIZES[size]["n_layers"]
+    return Variant(f"Llama with {2 * layers} layers", _spec(s, size, "llama", n_layers=2 * layers), {"group": "deeper Llama", "steps": 1, "kind": "deeper"})
 
 
 # the third round's recipes (issue 64), each a setting of cem's config (`cem.layers.steps`, `cem.model.config`); fixed
@@ -500,10 +508,14 @@ MIDDLE = dict(recur_layers="middle")  # the first and last layer keep T = 1
 
 
 def recipes_variants(s: Scale) -> list[Variant]:
-    """The test-time recipes' models at the base size, against fixed T=2 (tags as `testtime_variants`';
-    `baseline`: the model the chosen recipe is compared with). A curriculum's m is the depth of its last stage,
-    the one its weights end at; middle-layer recursion needs a size of at least 3 layers (not the smoke scale's 2)."""
-    b = s.base
+    """The test-time recipes' models at the base size, against fixed T=2 (`recipes_at`)."""
+    return recipes_at(s, s.base)
+
+
+def recipes_at(s: Scale, b: str) -> list[Variant]:
+    """The test-time recipes' models at size `b`, against fixed T=2 (tags as `testtime_variants`'; `baseline`: the model
+    the chosen recipe is compared with). A curriculum's m is the depth of its last stage, the one its weights end at;
+    middle-layer recursion needs a size of at least 3 layers (not the smoke scale's 2)."""
     heavy_full = {k: v for k, v in HEAVY_DEPTH.items() if k != "backprop_steps"}
     return [
         Variant("full CEM trained T=2", _spec(s, b, "cem", attn_steps=2, mlp_steps=2), {"group": "trained T=2", "steps": 2, "mean_depth": 2, "baseline": True}),
@@ -516,6 +528,49 @@ def recipes_variants(s: Scale) -> list[Variant]:
         Variant("full CEM, T~PLN(3), full backprop", _spec(s, b, "cem", **heavy_full), {"group": "heavy-tailed, full backprop", "steps": 3, "mean_depth": 3}),
     ] + ([Variant("full CEM, T~U{1..3} in the middle layers only", _spec(s, b, "cem", **RANDOM_DEPTH, **MIDDLE),
                   {"group": "middle layers", "steps": 3, "mean_depth": 2})] if SIZES[b]["n_layers"] >= 3 else [])  # a middle needs 3 blocks
+
+
+# where the confirmation reads the screening's choice (`recipes_study`): its committed summary at the screen64 scale
+SCREENING = COMMITTED / "screen64" / "recipes" / "summary.json"
+SCREENING_SCALE = "screen64"
+
+
+class RecipesNotChosen(ValueError):
+    """The confirmation asked for the recipes the screening chose before the screening had a choice over all its seeds."""
+
+
+def screening_choice() -> list[str]:
+    """The labels of the two recipes the screening chose to confirm (its summary's `choice["confirm"]`, at SCREENING),
+    RecipesNotChosen before it has that choice over every recursion seed of the screen64 scale."""
+    seeds = list(SCALES[SCREENING_SCALE].seeds_for("recursion"))
+    not_yet = lambda what: RecipesNotChosen(f"the screening's recipes are not chosen yet: {SCREENING} {what}")  # noqa: E731
+    if not SCREENING.exists():
+        raise not_yet(f"does not exist (the recipes experiment at the {SCREENING_SCALE} scale writes it)")
+    summary = json.loads(SCREENING.read_text())
+    if summary.get("seeds") != seeds:
+        raise not_yet(f"was analysed on seeds {summary.get('seeds')}, not on all of {seeds}")
+    if summary.get("awaits"):
+        raise not_yet(f"is an earlier analysis: the screening awaits {summary['awaits']}")
+    confirm = (summary.get("choice") or {}).get("confirm") or []
+    if len(confirm) != 2:
+        raise not_yet(f"has no two recipes in choice['confirm'] (it has {confirm})")
+    return confirm
+
+
+def recipes_confirm_variants(s: Scale) -> list[Variant]:
+    """At each size of the scale: fixed T=2, the screening's two recipes (`screening_choice`; tag `recipe`: the rank in
+    its choice) and a Llama with twice the layers (`_deeper_llama`), each built as its screening built it (`recipes_at`),
+    its label ending in the size."""
+    chosen = screening_choice()
+    out = []
+    for size in s.sizes:
+        models = {v.label: v for v in recipes_at(s, size)}
+        if lacking := [label for label in chosen if label not in models]:
+            raise ValueError(f"the screening's recipes {lacking} are not recipes at size {size} (it has {list(models)})")
+        baseline = next(v for v in models.values() if v.tags.get("baseline"))
+        recipes = [replace(models[label], tags={**models[label].tags, "recipe": rank}) for rank, label in enumerate(chosen)]
+        out += [replace(v, label=f"{v.label} {size}") for v in (baseline, *recipes, _deeper_llama(s, size))]
+    return out
 
 
 # --- the rate rules: which rate each variant of an experiment trains at ------------------------------------
@@ -588,6 +643,8 @@ EXPERIMENTS: dict[str, Experiment] = {
                    products=analysis.test_time_products, rows_only=lambda s: False),
         Experiment("recipes", "the third round of test-time recipes: recursion trained to keep improving past its trained depth (monotonicity with deep supervision, gated steps, both, a depth curriculum, middle-layer recursion, heavy-tailed depth with full backprop) against fixed T=2", recipes_variants, analysis.recipes_study, plots.plot_recipes, "recursion", paper=False,
                    products=analysis.recipes_products, rows_only=lambda s: False),
+        Experiment("recipes-confirm", "the two test-time recipes the screening chose, confirmed at each size against fixed T=2 and a Llama with twice the layers at the same token budget (FLOP-matched at the test-time depth)", recipes_confirm_variants, analysis.recipes_confirm_study, plots.plot_recipes_confirm, "recursion", paper=False,
+                   products=analysis.recipes_products, rows_only=lambda s: False),
         Experiment("energy", "the energy of each layer at each recursion step on held-out text", lambda s: testtime_variants(s)[1:2], analysis.energy_study, plots.plot_energy, paper=False,
                    products=lambda s, v, seed: [analysis.ENERGY] if seed == s.seeds[0] else [], rows_only=lambda s: False),
         Experiment("size-trend", "the headline gaps at every size, and their trend in log(parameters)", size_trend_variants, size_trend_findings, plots.plot_size_trend, paper=False, rows_only=lambda s: False),
@@ -597,5 +654,5 @@ EXPERIMENTS: dict[str, Experiment] = {
 
 ALL_IDS = tuple(EXPERIMENTS)
 # the order `all` runs them: the recursion findings first, so a suite cut short has the most important ones
-SUITE_ORDER = ("lr", "fig2c", "fig2d", "fig4", "fig4-alibi", "fig3c", "step-size", "test-time", "energy", "recipes", "fig2a", "fig2b", "fig3b", "positional", "readings", "fig3a", "size-trend", "table3")
+SUITE_ORDER = ("lr", "fig2c", "fig2d", "fig4", "fig4-alibi", "fig3c", "step-size", "test-time", "energy", "recipes", "recipes-confirm", "fig2a", "fig2b", "fig3b", "positional", "readings", "fig3a", "size-trend", "table3")
 assert sorted(SUITE_ORDER) == sorted(ALL_IDS)

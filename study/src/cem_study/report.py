@@ -15,7 +15,7 @@ from pathlib import Path
 
 from cem.io import read_json
 from .analysis import GUARD_STUDIED
-from .findings import FAMILIES, KINDS, Finding, adjust
+from .findings import FAMILIES, KINDS, TWICE, Finding, adjust
 from .records import Run, runs_in
 from .registry import EXPERIMENTS, LR_GROUPS, RATE_RULES, SUITE_ORDER, own_templates, planned
 from .scales import Scale
@@ -701,7 +701,7 @@ def write_report(results_dir: str | Path, allow_short: bool = False) -> Path:
         "perplexity. A directional finding is **held** only when the 95% confidence interval (Student t) of the mean paired "
         "difference excludes zero with the paper's sign, **not held** when it excludes zero with the opposite sign, **inconclusive** "
         "otherwise; the Holm-adjusted verdict reads the Holm-Bonferroni adjusted p-value at 0.05 the same way, over each family "
-        "(the paper's directional findings; the controls; ours), each fixed before the data: every directional finding the "
+        "(the paper's directional findings; the controls; ours" + ("; the recipes' confirmation at twice the trained depth" if sizes[TWICE] else "") + "), each fixed before the data: every directional finding the "
         "scale's suite judges, measured or not (one not measured yet counts as p = 1), the second rate rule's family being the "
         "paper's same claims. A difference measured on one seed has no interval: its sign alone "
         "decides, and its evidence says \"one seed, no interval\". \"Close\" findings are equivalence tests (the whole interval inside "

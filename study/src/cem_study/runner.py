@@ -22,8 +22,8 @@ from .launchers import Launcher, ProcessLauncher
 from .costs import COMMITTED, Costs, DeadlineReached, wave_seconds
 from .products import missing
 from .records import Run
-from .registry import ALL_IDS, EXPERIMENTS, RATE_RULES, SUITE_ORDER, own_templates, variants_under
-from .scales import Scale, get_scale
+from .registry import ALL_IDS, EXPERIMENTS, RATE_RULES, SUITE_ORDER, RecipesNotChosen, own_templates, variants_under
+from .scales import LearningRateNotChosen, Scale, get_scale
 from .sweep import RunSpec, run_sweep, summarize
 
 
@@ -37,6 +37,20 @@ def machine() -> str:
 def _check_id(exp_id: str) -> None:
     if exp_id not in ALL_IDS:
         raise ValueError(f"unknown experiment {exp_id!r}; expected one of {', '.join(ALL_IDS)}, or all")
+
+
+def waiting(ids, scale: Scale) -> dict[str, str]:
+    """The experiments of `ids` whose variants wait for another experiment's choice (`RecipesNotChosen`: the confirmation,
+    for the screening's recipes), with what each waits for. A rate not chosen yet is chosen as the runs train (`train_runs`)."""
+    out = {}
+    for i in ids:
+        try:
+            _runs(i, scale)
+        except RecipesNotChosen as e:
+            out[i] = str(e)
+        except LearningRateNotChosen:
+            pass
+    return out
 
 
 def _runs(exp_id: str, scale: Scale, rule: str = "paper") -> list:
@@ -182,6 +196,8 @@ def plan(scale: str = "cpu", results_dir: str | Path | None = None, ids=None, **
                 else:  # a grid grown to bracket the current best: its new runs are fig3a's, counted below
                     sc = lr.with_choice(sc, RunSpec.make(sc.base, arch), state)
     rules = ("paper", "own") if sc.own_rates else ("paper",)
+    held = waiting(ids, sc)  # an experiment waiting for another's choice: its runs are not known yet
+    ids = tuple(i for i in ids if i not in held)
     for template in _own_templates(ids, sc) if sc.own_rates else ():
         choice(template)
     sc = seeds.decided(sc, ids, root)  # the recursion pairs' seeds, where their first runs are in
@@ -213,7 +229,7 @@ def plan(scale: str = "cpu", results_dir: str | Path | None = None, ids=None, **
     return {"scale": sc.name, "results": str(root), "chosen_lrs": dict(sc.chosen_lrs), "own_lrs": dict(sc.own_lrs), "wave": wave, "measured_on": sc.measured_on,
             "pair_seeds": dict(sc.pair_seeds), "seeds_undecided": {i: list(sc.more_pair_seeds_of(i)) for i in seeds.undecided(sc, ids, root)},
             "provisional_lrs": [z for z in dict(sc.chosen_lrs) if lr.sweep_key(lr.llama(z)) in provisional],
-            "undecided": undecided, "provisional": provisional, "experiments": experiments, "total": total,
+            "undecided": undecided, "provisional": provisional, "experiments": experiments, "waiting": held, "total": total,
             "unit": "GPU-hours" if costs.gpu else "core-hours", "core_hours": hours, "bases": bases,
             "eval_core_hours": eval_hours, "eval_unestimated": eval_unestimated}
 
@@ -233,6 +249,8 @@ def format_plan(p: dict) -> str:
         lines.append("own rates chosen: " + ", ".join(f"{k} {lr:g}" for k, lr in own.items()))
     for exp_id, more in (p.get("seeds_undecided") or {}).items():
         lines.append(f"{exp_id}: its T=1/T=2 pair may add seeds {more} once its first seeds are in (counted without them)")
+    for exp_id, why in (p.get("waiting") or {}).items():
+        lines.append(f"{exp_id}: not counted, it waits for another experiment's choice: {why}")
     for key, n in p["undecided"].items():
         later = key in p["provisional"]
         lines.append(f"sweep {key} undecided: {n} of its runs to train first" + ("; the runs at its rate are counted at a provisional rate "
@@ -309,15 +327,23 @@ def run_suite(
     **scale_overrides,
 ) -> list[dict]:
     """Several experiments at a scale (default: the scale's suite): every run they need is trained first in
-    one pool (shared runs once, the recursion experiments first; `train_runs`), then each is analysed. The runs
+    one pool (shared runs once, the recursion experiments first; `train_runs`), then each is analysed (of the suite,
+    those that wait for another experiment's choice are left out and named: `waiting`). The runs
     train on `launcher` (`cem_study.launchers`; default: `jobs` at once on this machine); a launcher with a
     deadline (`until`) raises `DeadlineReached` after the runs that fit, and nothing is analysed."""
     check_positive_int("jobs", jobs)
     sc = get_scale(scale, **scale_overrides)
+    every = not ids
     ids = tuple(ids or sc.suite or SUITE_ORDER)
     for i in ids:
         _check_id(i)
     root = Path(results_dir or f"results/{scale}")
+    if every:  # an experiment of the suite that waits for another's choice is left for a later call; one named is not
+        for i, why in (held := waiting(ids, sc)).items():
+            print(f"== {i} not run: it waits for another experiment's choice: {why}", file=sys.stderr, flush=True)
+        ids = tuple(i for i in ids if i not in held)
+        if not ids:
+            return []
     print(f"== training the runs of {', '.join(ids)} ({sc.name} scale)", file=sys.stderr, flush=True)
     sc, results = train_runs(ids, sc, root, data_dir, launcher or ProcessLauncher(jobs))
     summaries = []
@@ -353,18 +379,20 @@ def analyse_finished(scale: str = "cpu", results_dir: str | Path | None = None, 
                     state = lr.sweep(sc, RunSpec.make(size, arch), root, dry=True, rebracket=True)
                     sc = lr.with_choice(sc, RunSpec.make(size, arch), state) if state.best is not None else sc
     sc = seeds.decided(sc, ids, root)  # the recursion pairs' seeds, where their first runs are in
+    held = waiting(ids, sc)
+    ids = tuple(i for i in ids if i not in held)
     products = _products(ids, sc)
 
     def unfinished(specs: list, at: Scale) -> list:
         return [s for s in specs if run_status(s, at, root, products.get(s, ())) != "finished"]
 
-    summaries, waiting = [], {}
+    summaries, waits = [], {i: f"another experiment's choice: {why}" for i, why in held.items()}
     for i in ids:
         paper = _specs(i, sc)
         if todo := unfinished(paper, sc):
-            waiting[i] = f"{len(todo)} of its {_n_runs(len(paper))} to train or evaluate"
+            waits[i] = f"{len(todo)} of its {_n_runs(len(paper))} to train or evaluate"
             if (last := root / i / "summary.json").exists():  # its last analysis stands, and its report says what it lacks
-                atomic_write_json(last, {**read_json(last), "awaits": waiting[i]})
+                atomic_write_json(last, {**read_json(last), "awaits": waits[i]})
             continue
         at, sweeps = sc, []
         for template in own_templates(EXPERIMENTS[i], sc):
@@ -379,7 +407,7 @@ def analyse_finished(scale: str = "cpu", results_dir: str | Path | None = None, 
         results = {s: Run(at.runs(root) / s.slug).results() for s in _specs(i, at, ("paper",) if pending else at.rate_rules)}
         print(f"== {i}" + (f" (own-rate rule waiting for {pending})" if pending else ""), file=sys.stderr, flush=True)
         summaries.append(_analyse(i, at, root, results, data_dir, device, {"own": pending} if pending else None))
-    return summaries, waiting
+    return summaries, waits
 
 
 def _n_runs(n: int) -> str:

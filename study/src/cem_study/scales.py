@@ -216,6 +216,20 @@ SCALES = {
             "train on one processor, and seeds on different processors add that processor's rounding to the seed spread; "
             "the recipes' settings (μ = 1, the gate's start, the curriculum's thirds) are not swept; each T evaluated on the "
             "first 131k test tokens (32 batches of 16 windows), the choices read the first 131k validation tokens")),
+    # the test-time recipes' confirmation (issue 64): the two recipes the screening chose (`registry.screening_choice`) at
+    # the cpu scale's two larger sizes, in a results folder of its own, each seed's runs on one processor; every run at the
+    # rate the cpu campaign's Llama sweep chose at its size (cpu96 0.008; cpu128 0.002, as the cpu128 campaign's sweep
+    # chose under its 0.002 tie): not swept again here
+    "confirm": Scale(
+        "confirm", "wikitext-2", "byte", ("cpu96", "cpu128"), "cpu128", (0, 1, 2), (0, 1, 2), 256, 16, chosen_lrs=(("cpu96", 8e-3), ("cpu128", 2e-3)),
+        seed_blocks=True, suite=("recipes-confirm",), eval_steps=(1, 2, 3, 4, 6, 8, 12, 16), test_time_batches=32, limits=(
+            "a confirmation of the screening's two recipes at 0.44M and 0.80M non-embedding parameters (cpu96, cpu128: 4 layers, "
+            "heads of width 32, context 256) on 9.8M and 17M bytes of WikiText-2, both at n-gram level in the cpu campaign's "
+            "regime check; every run at the learning rate the cpu campaign's Llama sweep chose at its size (cpu96 0.008, cpu128 "
+            "0.002), not swept again here; the deeper Llama (8 layers) at the 4-layer Llama's rate, untuned; the recipes' "
+            "settings (μ = 1, the gate's start, the curriculum's thirds) are not swept; each seed's runs train on one "
+            "processor, and seeds on different processors add that processor's rounding to the seed spread; each T evaluated "
+            "on the first 131k test tokens (32 batches of 16 windows), the choices read the first 131k validation tokens")),
     # fig4's position-matched quartet at cpu128's width, twice as deep (issue 62): one call on one lent H200, its twelve
     # runs together. 64 x 256 tokens per step: 33.5M tokens (20 x the 1.67M parameters of Llama-ALiBi x1) in 2,043 steps.
     # A run there is bound by its steps (kernel launches), not FLOPs (twelve runs together trained 1.3x slower each than
