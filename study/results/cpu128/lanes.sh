@@ -15,7 +15,7 @@
 # may not outlive the session, give the session's end less the time to commit: UNTIL=06:05 bash .../lanes.sh ...;
 # then no lane starts a run that would not finish by then (--until).
 # Run folders are ignored by git: commit finished runs as the tables beside them, after adding those finished since
-# (`python -m cem.experiments.records add study/results/cpu/runs`, then commit study/results/cpu/runs.jsonl and
+# (`python -m cem_study.records add study/results/cpu/runs`, then commit study/results/cpu/runs.jsonl and
 # steps.jsonl; only finished runs are added, and a run being trained again has left the tables). Every run trains on one processor (--processor, the CPU named with its
 # family: "AMD EPYC" covers a Zen 2 and this Zen 4, which round differently): a machine with another refuses to
 # train, and a run recorded on another is trained again. On another CPU the lanes stop at once; that session's
