@@ -31,16 +31,21 @@ def chosen(s, lr=4e-3):
     return replace(s, chosen_lrs=tuple((z, lr) for z in s.sizes)) if s.lr_sweep else s
 
 
-def test_every_experiment_is_defined_at_every_scale(tmp_path, monkeypatch):
+@pytest.fixture
+def screened(tmp_path, monkeypatch):
+    """The confirmation's recipes as if the screening had chosen them: two it could choose at every size."""
+    from cem_study import registry
+
+    screening = tmp_path / "summary.json"
+    screening.write_text(json.dumps({"seeds": [0, 1, 2], "choice": {"confirm": ["full CEM, T~U{1..3}, gated steps", "full CEM, curriculum T=1→2→4"]}}))
+    monkeypatch.setattr(registry, "SCREENING", screening)
+
+
+def test_every_experiment_is_defined_at_every_scale(screened):
     assert set(ALL_IDS) == set(SUITE_ORDER) == {
         "fig2a", "fig2b", "fig2c", "fig2d", "fig3a", "fig3b", "fig3c", "fig4", "fig4-alibi", "table3",
         "step-size", "positional", "readings", "test-time", "energy", "recipes", "recipes-confirm", "lr", "size-trend",
     }
-    from cem_study import registry
-
-    screening = tmp_path / "summary.json"  # the confirmation's recipes: two the screening could choose at every size
-    screening.write_text(json.dumps({"seeds": [0, 1, 2], "choice": {"confirm": ["full CEM, T~U{1..3}, gated steps", "full CEM, curriculum T=1→2→4"]}}))
-    monkeypatch.setattr(registry, "SCREENING", screening)
     for scale in SCALES:
         s = chosen(get_scale(scale))
         for exp in EXPERIMENTS.values():
@@ -51,7 +56,7 @@ def test_every_experiment_is_defined_at_every_scale(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("scale", ["cpu", "gpu", "paper"])
-def test_reported_scales_train_every_run_to_the_chinchilla_budget_with_the_paper_warmup(scale):
+def test_reported_scales_train_every_run_to_the_chinchilla_budget_with_the_paper_warmup(scale, screened):
     s = chosen(get_scale(scale))
     assert s.findings and s.max_steps is None and s.tokens == "chinchilla"
     assert len(s.seeds) >= (1 if scale == "paper" else 3) and len(s.recursion_seeds) >= (1 if scale == "paper" else 5)
