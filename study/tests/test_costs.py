@@ -71,6 +71,32 @@ def test_a_sweep_with_a_deadline_trains_what_fits_and_names_what_is_left(corpus,
     assert left == pytest.approx(whole * (1 - 1 / s.max_steps))
 
 
+def _fixed(run_dir, data_dir=None, device="auto"):
+    return {"computed": True}
+
+
+def test_a_deadline_holds_a_run_with_the_products_computed_after_its_training(corpus, tmp_path, monkeypatch):
+    """A run's products are computed from its weights once it has trained, by the same worker: `--until` counts them
+    (2026-12-02: a lane's runs were estimated by training alone and finished 20 minutes past the session's deadline)."""
+    from cem_study.products import Product
+
+    monkeypatch.setenv("CEM_CACHE_DIR", str(tmp_path / "cache"))
+    s = get_scale("smoke", data=str(corpus))
+    spec = RunSpec.make("micro", "llama", seed=0)
+    depth, drift = Product(_fixed, "depth.json"), Product(_fixed, "drift.json")
+    monkeypatch.setattr(Costs, "seconds", lambda self, x: (60.0, "here"))
+    monkeypatch.setattr(Costs, "product_seconds", lambda self, x, name: {"depth.json": 3000.0}.get(name))  # drift: none recorded
+    deadline = Deadline(time.time() + 1800)
+    assert deadline.start_by(s, tmp_path, [spec], {spec: [depth, drift]}) == {spec: (deadline.at - DEADLINE_MARGIN * 3060, 3060.0)}
+    assert deadline.start_by(s, tmp_path, [spec]) == {spec: (deadline.at - DEADLINE_MARGIN * 60, 60.0)}  # training alone
+    root = tmp_path / "res"
+    with pytest.raises(DeadlineReached, match=re.escape(f"({spec.slug} (about 51 min))")):  # half an hour: training fits, products not
+        run_sweep([spec], s, root, jobs=ProcessLauncher(until=deadline), products={spec: [depth, drift]})
+    assert not (s.runs(root) / spec.slug).exists()  # not started at all
+    run_sweep([spec], s, root, jobs=ProcessLauncher(until=Deadline(time.time() + 7200)), products={spec: [depth, drift]})
+    assert depth.get(s.runs(root) / spec.slug) == {"computed": True} and drift.exists(s.runs(root) / spec.slug)
+
+
 def test_an_own_rate_suite_goes_on_to_its_next_experiment_and_names_every_run_left(tmp_path, monkeypatch):
     """At an own-rate scale (cpu128's), an experiment with runs left for the deadline does not stop the next one,
     whose runs may fit; the suite then stops naming the runs of both."""

@@ -20,7 +20,7 @@ from cem.layers.steps import DescentLayer, Inference
 from cem.model import ModelConfig
 from cem.model.flops import forward_flops_per_token
 from cem.training import RunDir
-from .findings import TWICE, Context, Finding, _nats, by_seed, row
+from .findings import TWICE, Context, Finding, difference_text, by_seed, row
 from .products import Product
 from .stats import Interval, mean_std
 
@@ -447,7 +447,7 @@ def beats_at(c: Context, curves: dict, ours: tuple[str, int], theirs: tuple[str,
     at = lambda label, t: {**row(c.rows, label), "test_loss_per_seed": _loss_at(curves[label], t)}  # noqa: E731
     pairs, dropped = by_seed([at(b, tb), at(a, ta)])
     d = Interval.of([x - y for x, y in pairs])
-    return Finding(claim, d.verdict(+1), f"{b} at T={tb} minus {a} at T={ta}, test loss: {_nats(d, dropped)}{note}",
+    return Finding(claim, d.verdict(+1), f"{b} at T={tb} minus {a} at T={ta}, test loss: {difference_text(d, dropped)}{note}",
                    d.to_dict(), family="ours", p=d.p, contrast=f"{b} at T={tb} - {a} at T={ta}")
 
 

@@ -161,7 +161,8 @@ DEADLINE_MARGIN = 1.2  # a run's estimate is stretched by this: 9 in 10 committe
 @dataclass(frozen=True)
 class Deadline:
     """`--until`: the time (seconds since the epoch) by which every run started should have finished. A run
-    starts only while `now + margin * its estimated seconds` (`Costs.seconds`) is before it, so a sweep whose
+    starts only while `now + margin * its estimated seconds` (`Costs.seconds` to train, `Costs.product_seconds` for
+    its products) is before it, so a sweep whose
     machine goes away then (a session's end, a reservation's) loses no run half-trained."""
 
     at: float
@@ -185,10 +186,17 @@ class Deadline:
             raise ValueError(f"--until {text!r} is past ({at:%Y-%m-%d %H:%M}); give a later time")
         return cls(at.timestamp())
 
-    def start_by(self, scale: Scale, root: Path, specs) -> dict:
-        """(the latest time it may start, its estimated seconds) of each run, from the scale's `Costs` in `root`."""
+    def start_by(self, scale: Scale, root: Path, specs, products: dict | None = None) -> dict:
+        """(the latest time it may start, its estimated seconds) of each run, from the scale's `Costs` in `root`: its
+        training and then its products (`products`: by spec, those computed from its weights once it has trained;
+        one with no recorded time counts nothing)."""
         costs = Costs(scale, root)
-        return {s: (self.at - self.margin * seconds, seconds) for s, seconds in ((s, costs.seconds(s)[0]) for s in specs)}
+
+        def seconds(spec) -> float:
+            after = (costs.product_seconds(spec, p.name) for p in (products or {}).get(spec, ()))
+            return costs.seconds(spec)[0] + sum(t for t in after if t is not None)
+
+        return {s: (self.at - self.margin * t, t) for s, t in ((s, seconds(s)) for s in specs)}
 
     def missed(self, runs: list[tuple[str, float]]) -> "DeadlineReached":
         """What a sweep raises after its runs that fitted: the runs left, by name, with their estimated seconds."""

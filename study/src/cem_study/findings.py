@@ -81,7 +81,7 @@ def _means(rows, *labels) -> str:
     return "; ".join(f"{lab}: ppl {row(rows, lab)['test_perplexity']:.3f}" for lab in labels)
 
 
-def _nats(d: Interval, dropped: int = 0) -> str:
+def difference_text(d: Interval, dropped: int = 0) -> str:
     """A loss difference in nats with its interval, and as a perplexity ratio in %; the seeds left unpaired
     because their runs ran on different processors, if any."""
     pct = lambda x: f"{math.expm1(x):+.2%}"  # noqa: E731
@@ -155,7 +155,7 @@ def lower(rows, better: str, worse: str, claim: str, family: str = "paper") -> F
     a, b = oriented(rows, better, worse)
     sign = -1 if a == better else 1
     d, dropped = _paired(rows, a, b)
-    return Finding(claim, d.verdict(sign), f"{_means(rows, better, worse)}; {a} - {b}: {_nats(d, dropped)}{_power(d)}",
+    return Finding(claim, d.verdict(sign), f"{_means(rows, better, worse)}; {a} - {b}: {difference_text(d, dropped)}{_power(d)}",
                    d.to_dict(), family, d.p, sign, contrast=f"{a} - {b}")
 
 
@@ -169,7 +169,7 @@ def close(rows, a: str, b: str, claim: str, tolerance: float, family: str = "pap
     side = _side(d, a, b)
     if verdict == "not held":  # outside the margin: say on which side, so that a better result does not read as a worse one
         side = f"; {a} is {'better' if d.mean < 0 else 'worse'} than {b} by more than the margin"
-    evidence = f"{_means(rows, a, b)}; {a} - {b}: {_nats(d, dropped)}; equivalence margin ±{tolerance:.0%} ppl{side}{_power(d, m)}"
+    evidence = f"{_means(rows, a, b)}; {a} - {b}: {difference_text(d, dropped)}; equivalence margin ±{tolerance:.0%} ppl{side}{_power(d, m)}"
     return Finding(claim, verdict, evidence, d.to_dict(), family, kind="equivalence", margin=m, contrast=f"{a} - {b}")
 
 
@@ -181,7 +181,7 @@ def not_worse(rows, a: str, b: str, claim: str, margin: float, note: str = "", f
     hi, lo = (d.hi, d.lo) if d.n > 1 else (d.mean, d.mean)
     verdict = "held" if hi < m else ("not held" if lo > m else "inconclusive")
     side = _side(d, a, b) if verdict != "not held" else f"; {a} is worse than {b} by more than the margin"
-    evidence = f"{note + '; ' if note else ''}{_means(rows, a, b)}; {a} - {b}: {_nats(d, dropped)}; non-inferiority margin +{margin:.0%} ppl{side}{_power(d, m)}"
+    evidence = f"{note + '; ' if note else ''}{_means(rows, a, b)}; {a} - {b}: {difference_text(d, dropped)}; non-inferiority margin +{margin:.0%} ppl{side}{_power(d, m)}"
     return Finding(claim, verdict, evidence, d.to_dict(), family, kind="non-inferiority", margin=m, contrast=f"{a} - {b}")
 
 
@@ -194,7 +194,7 @@ def gains_more(rows, reuse: tuple[str, str], cem: tuple[str, str], claim: str, f
     d = Interval.of([c - r for c, r in zip(c_cem, c_reuse)])
     evidence = (
         f"loss change {cem[0]} → {cem[1]}: {Interval.of(c_cem).mean:+.4f} nats; plain reuse {reuse[0]} → {reuse[1]}: "
-        f"{Interval.of(c_reuse).mean:+.4f} nats; difference of changes {_nats(d, dropped)}{_power(d)}"
+        f"{Interval.of(c_reuse).mean:+.4f} nats; difference of changes {difference_text(d, dropped)}{_power(d)}"
     )
     return Finding(claim, d.verdict(-1), evidence, d.to_dict(), family, d.p, -1,
                    contrast=f"({cem[1]} - {cem[0]}) - ({reuse[1]} - {reuse[0]})")

@@ -291,8 +291,8 @@ def run_sweep(specs: list[RunSpec], scale: Scale, root: Path, data_dir: str | No
     print(f"{len(unique)} runs, {len(unique) - len(todo)} already finished, {len(fresh) + len(again)} to train"
           + (f" ({len(again)} again)" if again else "") + (f", {len(evaluate) - len(again)} to evaluate" if len(evaluate) > len(again) else ""),
           file=sys.stderr, flush=True)
-    deadline = launcher.until  # evaluating a finished run's products is not held to it, only training
-    starts = deadline.start_by(scale, root, [s for s in todo if status[s] != "evaluate"]) if deadline is not None else {}
+    deadline = launcher.until  # a run it trains is held to it with its products; evaluating a finished run's is not
+    starts = deadline.start_by(scale, root, [s for s in todo if status[s] != "evaluate"], products) if deadline is not None else {}
     args = [(s, scale, data_dir, str(root), launcher.threads(), launcher.nproc_per_run, products.get(s, ()), False,
              starts[s][0] if s in starts else None, s in again) for s in todo]
     progress, late = _Progress(len(todo)), []
