@@ -37,7 +37,7 @@ def screened(tmp_path, monkeypatch):
     from cem_study import registry
 
     screening = tmp_path / "summary.json"
-    screening.write_text(json.dumps({"seeds": [0, 1, 2], "choice": {"confirm": ["full CEM, T~U{1..3}, gated steps", "full CEM, curriculum T=1→2→4"]}}))
+    screening.write_text(json.dumps({"seeds": list(get_scale(registry.SCREENING_SCALE).seeds_for("recursion")), "choice": {"confirm": ["full CEM, T~U{1..3}, gated steps", "full CEM, curriculum T=1→2→4"]}}))
     monkeypatch.setattr(registry, "SCREENING", screening)
 
 

@@ -11,7 +11,7 @@ from cem_study.sweep import run_config
 
 def test_the_screening_trains_every_run_at_the_cpu_campaigns_cpu64_rate_without_a_sweep():
     s = get_scale("screen64")
-    assert not s.lr_sweep and s.suite == ("recipes",) and s.base == "cpu64" and s.seeds_for("recursion") == (0, 1, 2)
+    assert not s.lr_sweep and s.suite == ("recipes",) and s.base == "cpu64" and s.seeds_for("recursion") == (0, 2, 3)
     assert s.train_for("cpu64") == {"lr": 8e-3} and get_scale("cpu").train_for  # the rate is the cpu campaign's choice
     specs = _specs("recipes", s)
     assert len(specs) == 7 * 3 and all(dict(x.train)["lr"] == 8e-3 for x in specs)

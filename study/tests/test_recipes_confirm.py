@@ -34,7 +34,7 @@ def choose(tmp_path: Path, monkeypatch, summary: dict | None) -> Path:
 
 
 def chosen(*labels: str) -> dict:
-    return {"seeds": [0, 1, 2], "choice": {"confirm": list(labels)}}
+    return {"seeds": list(get_scale("screen64").seeds_for("recursion")), "choice": {"confirm": list(labels)}}
 
 
 def test_the_confirmation_scale_trains_each_size_at_the_cpu_campaigns_llama_rate_one_processor_a_seed():
@@ -58,12 +58,12 @@ def test_before_the_screening_chooses_the_confirmation_waits_and_says_what_it_re
         EXPERIMENTS["recipes-confirm"].variants(s)
     assert str(path) in str(e.value)
     choose(tmp_path, monkeypatch, {**chosen(GATE, MONOTONE), "seeds": [0]})  # an analysis of seed 0 alone
-    with pytest.raises(registry.RecipesNotChosen, match=r"seeds \[0\], not on all of \[0, 1, 2\]"):
+    with pytest.raises(registry.RecipesNotChosen, match=r"seeds \[0\], not on all of \[0, 2, 3\]"):
         EXPERIMENTS["recipes-confirm"].variants(s)
     choose(tmp_path, monkeypatch, {**chosen(GATE, MONOTONE), "awaits": "3 of its 21 runs to train or evaluate"})
     with pytest.raises(registry.RecipesNotChosen, match="awaits 3 of its 21 runs"):
         EXPERIMENTS["recipes-confirm"].variants(s)
-    choose(tmp_path, monkeypatch, {"seeds": [0, 1, 2], "choice": {"confirm": []}})
+    choose(tmp_path, monkeypatch, {**chosen(), "choice": {"confirm": []}})
     with pytest.raises(registry.RecipesNotChosen, match=r"no two recipes in choice\['confirm'\]"):
         EXPERIMENTS["recipes-confirm"].variants(s)
     # --plan and `all` name it and go on; named, it is refused with the same error

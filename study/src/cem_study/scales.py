@@ -206,9 +206,11 @@ SCALES = {
     # the test-time recipes' screening (issue 64): the cpu scale's base size on its data and budget, in a runs folder of
     # its own (never paired with the cpu campaign's runs), each seed's runs on one processor (`seed_blocks`: a session's
     # machine is drawn, and one processor's campaign of 21 runs waits for that machine), every run at the rate the cpu
-    # campaign's cpu64 Llama sweep chose (0.008, on validation, on another processor): not swept again here
+    # campaign's cpu64 Llama sweep chose (0.008, on validation, on another processor): not swept again here. Its seeds
+    # are 0, 2 and 3, all three the Intel Xeon's: seed 1's block went to a Zen 3 drawn once, which left 4 of its 7
+    # runs untrained; seed 3 took its place before any of its runs trained (study/docs/LOG.md, 2026-12-03)
     "screen64": Scale(
-        "screen64", "wikitext-2", "byte", ("cpu64",), "cpu64", (0, 1, 2), (0, 1, 2), 256, 16, chosen_lrs=(("cpu64", 8e-3),), seed_blocks=True,
+        "screen64", "wikitext-2", "byte", ("cpu64",), "cpu64", (0, 2, 3), (0, 2, 3), 256, 16, chosen_lrs=(("cpu64", 8e-3),), seed_blocks=True,
         suite=("recipes",), eval_steps=(1, 2, 3, 4, 6, 8, 12, 16), test_time_batches=32, limits=(
             "a screening: 0.2M non-embedding parameters (cpu64: 4 layers, width 64, context 256) on 4.7M bytes of WikiText-2, "
             "far below n-gram level (the cpu campaign's regime check), so it only ranks recipes for the larger sizes; every run "
