@@ -222,3 +222,42 @@ def test_the_plan_of_a_scale_measured_on_a_gpu_says_its_calls_time(tmp_path):
     assert p["experiments"]["fig4-alibi"]["train"] == 12 and p["wave"]["runs"] == 12
     assert f"one call on the GPU of h200/cpu/runs, its 12 runs together: about {p['wave']['seconds']:.0f} s" in format_plan(p)
     assert plan("smoke", tmp_path / "smoke")["wave"] is None  # a scale trained on the CPU: no call to estimate
+
+
+def test_a_run_another_lane_finishes_after_this_lanes_start_by_is_taken_not_called_late(corpus, tmp_path, monkeypatch):
+    """Two lanes with one deadline: a run the other lane held, retried here after its start_by had passed, is waited for
+    and taken once the other lane finishes it, not named as "not started" (2026-12-02: both lanes' last lines named a
+    run the other had finished); a run nobody holds past its start_by is still left unstarted."""
+    import shutil
+    import threading
+
+    from cem_study import sweep
+
+    monkeypatch.setenv("CEM_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(sweep, "LOCK_POLL_S", 0.2)
+    s = get_scale("smoke", data=str(corpus))
+    held, free = RunSpec.make("micro", "llama", seed=0), RunSpec.make("micro", "llama", seed=1)
+    elsewhere = tmp_path / "other"  # the other lane's training of it, copied in while it holds the run
+    run_sweep([held], s, elsewhere)
+    monkeypatch.setattr(Costs, "seconds", lambda self, spec: (3600.0, "here"))  # past its start_by from the first
+    root, holding, taken = tmp_path / "res", threading.Event(), threading.Event()
+    run = RunDir(s.runs(root) / held.slug)
+
+    def other_lane():
+        with run.lock():
+            holding.set()
+            taken.wait(60)  # this lane has found it held
+            shutil.copytree(s.runs(elsewhere) / held.slug, run.path, dirs_exist_ok=True, ignore=shutil.ignore_patterns(".*"))
+
+    holder = threading.Thread(target=other_lane)
+    holder.start()
+    holding.wait(30)
+    real = sweep._held
+    monkeypatch.setattr(sweep, "_held", lambda out: (real(out), taken.set())[0])
+    results = run_sweep([held], s, root, jobs=ProcessLauncher(until=Deadline(time.time() + 600)))
+    holder.join()
+    theirs = RunDir(s.runs(elsewhere) / held.slug).results()
+    assert results[held] == theirs and results[held]["wall_time_s"] == theirs["wall_time_s"]  # what it left, not trained here
+    with pytest.raises(DeadlineReached, match=re.escape(f"1 run not started, as it would not finish by then ({free.slug}")):
+        run_sweep([held, free], s, root, jobs=ProcessLauncher(until=Deadline(time.time() + 600)))
+    assert not (s.runs(root) / free.slug).exists()

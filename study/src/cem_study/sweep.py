@@ -107,9 +107,13 @@ def _run_one(args) -> dict | str | None:
     spec, scale, data_dir, root, threads, nproc, products, wait, start_by, again = args
     if launchers.stopping():
         return None  # the sweep is stopping: a run already handed to this worker's queue does not start
-    if start_by is not None and time.time() > start_by:
+    out = scale.runs(root) / spec.slug
+    late = lambda: start_by is not None and time.time() > start_by  # noqa: E731
+    # past its start: not started here, unless another sweep finished it meanwhile or is at it (it started the run
+    # within its own deadline: waited for below, as without one)
+    if late() and run_status(spec, scale, Path(root), products) != "finished" and not _held(out):
         return LATE
-    if again:  # cleared only now that it starts: a run a deadline leaves unstarted keeps its earlier results
+    if again and not late():  # cleared only now that it starts: a run a deadline leaves unstarted keeps its earlier results
         with contextlib.suppress(RunLockedError), RunDir(scale.runs(root) / spec.slug).lock():  # locked: another sweep is at it
             if run_status(spec, scale, Path(root), products) == "again":  # not trained here by another sweep meanwhile
                 RunTable(scale.runs(root)).drop([spec.slug])  # its earlier row stays in git history
@@ -121,7 +125,6 @@ def _run_one(args) -> dict | str | None:
 
     if threads:
         torch.set_num_threads(threads)
-    out = scale.runs(root) / spec.slug
     waiting = False
     while True:
         try:
@@ -129,6 +132,8 @@ def _run_one(args) -> dict | str | None:
             if res is None and scale.processor:
                 _start_over_if_elsewhere(RunDir(out), scale.processor)
             if res is None:
+                if late() and not _held(out):  # left unfinished by the sweep that held it: it would not finish in time
+                    return LATE
                 res = _train(spec, scale, data_dir, out, nproc, threads)
                 if isinstance(res, Interrupted):
                     if launchers.orphaned():  # the sweep is gone: nobody waits for this worker
@@ -146,10 +151,19 @@ def _run_one(args) -> dict | str | None:
                 return HELD
             waiting = True
             if launchers.stopping():
-                return None
-            if start_by is not None and time.time() > start_by:  # taken over now, it would not finish in time either
-                return LATE
+                return None  # (past the deadline it waits on: the other sweep started the run within its own)
             time.sleep(LOCK_POLL_S)
+
+
+def _held(out: Path) -> bool:
+    """Whether another sweep holds the run at `out` (its lock is taken)."""
+    if not out.exists():
+        return False
+    try:
+        with RunDir(out).lock():
+            return False
+    except RunLockedError:
+        return True
 
 
 def _train(spec: RunSpec, scale: Scale, data_dir: str | None, out: Path, nproc: int, threads: int):
