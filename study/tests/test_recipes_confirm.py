@@ -101,9 +101,20 @@ def test_with_a_choice_each_size_has_fixed_t2_the_two_recipes_as_screened_and_a_
         steps = Budget.of(run.train, cfg, run.train.seq_len).steps
         assert steps == Budget.of(llama.train, llama.model(vocab), llama.train.seq_len).steps == {"cpu96": 2406, "cpu128": 4247}[size]
     assert len(_specs("recipes-confirm", s)) == 8 * 3
+
+def test_a_scale_that_cannot_build_a_chosen_recipe_leaves_the_confirmation_out_of_plan_and_all_and_refuses_it_by_name(tmp_path, monkeypatch):
     choose(tmp_path, monkeypatch, chosen(MIDDLE, GATE))  # middle-layer recursion needs 3 layers: not a recipe at micro
-    with pytest.raises(ValueError, match="not recipes at size micro"):
+    with pytest.raises(registry.RecipesNotAtSize, match=r"\['full CEM, T~U\{1..3\} in the middle layers only'\] are not recipes at size micro"):
         EXPERIMENTS["recipes-confirm"].variants(get_scale("smoke"))
+    assert set(waiting(("recipes", "recipes-confirm"), get_scale("smoke"))) == {"recipes-confirm"}
+    p = plan("smoke", tmp_path / "res")  # the smoke scale's suite is every experiment
+    assert "recipes-confirm" not in p["experiments"] and "recipes" in p["experiments"]
+    assert p["waiting"]["recipes-confirm"].startswith("this scale cannot build its models: the screening's recipes")
+    from cem_study.runner import format_plan
+    assert "recipes-confirm: not counted, this scale cannot build its models" in format_plan(p)
+    with pytest.raises(registry.RecipesNotAtSize):
+        run_experiment("recipes-confirm", "smoke", tmp_path / "res")
+    assert set(waiting(("recipes-confirm",), get_scale("confirm"))) == set()  # its own scale builds both
 
 
 def test_the_flop_match_is_the_deepest_t_within_the_deeper_llamas_forward_flops():

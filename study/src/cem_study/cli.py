@@ -92,7 +92,7 @@ def cmd_experiment(args) -> int:
     if args.analyse_only:
         summaries, waiting = ex.analyse_finished(args.scale, results, args.data_dir, ids, args.device, **overrides)
         for i, what in waiting.items():
-            print(f"{i}: not analysed, waiting for {what}")
+            print(f"{i}: not analysed, {what}")
         _print_findings(ex, args.scale, summaries)
         if not summaries:
             print(f"no experiment has all its runs finished in {results}: no report written")
@@ -105,7 +105,7 @@ def cmd_experiment(args) -> int:
         print(e)
         return 0
     _print_findings(ex, args.scale, summaries)
-    if not summaries:  # every experiment of the suite waits for another's choice (named above)
+    if not summaries:  # every experiment of the suite waits for another's choice or cannot be built here (named above)
         print(f"no experiment could run at the {args.scale} scale yet: no report written")
         return 0
     # the smoke scale's and a rehearsal's runs are short by design (a few steps): the report says so in its first line

@@ -539,6 +539,11 @@ class RecipesNotChosen(ValueError):
     """The confirmation asked for the recipes the screening chose before the screening had a choice over all its seeds."""
 
 
+class RecipesNotAtSize(ValueError):
+    """A recipe the screening chose that a size of the scale cannot build (middle-layer recursion needs 3 layers): the
+    confirmation has no runs at that scale."""
+
+
 def screening_choice() -> list[str]:
     """The labels of the two recipes the screening chose to confirm (its summary's `choice["confirm"]`, at SCREENING),
     RecipesNotChosen before it has that choice over every recursion seed of the screen64 scale."""
@@ -566,7 +571,7 @@ def recipes_confirm_variants(s: Scale) -> list[Variant]:
     for size in s.sizes:
         models = {v.label: v for v in recipes_at(s, size)}
         if lacking := [label for label in chosen if label not in models]:
-            raise ValueError(f"the screening's recipes {lacking} are not recipes at size {size} (it has {list(models)})")
+            raise RecipesNotAtSize(f"the screening's recipes {lacking} are not recipes at size {size} (it has {list(models)})")
         baseline = next(v for v in models.values() if v.tags.get("baseline"))
         recipes = [replace(models[label], tags={**models[label].tags, "recipe": rank}) for rank, label in enumerate(chosen)]
         out += [replace(v, label=f"{v.label} {size}") for v in (baseline, *recipes, _deeper_llama(s, size))]

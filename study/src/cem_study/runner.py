@@ -22,7 +22,7 @@ from .launchers import Launcher, ProcessLauncher
 from .costs import COMMITTED, Costs, DeadlineReached, wave_seconds
 from .products import missing
 from .records import Run
-from .registry import ALL_IDS, EXPERIMENTS, RATE_RULES, SUITE_ORDER, RecipesNotChosen, own_templates, variants_under
+from .registry import ALL_IDS, EXPERIMENTS, RATE_RULES, SUITE_ORDER, RecipesNotAtSize, RecipesNotChosen, own_templates, variants_under
 from .scales import LearningRateNotChosen, Scale, get_scale
 from .sweep import RunSpec, run_sweep, summarize
 
@@ -40,14 +40,17 @@ def _check_id(exp_id: str) -> None:
 
 
 def waiting(ids, scale: Scale) -> dict[str, str]:
-    """The experiments of `ids` whose variants wait for another experiment's choice (`RecipesNotChosen`: the confirmation,
-    for the screening's recipes), with what each waits for. A rate not chosen yet is chosen as the runs train (`train_runs`)."""
+    """The experiments of `ids` whose variants cannot be built yet or at this scale, with why: one waits for another
+    experiment's choice (`RecipesNotChosen`: the confirmation, for the screening's recipes), or that choice names a model
+    a size of the scale cannot build (`RecipesNotAtSize`). A rate not chosen yet is chosen as the runs train (`train_runs`)."""
     out = {}
     for i in ids:
         try:
             _runs(i, scale)
         except RecipesNotChosen as e:
-            out[i] = str(e)
+            out[i] = f"it waits for another experiment's choice: {e}"
+        except RecipesNotAtSize as e:
+            out[i] = f"this scale cannot build its models: {e}"
         except LearningRateNotChosen:
             pass
     return out
@@ -196,7 +199,7 @@ def plan(scale: str = "cpu", results_dir: str | Path | None = None, ids=None, **
                 else:  # a grid grown to bracket the current best: its new runs are fig3a's, counted below
                     sc = lr.with_choice(sc, RunSpec.make(sc.base, arch), state)
     rules = ("paper", "own") if sc.own_rates else ("paper",)
-    held = waiting(ids, sc)  # an experiment waiting for another's choice: its runs are not known yet
+    held = waiting(ids, sc)  # an experiment waiting for another's choice, or one this scale cannot build: its runs are not known
     ids = tuple(i for i in ids if i not in held)
     for template in _own_templates(ids, sc) if sc.own_rates else ():
         choice(template)
@@ -250,7 +253,7 @@ def format_plan(p: dict) -> str:
     for exp_id, more in (p.get("seeds_undecided") or {}).items():
         lines.append(f"{exp_id}: its T=1/T=2 pair may add seeds {more} once its first seeds are in (counted without them)")
     for exp_id, why in (p.get("waiting") or {}).items():
-        lines.append(f"{exp_id}: not counted, it waits for another experiment's choice: {why}")
+        lines.append(f"{exp_id}: not counted, {why}")
     for key, n in p["undecided"].items():
         later = key in p["provisional"]
         lines.append(f"sweep {key} undecided: {n} of its runs to train first" + ("; the runs at its rate are counted at a provisional rate "
@@ -338,9 +341,9 @@ def run_suite(
     for i in ids:
         _check_id(i)
     root = Path(results_dir or f"results/{scale}")
-    if every:  # an experiment of the suite that waits for another's choice is left for a later call; one named is not
+    if every:  # an experiment of the suite that waits for another's choice (or this scale cannot build) is left out; one named is not
         for i, why in (held := waiting(ids, sc)).items():
-            print(f"== {i} not run: it waits for another experiment's choice: {why}", file=sys.stderr, flush=True)
+            print(f"== {i} not run: {why}", file=sys.stderr, flush=True)
         ids = tuple(i for i in ids if i not in held)
         if not ids:
             return []
@@ -360,7 +363,7 @@ def analyse_finished(scale: str = "cpu", results_dir: str | Path | None = None, 
     nothing. Each experiment whose runs under the paper's rule have all finished is analysed as `run_suite`
     would; where its own-rate rule still waits for a sweep or runs, it is judged under the paper's rule alone
     and its summary names what the other rule waits for (`pending`). Returns the summaries and, for each
-    experiment not analysed, what it waits for."""
+    experiment not analysed, why (what it waits for)."""
     from .sweep import run_status
 
     sc = get_scale(scale, **scale_overrides)
@@ -372,7 +375,7 @@ def analyse_finished(scale: str = "cpu", results_dir: str | Path | None = None, 
         for size in [sc.base] + [z for z in sc.sizes if z != sc.base]:
             state = lr.sweep(sc, lr.llama(size), root, dry=True)
             if state.best is None:
-                return [], dict.fromkeys(ids, f"the Llama rate sweep at {size} ({_n_runs(len(state.pending))} to train)")
+                return [], dict.fromkeys(ids, f"waiting for the Llama rate sweep at {size} ({_n_runs(len(state.pending))} to train)")
             sc = lr.with_choice(sc, lr.llama(size), state)
             if size == sc.base and "fig3a" in ids and not sc.own_rates:  # fig3a's curves as `train_runs` leaves them
                 for arch in ("cem-t2", "llama"):
@@ -386,13 +389,14 @@ def analyse_finished(scale: str = "cpu", results_dir: str | Path | None = None, 
     def unfinished(specs: list, at: Scale) -> list:
         return [s for s in specs if run_status(s, at, root, products.get(s, ())) != "finished"]
 
-    summaries, waits = [], {i: f"another experiment's choice: {why}" for i, why in held.items()}
+    summaries, waits = [], dict(held)
     for i in ids:
         paper = _specs(i, sc)
         if todo := unfinished(paper, sc):
-            waits[i] = f"{len(todo)} of its {_n_runs(len(paper))} to train or evaluate"
+            awaits = f"{len(todo)} of its {_n_runs(len(paper))} to train or evaluate"
+            waits[i] = f"waiting for {awaits}"
             if (last := root / i / "summary.json").exists():  # its last analysis stands, and its report says what it lacks
-                atomic_write_json(last, {**read_json(last), "awaits": waits[i]})
+                atomic_write_json(last, {**read_json(last), "awaits": awaits})
             continue
         at, sweeps = sc, []
         for template in own_templates(EXPERIMENTS[i], sc):
