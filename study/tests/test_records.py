@@ -16,7 +16,7 @@ from cem_study.records import Run, RunTable, folder_files, main, runs_in
 from cem_study.sweep import run_status
 
 REPO = Path(__file__).resolve().parents[2]
-CAMPAIGNS = ("cpu", "cpu-rates", "micro", "h200/cpu")  # study/results/C/runs.jsonl and steps.jsonl
+CAMPAIGNS = ("cpu", "cpu-rates", "micro", "h200/cpu", "screen64", "confirm")  # study/results/C/runs.jsonl and steps.jsonl
 SPEC = RunSpec.make("micro", "llama", seed=0)
 
 
