@@ -15,7 +15,7 @@ from cem_study import registry
 from cem_study.analysis import beats_at, flops_matched
 from cem_study.costs import COMMITTED
 from cem_study.findings import TWICE, Context
-from cem_study.runner import _specs, waiting
+from cem_study.runner import _specs, format_plan, waiting
 from cem_study.sweep import RunSpec, run_config
 
 GATE = "full CEM, T~U{1..3}, gated steps"
@@ -102,6 +102,7 @@ def test_with_a_choice_each_size_has_fixed_t2_the_two_recipes_as_screened_and_a_
         assert steps == Budget.of(llama.train, llama.model(vocab), llama.train.seq_len).steps == {"cpu96": 2406, "cpu128": 4247}[size]
     assert len(_specs("recipes-confirm", s)) == 8 * 3
 
+
 def test_a_scale_that_cannot_build_a_chosen_recipe_leaves_the_confirmation_out_of_plan_and_all_and_refuses_it_by_name(tmp_path, monkeypatch):
     choose(tmp_path, monkeypatch, chosen(MIDDLE, GATE))  # middle-layer recursion needs 3 layers: not a recipe at micro
     with pytest.raises(registry.RecipesNotAtSize, match=r"\['full CEM, T~U\{1..3\} in the middle layers only'\] are not recipes at size micro"):
@@ -110,7 +111,6 @@ def test_a_scale_that_cannot_build_a_chosen_recipe_leaves_the_confirmation_out_o
     p = plan("smoke", tmp_path / "res")  # the smoke scale's suite is every experiment
     assert "recipes-confirm" not in p["experiments"] and "recipes" in p["experiments"]
     assert p["waiting"]["recipes-confirm"].startswith("this scale cannot build its models: the screening's recipes")
-    from cem_study.runner import format_plan
     assert "recipes-confirm: not counted, this scale cannot build its models" in format_plan(p)
     with pytest.raises(registry.RecipesNotAtSize):
         run_experiment("recipes-confirm", "smoke", tmp_path / "res")
