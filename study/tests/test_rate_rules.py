@@ -90,28 +90,54 @@ def test_a_suite_trains_on_its_processor_only(corpus, tmp_path, monkeypatch):
     assert [x["processor"] for x in json.loads(res_path.read_text())["sessions"]] == ["Another CPU"]
 
 
-def test_a_campaign_of_seed_blocks_trains_each_seed_on_one_processor(corpus, tmp_path, monkeypatch):
-    """With `seed_blocks`, a seed that another processor has started is refused here (naming the seeds this machine
-    may train), its finished runs are never trained again, and a seed no processor has started trains here."""
+def test_a_campaign_of_seed_blocks_trains_each_size_and_seed_on_one_processor(corpus, tmp_path, monkeypatch):
+    """With `seed_blocks`, a block (size, seed) that another processor has started is left to it: its finished runs are
+    never trained again, its other runs are not trained here while the rest are (`BlocksElsewhere` names them), a sweep
+    of nothing but such runs is refused (naming the blocks this machine may train), and a block no processor has started
+    trains here: the same seed at another size included."""
     monkeypatch.setenv("CEM_CACHE_DIR", str(tmp_path / "cache"))
     import cem.provenance
+    from cem_study.sweep import BlocksElsewhere
 
-    s = replace(get_scale("smoke", data=str(corpus)), seed_blocks=True)
+    s = replace(get_scale("smoke", data=str(corpus)), seed_blocks=True, sizes=("micro", "tiny"))
     first = RunSpec.make("micro", "llama")
     run_sweep([first], s, tmp_path)
     here = json.loads((tmp_path / "runs" / first.slug / "results.json").read_text())["sessions"][0]["processor"]
-    assert get_scale("screen64").seed_blocks and not get_scale("cpu128").seed_blocks
+    assert get_scale("screen64").seed_blocks and get_scale("confirm").seed_blocks and not get_scale("cpu128").seed_blocks
     monkeypatch.setattr(cem.provenance, "processor", lambda device=None: "Another CPU")  # as if on another machine
     elsewhere = replace(s, processor="Another CPU")
-    assert run_status(first, elsewhere, tmp_path) == "finished"  # not trained again: its seed is the other processor's
-    same_seed = RunSpec.make("micro", "cem")
-    with pytest.raises(ValueError, match=rf"another holds seed 0 on {re.escape(here)}; this machine is Another CPU: train --seeds 1 here"):
-        run_sweep([first, same_seed], elsewhere, tmp_path)
-    assert not (tmp_path / "runs" / same_seed.slug).exists()
-    run_sweep([RunSpec.make("micro", "cem", seed=1)], elsewhere, tmp_path)  # a seed none has started trains here
+    assert run_status(first, elsewhere, tmp_path) == "finished"  # not trained again: its block is the other processor's
+    same_block, other_size = RunSpec.make("micro", "cem"), RunSpec.make("tiny", "llama")
+    with pytest.raises(ValueError, match=rf"another holds seed 0 at micro on {re.escape(here)}; this machine is Another CPU: "
+                                         r"train --seeds 0,1 here \(blocks started here or by none: seed 1 at micro, seeds 0 and 1 at tiny\)"):
+        run_sweep([first, same_block], elsewhere, tmp_path)
+    assert not (tmp_path / "runs" / same_block.slug).exists()
+    with pytest.raises(BlocksElsewhere, match=rf"1 run left to the processors that hold its block \(seed 0 at micro on {re.escape(here)}\)") as e:
+        run_sweep([same_block, other_size], elsewhere, tmp_path)  # seed 0 at tiny trains here; seed 0 at micro is left
+    assert e.value.runs == [same_block.slug] and not (tmp_path / "runs" / same_block.slug).exists()
+    assert json.loads((tmp_path / "runs" / other_size.slug / "results.json").read_text())["sessions"][0]["processor"] == "Another CPU"
+    run_sweep([RunSpec.make("micro", "cem", seed=1)], elsewhere, tmp_path)  # a block none has started trains here
     monkeypatch.setattr(cem.provenance, "processor", lambda device=None: "A third CPU")
-    with pytest.raises(ValueError, match=r"another holds seed 1 on Another CPU.*; this machine is A third CPU: train nothing here"):
-        run_sweep([RunSpec.make("micro", "cem-attn", seed=1)], s, tmp_path)  # seeds 0 and 1 are started elsewhere
+    with pytest.raises(ValueError, match=r"another holds seed 1 at micro on Another CPU[^;]*; this machine is A third CPU: train --seeds 1 here "
+                                         r"\(blocks started here or by none: seed 1 at tiny\)"):
+        run_sweep([RunSpec.make("micro", "cem-attn", seed=1)], s, tmp_path)
+
+
+def test_the_command_stops_in_order_when_the_rest_is_another_processors(tmp_path, monkeypatch, capsys):
+    """`cem-study experiment` where the runs left are of blocks another processor holds: they are named with their
+    processor, no report is written, and the exit status is 0 (what this machine may train has trained)."""
+    import cem_study as ex
+    from cem_study.cli import main
+    from cem_study.sweep import BlocksElsewhere
+
+    def stopped(*a, **kw):
+        raise BlocksElsewhere(["cpu128-llama-s0", "cpu128-cem-s0"], "seed 0 at cpu128 on A CPU", "This CPU")
+
+    monkeypatch.setattr(ex, "run_suite", stopped)
+    monkeypatch.setattr(ex, "write_report", lambda *a, **kw: pytest.fail("a report was written"))
+    assert main(["experiment", "recipes-confirm", "--scale", "smoke", "--results", str(tmp_path / "res")]) == 0
+    out = capsys.readouterr().out
+    assert "2 runs left to the processors that hold their blocks (seed 0 at cpu128 on A CPU)" in out and "this machine is This CPU" in out
 
 
 def test_a_rate_decided_on_another_processors_runs_is_decided_again_on_the_suites(corpus, tmp_path, monkeypatch):

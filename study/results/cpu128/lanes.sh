@@ -25,7 +25,7 @@ WT=$(cd "$(dirname "$0")/../../.." && pwd)      # the frozen worktree this scrip
 MAIN=${1:?the checkout whose study/results receive the runs}
 DATA=${2:?the folder holding wikitext-2/}
 SCALE=${SCALE:-cpu128}                          # another scale's campaign: SCALE=screen64 (study/results/screen64/README.md),
-                                                # where each seed trains on one processor: PASSES names the seeds this one may train
+                                                # where each (size, seed) trains on one processor: PASSES names the seeds (another's blocks are left to it)
 if [ "$SCALE" = cpu128 ]; then PROC=${PROC:-AMD EPYC (AuthenticAMD family 25 model 17 stepping 1)}; fi
 LOGS=${LOGS:-/tmp/suite/logs}
 mkdir -p "$LOGS"

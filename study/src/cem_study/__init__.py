@@ -8,10 +8,11 @@ from .registry import ALL_IDS, EXPERIMENTS, SUITE_ORDER, akima_optimum
 from .report import write_report
 from .runner import analyse_finished, format_plan, plan, run_experiment, run_suite
 from .scales import SCALES, Scale, get_scale, rehearsal
-from .sweep import RunSpec, Variant, run_sweep
+from .sweep import BlocksElsewhere, RunSpec, Variant, run_sweep
 
 __all__ = [
     "ALL_IDS",
+    "BlocksElsewhere",
     "Deadline",
     "DeadlineReached",
     "EXPERIMENTS",

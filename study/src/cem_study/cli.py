@@ -64,6 +64,7 @@ def cmd_experiment(args) -> int:
     from cem.checks import check_positive_int
 
     from .costs import DeadlineReached
+    from .sweep import BlocksElsewhere
 
     check_named("--results", args.results, "give a folder, or leave --results out for the default results/SCALE")
     check_named("--processor", args.processor, "give a processor's name as its runs record it, or leave --processor out")
@@ -101,8 +102,8 @@ def cmd_experiment(args) -> int:
         return 0
     try:
         summaries = ex.run_suite(args.scale, results, args.data_dir, launcher.jobs, ids, args.device, launcher, **overrides)
-    except DeadlineReached as e:  # the runs that fitted have finished: an orderly stop, no report until all are in
-        print(e)
+    except (DeadlineReached, BlocksElsewhere) as e:  # the runs that fitted (or that this processor may train) have finished:
+        print(e)                                     # an orderly stop, no report until all are in
         return 0
     _print_findings(ex, args.scale, summaries)
     if not summaries:  # every experiment of the suite waits for another's choice or cannot be built here (named above)

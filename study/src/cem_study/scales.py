@@ -69,9 +69,10 @@ class Scale:
     own_lrs: tuple[tuple[str, float], ...] = ()  # (sweep key, lr) chosen by the own-rate sweeps (`cem_study.lr`)
     runs_from: str | None = None  # the results folder (a sibling of this scale's) whose runs/ this scale shares
     processor: str | None = None  # train only on this processor; a finished run recorded on another is trained again
-    # each seed a campaign of one processor (its block): a seed's runs train on the processor of its first finished run,
-    # a finished run is never trained again elsewhere, and a machine with another refuses that seed; pairs by seed
-    # then never cross processors, and the campaign goes on wherever a seed no other processor has started can train
+    # each (size, seed) a campaign of one processor (its block): a block's runs train on the processor of its first
+    # finished run, a finished run is never trained again elsewhere, and a machine with another leaves that block's runs
+    # to it (`sweep.BlocksElsewhere`); pairs by seed (always within a size) then never cross processors, and the campaign
+    # goes on wherever a block no other processor has started can train
     seed_blocks: bool = False
     # the committed runs folder (under study/results) of runs trained together on the GPU this scale's runs train on in
     # one call: its plan estimates that call's wall time from them (`costs.wave_seconds`)
@@ -221,7 +222,8 @@ SCALES = {
     # the test-time recipes' confirmation (issue 64): the two recipes the screening chose (`registry.screening_choice`) at
     # the cpu scale's two larger sizes, in a results folder of its own, each seed's runs on one processor; every run at the
     # rate the cpu campaign's Llama sweep chose at its size (cpu96 0.008; cpu128 0.002, as the cpu128 campaign's sweep
-    # chose under its 0.002 tie): not swept again here
+    # chose under its 0.002 tie): not swept again here. Its blocks are (size, seed): a seed's cpu96 and cpu128 runs may
+    # train on two processors (no finding pairs runs across sizes; study/docs/LOG.md, 2026-12-03)
     "confirm": Scale(
         "confirm", "wikitext-2", "byte", ("cpu96", "cpu128"), "cpu128", (0, 1, 2), (0, 1, 2), 256, 16, chosen_lrs=(("cpu96", 8e-3), ("cpu128", 2e-3)),
         seed_blocks=True, suite=("recipes-confirm",), eval_steps=(1, 2, 3, 4, 6, 8, 12, 16), test_time_batches=32, limits=(
@@ -229,7 +231,7 @@ SCALES = {
             "heads of width 32, context 256) on 9.8M and 17M bytes of WikiText-2, both at n-gram level in the cpu campaign's "
             "regime check; every run at the learning rate the cpu campaign's Llama sweep chose at its size (cpu96 0.008, cpu128 "
             "0.002), not swept again here; the deeper Llama (8 layers) at the 4-layer Llama's rate, untuned; the recipes' "
-            "settings (μ = 1, the gate's start, the curriculum's thirds) are not swept; each seed's runs train on one "
+            "settings (μ = 1, the gate's start, the curriculum's thirds) are not swept; each seed's runs at a size train on one "
             "processor, and seeds on different processors add that processor's rounding to the seed spread; each T evaluated "
             "on the first 131k test tokens (32 batches of 16 windows), the choices read the first 131k validation tokens")),
     # fig4's position-matched quartet at cpu128's width, twice as deep (issue 62): one call on one lent H200, its twelve

@@ -226,30 +226,59 @@ def run_status(spec: RunSpec, scale: Scale, root: Path, products=()) -> str:
     return "evaluate" if run.checkpoint() is not None else "again"
 
 
-def block_processors(scale: Scale, root: Path) -> dict[int, list[str]]:
-    """Per seed, the processors that the finished runs of the scale's runs folder with that seed trained on: where
-    each seed's block trains (`Scale.seed_blocks`)."""
+def block_processors(scale: Scale, root: Path) -> dict[tuple[str, int], list[str]]:
+    """Per block (size, seed), the processors that the finished runs of the scale's runs folder of that size and seed
+    trained on: where each block trains (`Scale.seed_blocks`)."""
     from .records import runs_in
 
-    out: dict[int, list[str]] = {}
+    out: dict[tuple[str, int], list[str]] = {}
     for run in runs_in(scale.runs(root)):
         res = run.results()
         if res is not None:
-            procs = out.setdefault(int(res["config"]["train"]["seed"]), [])
+            train = res["config"]["train"]
+            procs = out.setdefault((train["preset"], int(train["seed"])), [])
             procs += [p for p in recorded_processors(res) if p not in procs]
     return out
 
 
-def _check_block(fresh: list[RunSpec], scale: Scale, root: Path, here: str) -> None:
-    """Refuse to train a seed whose block another processor holds (`Scale.seed_blocks`), naming the seeds this machine may train."""
+def _block(spec: RunSpec) -> tuple[str, int]:
+    return spec.size, spec.seed
+
+
+def _blocks_text(blocks) -> str:
+    """Blocks as "seed 1 at cpu96, seeds 0 and 2 at cpu128"."""
+    by_size: dict[str, list[int]] = {}
+    for size, seed in sorted(blocks):
+        by_size.setdefault(size, []).append(seed)
+    return ", ".join(f"seed{'s' if len(v) > 1 else ''} {', '.join(map(str, v[:-1])) + ' and ' if len(v) > 1 else ''}{v[-1]} at {z}"
+                     for z, v in by_size.items())
+
+
+class BlocksElsewhere(Exception):
+    """A campaign of seed blocks (`Scale.seed_blocks`) trained every run this processor may train; `runs` (slugs) are
+    of blocks another processor holds, left to it."""
+
+    def __init__(self, runs: list[str], held: str, here: str) -> None:
+        self.runs = runs
+        super().__init__(f"{len(runs)} run{'s' if len(runs) != 1 else ''} left to the processors that hold {'their blocks' if len(runs) != 1 else 'its block'} "
+                         f"({held}): each (size, seed) block of this campaign trains on one processor, and this machine is "
+                         f"{here}; run the same command there to go on")
+
+
+def _check_block(todo: list[RunSpec], scale: Scale, root: Path, here: str) -> tuple[list[RunSpec], str]:
+    """The runs of `todo` whose block (size, seed) another processor holds (`Scale.seed_blocks`), to be left to it,
+    and those blocks with their processors in words; refuses, naming the blocks this machine may train, where that
+    is every run of `todo`."""
     owners = block_processors(scale, root)
-    foreign = sorted({s.seed for s in fresh if any(p != here for p in owners.get(s.seed, []))})
-    if foreign:
-        held = "; ".join(f"seed {k} on {', '.join(owners[k])}" for k in foreign)
-        free = sorted(k for k in scale.seeds_for("recursion") if all(p == here for p in owners.get(k, [])))
-        raise ValueError(f"each seed of this campaign trains on one processor, and another holds {held}; this machine is "
-                         f"{here}: train " + (f"--seeds {','.join(map(str, free))} here (started here or by none)" if free else
-                                              "nothing here (every seed is started elsewhere)"))
+    foreign = [s for s in todo if any(p != here for p in owners.get(_block(s), []))]
+    held = "; ".join(f"{_blocks_text([b])} on {', '.join(owners[b])}" for b in dict.fromkeys(map(_block, foreign)))
+    if foreign and len(foreign) == len(todo):
+        free = [(z, k) for z in scale.sizes for k in scale.seeds_for("recursion") if all(p == here for p in owners.get((z, k), []))]
+        raise ValueError(f"each (size, seed) block of this campaign trains on one processor, and another holds {held}; this "
+                         f"machine is {here}: train " + (f"--seeds {','.join(map(str, sorted({k for _, k in free})))} here (blocks "
+                                                         f"started here or by none: {_blocks_text(free)})" if free else
+                                                         "nothing here (every block is started elsewhere)"))
+    return foreign, held
 
 
 def other_processor(res: dict, processor: str) -> str | None:
@@ -268,7 +297,8 @@ def run_sweep(specs: list[RunSpec], scale: Scale, root: Path, data_dir: str | No
     sweep over the same results holds is put off until the others are done, then waited for; without `wait`,
     it is left to that sweep (its result None: the caller comes back to it). A launcher with a deadline (`until`)
     starts no training that would not finish by then (`cem_study.costs.Deadline`): the others go on, and then
-    the sweep raises `DeadlineReached` naming the runs left."""
+    the sweep raises `DeadlineReached` naming the runs left. In a campaign of seed blocks (`Scale.seed_blocks`) the
+    runs of a block another processor holds are left to it likewise, and `BlocksElsewhere` names them."""
     from .products import missing
 
     launcher = jobs if isinstance(jobs, launchers.Launcher) else launchers.ProcessLauncher(jobs)
@@ -281,6 +311,7 @@ def run_sweep(specs: list[RunSpec], scale: Scale, root: Path, data_dir: str | No
     fresh = [s for s in unique if status[s] == "train"]
     evaluate = [s for s in unique if status[s] in ("evaluate", "again")]
     again = [s for s in unique if status[s] == "again"]
+    elsewhere: list[RunSpec] = []  # in a campaign of seed blocks, runs of blocks another processor holds: left to it
     if (scale.processor or scale.seed_blocks) and (fresh or again):
         from cem.device import pick_device
         from cem.provenance import processor
@@ -290,7 +321,11 @@ def run_sweep(specs: list[RunSpec], scale: Scale, root: Path, data_dir: str | No
             raise ValueError(f"this suite trains on {scale.processor} only (its runs are paired by seed, and another processor "
                              f"sums floats in another order); this machine is {here}: run it where the other runs ran")
         if scale.seed_blocks:
-            _check_block(fresh + again, scale, Path(root), here)
+            elsewhere, held = _check_block(fresh + again, scale, Path(root), here)
+            if elsewhere:
+                print(f"{len(elsewhere)} run{'s' if len(elsewhere) != 1 else ''} not trained here: left to the processors that hold "
+                      f"their blocks ({held})", file=sys.stderr, flush=True)
+            fresh, evaluate, again = ([s for s in x if s not in elsewhere] for x in (fresh, evaluate, again))
     for s in again:
         other = other_processor(runs[s].results(), scale.processor) if scale.processor and not scale.seed_blocks else None
         if other:
@@ -302,7 +337,7 @@ def run_sweep(specs: list[RunSpec], scale: Scale, root: Path, data_dir: str | No
     # lacks its products (a result cleared to train again is missing meanwhile), then the runs not started
     resume = [s for s in fresh if runs[s].checkpoint() is not None]
     todo = resume + evaluate + [s for s in fresh if s not in resume]
-    print(f"{len(unique)} runs, {len(unique) - len(todo)} already finished, {len(fresh) + len(again)} to train"
+    print(f"{len(unique)} runs, {len(unique) - len(todo) - len(elsewhere)} already finished, {len(fresh) + len(again)} to train"
           + (f" ({len(again)} again)" if again else "") + (f", {len(evaluate) - len(again)} to evaluate" if len(evaluate) > len(again) else ""),
           file=sys.stderr, flush=True)
     deadline = launcher.until  # a run it trains is held to it with its products; evaluating a finished run's is not
@@ -324,6 +359,8 @@ def run_sweep(specs: list[RunSpec], scale: Scale, root: Path, data_dir: str | No
     launcher.run(_run_one, args, done)
     if late:
         raise deadline.missed([(s.slug, starts[s][1]) for s in late])
+    if elsewhere:
+        raise BlocksElsewhere([s.slug for s in elsewhere], held, here)
     return {s: runs[s].results() for s in unique}
 
 
