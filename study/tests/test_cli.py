@@ -115,6 +115,13 @@ CASES = [
     ("experiment process --cpus-per-run", ["experiment", "fig2a", "--scale", "smoke", "--cpus-per-run", "2", "--results", "{tmp}/r"], None,
      "--cpus-per-run has no effect with --launcher process"),
     ("experiment plan seeds not numbers", ["experiment", "fig2a", "--plan", "--scale", "smoke", "--seeds", "x", "--results", "{tmp}/r"], None, "--seeds must be"),
+    ("experiment sizes not the scale's", ["experiment", "fig2a", "--scale", "micro", "--sizes", "cpu96", "--results", "{tmp}/r"], None,
+     "--sizes must be distinct sizes of the micro scale, comma-separated (micro, tiny); got 'cpu96'"),
+    ("experiment plan sizes repeated", ["experiment", "fig2a", "--plan", "--scale", "micro", "--sizes", "tiny,tiny", "--results", "{tmp}/r"], None,
+     "--sizes must be distinct sizes"),
+    ("experiment sizes empty", ["experiment", "fig2a", "--scale", "micro", "--sizes", ",", "--results", "{tmp}/r"], None, "--sizes must be"),
+    ("experiment plan sizes without a sweep's base", ["experiment", "fig2a", "--plan", "--scale", "cpu", "--sizes", "cpu96", "--results", "{tmp}/r"], None,
+     "--sizes cpu96: the cpu scale sweeps learning rates, and its other sizes' grids are centred on its base size's choice: include cpu64"),
 ]
 
 

@@ -2,6 +2,7 @@
 choice, the FLOP matching against the deeper Llama, and the study end to end at the smoke scale."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -179,3 +180,15 @@ def test_the_confirmation_end_to_end(corpus, tmp_path, monkeypatch):
     summary = json.loads((tmp_path / "res" / "recipes-confirm" / "summary.json").read_text())
     assert summary["confirmation"] == out["confirmation"] and summary["experiment"] == "recipes-confirm"
     assert (tmp_path / "res" / "recipes-confirm" / "recipes-confirm.png").stat().st_size > 1000
+
+
+def test_sizes_narrows_the_confirmation_to_one_sizes_runs(tmp_path, monkeypatch, capsys):
+    """`--sizes cpu96 --seeds 1`: one block (size, seed) of the campaign, the four cpu96 models of seed 1 (a session's
+    lanes can finish a block; the cpu128 runs are left to a later one)."""
+    from cem_study.cli import main
+
+    choose(tmp_path, monkeypatch, chosen(MIDDLE, GATE))
+    s = get_scale("confirm", sizes=("cpu96",), seeds=(1,), recursion_seeds=(1,))
+    assert [(x.size, x.seed) for x in _specs("recipes-confirm", s)] == [("cpu96", 1)] * 4
+    assert main(["experiment", "recipes-confirm", "--scale", "confirm", "--plan", "--sizes", "cpu96", "--seeds", "1", "--results", str(tmp_path / "res")]) == 0
+    assert re.search(r"recipes-confirm\s+0\s+4\s+0\s+0", capsys.readouterr().out)

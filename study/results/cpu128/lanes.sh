@@ -31,12 +31,13 @@ LOGS=${LOGS:-/tmp/suite/logs}
 mkdir -p "$LOGS"
 export PYTHONPATH="$WT/src:$WT/study/src" OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 PROC=${PROC:-$(python -c "from cem.provenance import processor; print(processor())")}   # else the one it starts on
-# PASSES="0 0,1 0,1,2": one pass a seed list, each analysing the seeds so far (every variant's seed 0 first)
+# PASSES="0 0,1 0,1,2": one pass a seed list, each analysing the seeds so far (every variant's seed 0 first);
+# SIZES="cpu96": only those sizes of the scale (at confirm, one size's runs of a seed are a block a session can finish)
 run() {
   for seeds in ${PASSES:-all}; do
     local only=(); [ "$seeds" = all ] || only=(--seeds "$seeds")
     python -m cem_study experiment "${IDS:-all}" --scale "$SCALE" --jobs 1 --results "$MAIN/study/results/$SCALE" --data-dir "$DATA" \
-      --processor "$PROC" ${UNTIL:+--until "$UNTIL"} "${only[@]}" || return
+      --processor "$PROC" ${UNTIL:+--until "$UNTIL"} ${SIZES:+--sizes "$SIZES"} "${only[@]}" || return
   done
 }
 

@@ -21,6 +21,19 @@ def _seeds(text: str) -> tuple[int, ...]:
     return seeds
 
 
+def _sizes(text: str, scale) -> tuple[str, ...]:
+    """--sizes "cpu96,cpu128": distinct sizes of the scale, in the scale's order; at a scale that sweeps learning
+    rates, its base size among them (the other sizes' grids are centred on its choice)."""
+    sizes = tuple(z.strip() for z in text.split(","))
+    unknown = [z for z in sizes if z not in scale.sizes]
+    if not sizes or unknown or len(set(sizes)) != len(sizes):
+        raise ValueError(f"--sizes must be distinct sizes of the {scale.name} scale, comma-separated ({', '.join(scale.sizes)}); got {text!r}")
+    if scale.lr_sweep and scale.base not in sizes:
+        raise ValueError(f"--sizes {text}: the {scale.name} scale sweeps learning rates, and its other sizes' grids are centred on "
+                         f"its base size's choice: include {scale.base}")
+    return tuple(z for z in scale.sizes if z in sizes)
+
+
 PLAN = Applies(lambda a: not a.plan, "with --plan, which trains and analyses nothing (checked as for the run)", warn=True)
 ANALYSE = Applies(lambda a: not a.analyse_only, "with --analyse-only, which trains nothing (checked as for the run)", warn=True)
 SLURM = Applies(lambda a: a.launcher == "slurm", "without --launcher slurm (a setting of SLURM's jobs)")
@@ -29,7 +42,7 @@ TRAINING = (PLAN, ANALYSE)  # what only training reads
 
 FLAGS = {  # each subcommand's flags (by dest) and where each has an effect (`cem.cli.check_flags`)
     "experiment": {
-        **dict.fromkeys(("id", "scale", "results", "seeds", "processor", "rehearse", "plan"), ALWAYS),
+        **dict.fromkeys(("id", "scale", "results", "seeds", "sizes", "processor", "rehearse", "plan"), ALWAYS),
         "analyse_only": (Applies(lambda a: not a.plan, "with --plan: give one of them (--plan writes nothing, --analyse-only the report)"),),
         **dict.fromkeys(("data_dir", "device", "allow_short"), (PLAN,)),
         **dict.fromkeys(("jobs", "devices", "nproc_per_run", "until", "launcher"), TRAINING),
@@ -75,6 +88,8 @@ def cmd_experiment(args) -> int:
     if args.seeds:
         seeds = _seeds(args.seeds)
         overrides.update(seeds=seeds, recursion_seeds=seeds)
+    if args.sizes:
+        overrides.update(sizes=_sizes(args.sizes, ex.get_scale(args.scale)))
     if args.rehearse:
         overrides.update(ex.rehearsal(ex.get_scale(args.scale)))
     if args.processor:
@@ -164,6 +179,8 @@ def build_parser() -> Parser:
     p.add_argument("--slurm-option", dest="slurm_option", action="append", default=[], metavar="KEY=VALUE",
                    help="slurm: another sbatch setting, as submitit names it (e.g. account=ABC, qos=high, constraint=h100); repeatable")
     p.add_argument("--seeds", help="comma-separated seeds for every experiment (default: the scale's)")
+    p.add_argument("--sizes", help="comma-separated sizes of the scale to train and analyse, e.g. cpu96 (default: all the scale's; "
+                                   "at a scale that sweeps learning rates, its base size among them)")
     p.add_argument("--until", metavar="WHEN", help="start no run that would not finish by WHEN (HH:MM, the next such time, or an ISO date and "
                                                    f"time), its time estimated as --plan's, times {DEADLINE_MARGIN:g}; the runs that fit train, "
                                                    "then the command stops and says what is left (run it again to go on)")
