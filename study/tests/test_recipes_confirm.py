@@ -13,9 +13,10 @@ from cem.model.flops import forward_flops_per_token
 from cem.training.budget import Budget
 from cem_study import EXPERIMENTS, get_scale, plan, run_experiment, run_suite
 from cem_study import registry
-from cem_study.analysis import beats_at, flops_matched
+from cem_study.analysis import beats_at, flops_matched, run_model_config
 from cem_study.costs import COMMITTED
 from cem_study.findings import TWICE, Context
+from cem_study.records import RunTable
 from cem_study.runner import _specs, format_plan, waiting
 from cem_study.sweep import RunSpec, run_config
 
@@ -192,3 +193,16 @@ def test_sizes_narrows_the_confirmation_to_one_sizes_runs(tmp_path, monkeypatch,
     assert [(x.size, x.seed) for x in _specs("recipes-confirm", s)] == [("cpu96", 1)] * 4
     assert main(["experiment", "recipes-confirm", "--scale", "confirm", "--plan", "--sizes", "cpu96", "--seeds", "1", "--results", str(tmp_path / "res")]) == 0
     assert re.search(r"recipes-confirm\s+0\s+4\s+0\s+0", capsys.readouterr().out)
+
+
+def test_the_flop_match_reads_a_runs_model_from_its_row_where_its_folder_is_gone(tmp_path):
+    """A campaign's seeds train on several machines, so the analysis meets runs that only its tables hold (their
+    folders went with the machine): the deeper Llama's and the recipe's model configs are read from their rows."""
+    committed = RunTable(COMMITTED / "confirm" / "runs")
+    slugs = [s for s in committed.rows() if s.startswith("cpu96-llama-n_layers=8") and s.endswith("-s0")]
+    runs = tmp_path / "confirm" / "runs"
+    committed.copy(slugs, runs)
+    cfg, seq_len = run_model_config(runs / slugs[0])
+    assert (cfg.n_layers, cfg.dim, cfg.attn.kind, seq_len) == (8, 96, "llama", 256) and not (runs / slugs[0]).exists()
+    with pytest.raises(ValueError, match="has no run.json, and no row in .*runs.jsonl holds it"):
+        run_model_config(runs / "cpu96-llama-s9")

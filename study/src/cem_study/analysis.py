@@ -22,6 +22,7 @@ from cem.model.flops import forward_flops_per_token
 from cem.training import RunDir
 from .findings import TWICE, Context, Finding, difference_text, by_seed, row
 from .products import Product
+from .records import Run
 from .stats import Interval, mean_std
 
 
@@ -477,8 +478,11 @@ def recipes_study(c: Context) -> tuple[list, dict]:
 
 
 def run_model_config(run_dir: Path) -> tuple[ModelConfig, int]:
-    """A run's model config and sequence length, as its run.json records them."""
-    recorded = RunDir(run_dir).read_run()
+    """A run's model config and sequence length, as its run.json records them (its live folder, else its row in the
+    campaign's tables: `records.Run`)."""
+    recorded = Run(run_dir).read_run()
+    if recorded is None:
+        raise ValueError(f"{run_dir} has no run.json, and no row in {Run(run_dir).table.path} holds it: the run is not trained here")
     cfg = ModelConfig.from_dict(recorded["model"])
     return cfg, recorded["train"].get("seq_len") or cfg.context
 
