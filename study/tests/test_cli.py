@@ -236,3 +236,24 @@ def test_a_flag_only_training_reads_is_checked_and_named_in_a_warning_under_plan
         assert err == ""
     else:
         assert err.count("\n") == 1 and err.startswith("cem-study experiment: warning: ") and f"{flag} has no effect with {mode}" in err, err
+
+
+def test_sizes_trains_those_sizes_and_leaves_the_analysis_to_every_size(tmp_path, monkeypatch, capsys):
+    """--sizes narrows what trains (and what --plan counts); the analysis, whose families of findings span the sizes,
+    is not run on a part of them: the command says so, exit 0; under --analyse-only --sizes means nothing (one warning,
+    every size analysed); all the scale's sizes are the plain command."""
+    import cem_study
+
+    calls = []
+    monkeypatch.setattr(cem_study, "run_suite", lambda *a, **kw: calls.append(("run", kw)) or [])
+    monkeypatch.setattr(cem_study, "plan", lambda *a, **kw: calls.append(("plan", kw)) or {})
+    monkeypatch.setattr(cem_study, "format_plan", lambda plan: "the plan")
+    monkeypatch.setattr(cem_study, "analyse_finished", lambda *a, **kw: calls.append(("analyse", kw)) or ([], {}))
+    base = ["experiment", "fig2a", "--scale", "micro", "--results", str(tmp_path / "r")]
+    assert main([*base, "--sizes", "tiny"]) == 0
+    assert calls[-1] == ("run", {"analyse": False, "sizes": ("tiny",)})
+    assert "trained the runs of tiny: not analysed, as the analysis reads every size of the micro scale" in capsys.readouterr().out
+    assert main([*base, "--sizes", "tiny", "--plan"]) == 0 and calls[-1] == ("plan", {"sizes": ("tiny",)})
+    assert main([*base, "--sizes", "tiny", "--analyse-only"]) == 0 and calls[-1] == ("analyse", {})
+    assert "--sizes has no effect with --analyse-only" in capsys.readouterr().err
+    assert main([*base, "--sizes", "tiny,micro"]) == 0 and calls[-1] == ("run", {})  # every size, in any order: the plain command

@@ -32,7 +32,8 @@ mkdir -p "$LOGS"
 export PYTHONPATH="$WT/src:$WT/study/src" OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 PROC=${PROC:-$(python -c "from cem.provenance import processor; print(processor())")}   # else the one it starts on
 # PASSES="0 0,1 0,1,2": one pass a seed list, each analysing the seeds so far (every variant's seed 0 first);
-# SIZES="cpu96": only those sizes of the scale (at confirm, one size's runs of a seed are a block a session can finish)
+# SIZES="cpu96": only the runs of those sizes train, and the pass stops before the analysis, which reads every size
+# (at confirm, one size's runs of a seed are a block a session can finish)
 run() {
   for seeds in ${PASSES:-all}; do
     local only=(); [ "$seeds" = all ] || only=(--seeds "$seeds")

@@ -42,7 +42,8 @@ TRAINING = (PLAN, ANALYSE)  # what only training reads
 
 FLAGS = {  # each subcommand's flags (by dest) and where each has an effect (`cem.cli.check_flags`)
     "experiment": {
-        **dict.fromkeys(("id", "scale", "results", "seeds", "sizes", "processor", "rehearse", "plan"), ALWAYS),
+        **dict.fromkeys(("id", "scale", "results", "seeds", "processor", "rehearse", "plan"), ALWAYS),
+        "sizes": (ANALYSE,),
         "analyse_only": (Applies(lambda a: not a.plan, "with --plan: give one of them (--plan writes nothing, --analyse-only the report)"),),
         **dict.fromkeys(("data_dir", "device", "allow_short"), (PLAN,)),
         **dict.fromkeys(("jobs", "devices", "nproc_per_run", "until", "launcher"), TRAINING),
@@ -88,8 +89,7 @@ def cmd_experiment(args) -> int:
     if args.seeds:
         seeds = _seeds(args.seeds)
         overrides.update(seeds=seeds, recursion_seeds=seeds)
-    if args.sizes:
-        overrides.update(sizes=_sizes(args.sizes, ex.get_scale(args.scale)))
+    sizes = _sizes(args.sizes, ex.get_scale(args.scale)) if args.sizes else None  # trains and plans; the analysis reads every size
     if args.rehearse:
         overrides.update(ex.rehearsal(ex.get_scale(args.scale)))
     if args.processor:
@@ -103,7 +103,7 @@ def cmd_experiment(args) -> int:
         raise ValueError(f"--results {results} is a file; name a folder for the results")
     launcher = _launcher(ex, args, results)
     if args.plan:
-        print(ex.format_plan(ex.plan(args.scale, results, ids, **overrides)))
+        print(ex.format_plan(ex.plan(args.scale, results, ids, **overrides, **({"sizes": sizes} if sizes else {}))))
         return 0
     if args.analyse_only:
         summaries, waiting = ex.analyse_finished(args.scale, results, args.data_dir, ids, args.device, **overrides)
@@ -116,6 +116,11 @@ def cmd_experiment(args) -> int:
         print(f"report: {ex.write_report(results, allow_short=args.allow_short or args.rehearse)}")
         return 0
     try:
+        if sizes and sizes != ex.get_scale(args.scale).sizes:  # some sizes: their runs train, and the analysis, whose Holm families span
+            ex.run_suite(args.scale, results, args.data_dir, launcher.jobs, ids, args.device, launcher, analyse=False, **overrides, sizes=sizes)
+            print(f"trained the runs of {', '.join(sizes)}: not analysed, as the analysis reads every size of the {args.scale} scale "
+                  f"(its families of findings span them); analyse with --analyse-only, without --sizes")
+            return 0
         summaries = ex.run_suite(args.scale, results, args.data_dir, launcher.jobs, ids, args.device, launcher, **overrides)
     except (DeadlineReached, BlocksElsewhere) as e:  # the runs that fitted (or that this processor may train) have finished:
         print(e)                                     # an orderly stop, no report until all are in
@@ -179,8 +184,9 @@ def build_parser() -> Parser:
     p.add_argument("--slurm-option", dest="slurm_option", action="append", default=[], metavar="KEY=VALUE",
                    help="slurm: another sbatch setting, as submitit names it (e.g. account=ABC, qos=high, constraint=h100); repeatable")
     p.add_argument("--seeds", help="comma-separated seeds for every experiment (default: the scale's)")
-    p.add_argument("--sizes", help="comma-separated sizes of the scale to train and analyse, e.g. cpu96 (default: all the scale's; "
-                                   "at a scale that sweeps learning rates, its base size among them)")
+    p.add_argument("--sizes", help="comma-separated sizes of the scale to train, e.g. cpu96 (default: all the scale's; at a scale that "
+                                   "sweeps learning rates, its base size among them): their runs train and the command stops, as the "
+                                   "analysis reads every size (--analyse-only, without --sizes)")
     p.add_argument("--until", metavar="WHEN", help="start no run that would not finish by WHEN (HH:MM, the next such time, or an ISO date and "
                                                    f"time), its time estimated as --plan's, times {DEADLINE_MARGIN:g}; the runs that fit train, "
                                                    "then the command stops and says what is left (run it again to go on)")

@@ -327,10 +327,12 @@ def run_suite(
     ids=None,
     device: str = "auto",
     launcher: Launcher | None = None,
+    analyse: bool = True,
     **scale_overrides,
 ) -> list[dict]:
     """Several experiments at a scale (default: the scale's suite): every run they need is trained first in
-    one pool (shared runs once, the recursion experiments first; `train_runs`), then each is analysed (of the suite,
+    one pool (shared runs once, the recursion experiments first; `train_runs`), then (unless not `analyse`:
+    nothing is then returned) each is analysed (of the suite,
     those that wait for another experiment's choice are left out and named: `waiting`). The runs
     train on `launcher` (`cem_study.launchers`; default: `jobs` at once on this machine); a launcher with a
     deadline (`until`) raises `DeadlineReached` after the runs that fit, and nothing is analysed."""
@@ -349,6 +351,8 @@ def run_suite(
             return []
     print(f"== training the runs of {', '.join(ids)} ({sc.name} scale)", file=sys.stderr, flush=True)
     sc, results = train_runs(ids, sc, root, data_dir, launcher or ProcessLauncher(jobs))
+    if not analyse:
+        return []
     summaries = []
     for exp_id in ids:
         print(f"== {exp_id}", file=sys.stderr, flush=True)
