@@ -246,12 +246,15 @@ def _block(spec: RunSpec) -> tuple[str, int]:
 
 
 def _blocks_text(blocks) -> str:
-    """Blocks as "seed 1 at cpu96, seeds 0 and 2 at cpu128"."""
+    """Blocks (size, seed) in words, a size at a time in the order given: "seed 1 at cpu96, seeds 0 and 2 at cpu128"."""
     by_size: dict[str, list[int]] = {}
-    for size, seed in sorted(blocks):
+    for size, seed in blocks:
         by_size.setdefault(size, []).append(seed)
-    return ", ".join(f"seed{'s' if len(v) > 1 else ''} {', '.join(map(str, v[:-1])) + ' and ' if len(v) > 1 else ''}{v[-1]} at {z}"
-                     for z, v in by_size.items())
+
+    def seeds(v: list[int]) -> str:
+        return f"seed {v[0]}" if len(v) == 1 else f"seeds {', '.join(map(str, v[:-1]))} and {v[-1]}"
+
+    return ", ".join(f"{seeds(sorted(v))} at {z}" for z, v in by_size.items())
 
 
 class BlocksElsewhere(Exception):
