@@ -278,3 +278,17 @@ def test_each_committed_report_regenerates_from_the_tables_as_from_the_run_folde
     assert written[tables].keys() == written[folders].keys() and any(k.endswith("report.md") for k in written[tables])
     for name, content in written[tables].items():
         assert content == written[folders][name], name
+
+
+def test_the_records_command_runs_as_a_module_without_a_warning(tmp_path):
+    """`python -m cem_study.records add RUNS` (the command every campaign's README gives): the package imports its public
+    names when first used, so the module is not imported twice (runpy's RuntimeWarning, which -W error makes an exit 1)."""
+    import subprocess
+    import sys
+
+    runs = tmp_path / "res" / "runs"
+    _folder(runs, "a-run")
+    done = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-m", "cem_study.records", "add", str(runs)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert "1 run added" in done.stdout and RunTable(runs).row("a-run") is not None
