@@ -89,7 +89,8 @@ def cmd_experiment(args) -> int:
     if args.seeds:
         seeds = _seeds(args.seeds)
         overrides.update(seeds=seeds, recursion_seeds=seeds)
-    sizes = _sizes(args.sizes, ex.get_scale(args.scale)) if args.sizes else None  # trains and plans; the analysis reads every size
+    sizes = _sizes(args.sizes, ex.get_scale(args.scale)) if args.sizes else ex.get_scale(args.scale).sizes
+    narrow = {"sizes": sizes} if sizes != ex.get_scale(args.scale).sizes else {}  # trains and plans; the analysis reads every size
     if args.rehearse:
         overrides.update(ex.rehearsal(ex.get_scale(args.scale)))
     if args.processor:
@@ -103,7 +104,7 @@ def cmd_experiment(args) -> int:
         raise ValueError(f"--results {results} is a file; name a folder for the results")
     launcher = _launcher(ex, args, results)
     if args.plan:
-        print(ex.format_plan(ex.plan(args.scale, results, ids, **overrides, **({"sizes": sizes} if sizes else {}))))
+        print(ex.format_plan(ex.plan(args.scale, results, ids, **overrides, **narrow)))
         return 0
     if args.analyse_only:
         summaries, waiting = ex.analyse_finished(args.scale, results, args.data_dir, ids, args.device, **overrides)
@@ -116,14 +117,14 @@ def cmd_experiment(args) -> int:
         print(f"report: {ex.write_report(results, allow_short=args.allow_short or args.rehearse)}")
         return 0
     try:
-        if sizes and sizes != ex.get_scale(args.scale).sizes:  # some sizes: their runs train, and the analysis, whose Holm families span
-            ex.run_suite(args.scale, results, args.data_dir, launcher.jobs, ids, args.device, launcher, analyse=False, **overrides, sizes=sizes)
-            print(f"trained the runs of {', '.join(sizes)}: not analysed, as the analysis reads every size of the {args.scale} scale "
-                  f"(its families of findings span them); analyse with --analyse-only, without --sizes")
-            return 0
-        summaries = ex.run_suite(args.scale, results, args.data_dir, launcher.jobs, ids, args.device, launcher, **overrides)
+        summaries = ex.run_suite(args.scale, results, args.data_dir, launcher.jobs, ids, args.device, launcher, **overrides, **narrow,
+                                 **({"analyse": False} if narrow else {}))
     except (DeadlineReached, BlocksElsewhere) as e:  # the runs that fitted (or that this processor may train) have finished:
         print(e)                                     # an orderly stop, no report until all are in
+        return 0
+    if narrow:  # some sizes: their runs trained, and the analysis, whose Holm families span every size, waits
+        print(f"trained the runs of {', '.join(sizes)}: not analysed, as the analysis reads every size of the {args.scale} scale "
+              f"(its families of findings span them); analyse with --analyse-only, without --sizes")
         return 0
     _print_findings(ex, args.scale, summaries)
     if not summaries:  # every experiment of the suite waits for another's choice or cannot be built here (named above)
