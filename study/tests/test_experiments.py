@@ -277,14 +277,14 @@ def test_plan_says_what_would_be_trained_without_training(corpus, tmp_path, monk
     monkeypatch.setenv("CEM_CACHE_DIR", str(tmp_path / "cache"))
     root = tmp_path / "res"
     before = plan("smoke", root, ("fig2c",), **smoke(corpus))
-    assert before["experiments"]["fig2c"] == {"finished": 0, "train": 12, "evaluate": 0, "again": 0}
+    assert before["experiments"]["fig2c"] == {"finished": 0, "train": 12, "evaluate": 0, "again": 0, "elsewhere": 0}
     # no finished run to time them by, here or committed: the FLOP model at a stated rate; nothing written
     ((basis, n),) = before["bases"].items()
     assert n == 12 and basis.startswith("the FLOP model at an assumed") and before["core_hours"] > 0 and not root.exists()
     run_experiment("fig2c", "smoke", root, **smoke(corpus))
     after = plan("smoke", root, ("fig2c", "test-time"), **smoke(corpus))
     # fig2c's Llama runs are test-time's Llama-reuse runs, whose depth study is computed from their checkpoints
-    assert after["experiments"]["fig2c"] == {"finished": 10, "train": 0, "evaluate": 2, "again": 0}
+    assert after["experiments"]["fig2c"] == {"finished": 10, "train": 0, "evaluate": 2, "again": 0, "elsewhere": 0}
     assert after["experiments"]["test-time"]["train"] > 0 and set(after["bases"]) == {"here"} and after["core_hours"] > 0
     from cem_study import costs, runner
 

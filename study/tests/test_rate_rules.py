@@ -242,7 +242,7 @@ def test_the_cpu128_scale_reuses_the_committed_cpu_runs(tmp_path):
     # attention's are fig4's T=1 pair's runs); left to train: CEM attention's own-rate sweep, its seed 0 at 1e-3 and
     # 4e-3 (the campaign before that sweep: its runs and choice, which add runs as the campaign goes, are left out)
     root = _campaign_of(tmp_path, ("cpu128-llama", "cpu128-cem-attn"))
-    assert plan("cpu128", root, ("fig2a",), lr_sweep=False)["experiments"]["fig2a"] == {"finished": 13, "train": 2, "evaluate": 0, "again": 0}
+    assert plan("cpu128", root, ("fig2a",), lr_sweep=False)["experiments"]["fig2a"] == {"finished": 13, "train": 2, "evaluate": 0, "again": 0, "elsewhere": 0}
 
 
 

@@ -206,3 +206,31 @@ def test_the_flop_match_reads_a_runs_model_from_its_row_where_its_folder_is_gone
     assert (cfg.n_layers, cfg.dim, cfg.attn.kind, seq_len) == (8, 96, "llama", 256) and not (runs / slugs[0]).exists()
     with pytest.raises(ValueError, match="has no run.json, and no row in .*runs.jsonl holds it"):
         run_model_config(runs / "cpu96-llama-s9")
+
+
+def test_the_plan_counts_another_processors_blocks_apart_and_not_in_the_hours(tmp_path, monkeypatch, capsys):
+    """`--plan` in a campaign of seed blocks: a run to train whose block (size, seed) another processor has started is
+    counted 'elsewhere' (the block and its processor named) and left out of the hours, as `run_sweep` leaves it; the
+    runs of blocks none has started, or this machine has, are to train here."""
+    from cem_study.cli import main
+
+    choose(tmp_path, monkeypatch, chosen(MIDDLE, GATE))
+    committed = RunTable(COMMITTED / "confirm" / "runs")
+    seed0 = [s for s in committed.rows() if s.startswith("cpu96-") and s.endswith("-s0")]
+    deeper = next(s for s in seed0 if "n_layers=8" in s)
+    committed.copy([s for s in seed0 if s != deeper], tmp_path / "confirm" / "runs")  # seed 0's block, its Llama not trained
+    argv = ["experiment", "recipes-confirm", "--scale", "confirm", "--plan", "--sizes", "cpu96", "--results", str(tmp_path / "confirm")]
+
+    def planned(processor: str) -> dict:
+        return plan("confirm", tmp_path / "confirm", ("recipes-confirm",), sizes=("cpu96",), processor=processor)
+
+    elsewhere = planned("Another CPU")
+    assert elsewhere["experiments"]["recipes-confirm"] == {"finished": 3, "train": 8, "evaluate": 0, "again": 0, "elsewhere": 1}
+    assert main(argv + ["--processor", "Another CPU"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"recipes-confirm\s+3\s+8\s+0\s+0\s+1\n", out)
+    assert re.search(r"'elsewhere': runs of \(size, seed\) blocks another processor holds \(seed 0 at cpu96 on .*model 207 stepping 2\)\), left to it", out)
+    owner = "Intel(R) Xeon(R) Processor (GenuineIntel family 6 model 207 stepping 2)"  # seed 0's block at cpu96
+    here = planned(owner)
+    assert here["experiments"]["recipes-confirm"] == {"finished": 3, "train": 9, "evaluate": 0, "again": 0, "elsewhere": 0}
+    assert here["core_hours"] > elsewhere["core_hours"] and here["elsewhere"] == "" and elsewhere["elsewhere"] == f"seed 0 at cpu96 on {owner}"

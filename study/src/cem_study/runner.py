@@ -24,7 +24,7 @@ from .products import missing
 from .records import Run
 from .registry import ALL_IDS, EXPERIMENTS, RATE_RULES, SUITE_ORDER, RecipesNotAtSize, RecipesNotChosen, own_templates, variants_under
 from .scales import LearningRateNotChosen, Scale, get_scale
-from .sweep import RunSpec, run_sweep, summarize
+from .sweep import RunSpec, block_processors, blocks_elsewhere, processor_here, run_sweep, summarize
 
 
 def machine() -> str:
@@ -199,19 +199,24 @@ def plan(scale: str = "cpu", results_dir: str | Path | None = None, ids=None, **
                 else:  # a grid grown to bracket the current best: its new runs are fig3a's, counted below
                     sc = lr.with_choice(sc, RunSpec.make(sc.base, arch), state)
     rules = ("paper", "own") if sc.own_rates else ("paper",)
-    held = waiting(ids, sc)  # an experiment waiting for another's choice, or one this scale cannot build: its runs are not known
-    ids = tuple(i for i in ids if i not in held)
+    waits = waiting(ids, sc)  # an experiment waiting for another's choice, or one this scale cannot build: its runs are not known
+    ids = tuple(i for i in ids if i not in waits)
     for template in _own_templates(ids, sc) if sc.own_rates else ():
         choice(template)
     sc = seeds.decided(sc, ids, root)  # the recursion pairs' seeds, where their first runs are in
-    experiments, products = {}, _products(ids, sc)
+    members, products = {}, _products(ids, sc)
     for i in ids:  # an experiment's runs, and those of the own-rate sweeps it waits on
         own = _own_templates((i,), sc) if sc.own_rates else ()
-        specs = list(dict.fromkeys(_specs(i, sc, rules) + [x for t in own for x in sweeping.get(t, ())]))
-        for spec in specs:
+        members[i] = list(dict.fromkeys(_specs(i, sc, rules) + [x for t in own for x in sweeping.get(t, ())]))
+        for spec in members[i]:
             status.setdefault(spec, run_status(spec, sc, root, products.get(spec, ())))
-        experiments[i] = {k: sum(status[x] == k for x in specs) for k in ("finished", "train", "evaluate", "again")}
-    total = {k: sum(v == k for v in status.values()) for k in ("finished", "train", "evaluate", "again")}
+    held = ""  # in a campaign of seed blocks, the runs to train of blocks another processor holds are left to it (`run_sweep`)
+    if sc.seed_blocks and (todo := [x for x, v in status.items() if v in ("train", "again")]):
+        foreign, held = blocks_elsewhere(todo, block_processors(sc, root), sc.processor or processor_here(todo[0], sc))
+        status.update(dict.fromkeys(foreign, "elsewhere"))
+    kinds = ("finished", "train", "evaluate", "again", "elsewhere")
+    experiments = {i: {k: sum(status[x] == k for x in specs) for k in kinds} for i, specs in members.items()}
+    total = {k: sum(v == k for v in status.values()) for k in kinds}
     costs = Costs(sc, root)
     hours, bases = 0.0, {}
     for spec in (x for x, v in status.items() if v in ("train", "again")):
@@ -220,7 +225,7 @@ def plan(scale: str = "cpu", results_dir: str | Path | None = None, ids=None, **
         by = by or f"the FLOP model at {costs.rate[1]}"
         bases[by] = bases.get(by, 0) + 1
     eval_hours, eval_unestimated = 0.0, 0
-    for spec in (x for x, v in status.items() if v != "finished"):
+    for spec in (x for x, v in status.items() if v not in ("finished", "elsewhere")):
         for product in missing(products.get(spec, ()), sc.runs(root) / spec.slug):
             seconds = costs.product_seconds(spec, product.name)
             if seconds is None:
@@ -232,7 +237,7 @@ def plan(scale: str = "cpu", results_dir: str | Path | None = None, ids=None, **
     return {"scale": sc.name, "results": str(root), "chosen_lrs": dict(sc.chosen_lrs), "own_lrs": dict(sc.own_lrs), "wave": wave, "measured_on": sc.measured_on,
             "pair_seeds": dict(sc.pair_seeds), "seeds_undecided": {i: list(sc.more_pair_seeds_of(i)) for i in seeds.undecided(sc, ids, root)},
             "provisional_lrs": [z for z in dict(sc.chosen_lrs) if lr.sweep_key(lr.llama(z)) in provisional],
-            "undecided": undecided, "provisional": provisional, "experiments": experiments, "waiting": held, "total": total,
+            "undecided": undecided, "provisional": provisional, "experiments": experiments, "waiting": waits, "total": total, "elsewhere": held,
             "unit": "GPU-hours" if costs.gpu else "core-hours", "core_hours": hours, "bases": bases,
             "eval_core_hours": eval_hours, "eval_unestimated": eval_unestimated}
 
@@ -258,8 +263,8 @@ def format_plan(p: dict) -> str:
         later = key in p["provisional"]
         lines.append(f"sweep {key} undecided: {n} of its runs to train first" + ("; the runs at its rate are counted at a provisional rate "
                                                                                 "(the middle of its grid; a grid extended later adds runs)" if later else ""))
-    cols = ("finished", "train", "evaluate", "again")
-    lines.append(f"{'experiment':<12}" + "".join(f"{c:>10}" for c in ("finished", "to train", "evaluate", "again")))
+    cols = ("finished", "train", "evaluate", "again") + (("elsewhere",) if p["total"].get("elsewhere") else ())
+    lines.append(f"{'experiment':<12}" + "".join(f"{c:>10}" for c in ("finished", "to train", "evaluate", "again", "elsewhere")[:len(cols)]))
     for exp_id, counts in p["experiments"].items():
         lines.append(f"{exp_id:<12}" + "".join(f"{counts[c]:>10}" for c in cols))
     if p["total"]:
@@ -272,7 +277,9 @@ def format_plan(p: dict) -> str:
                  + f". Evaluations left (run products): about {p['eval_core_hours']:.1f} core-hours, from their recorded times"
                  + (f"; {p['eval_unestimated']} with no recorded time of that product at that size are not counted" if p["eval_unestimated"] else "")
                  + ". 'again': finished runs trained again, as they ran on another processor than --processor, or an analysis "
-                 "needs their weights and their checkpoint is gone; 'evaluate': that analysis is computed from their checkpoint.")
+                 "needs their weights and their checkpoint is gone; 'evaluate': that analysis is computed from their checkpoint."
+                 + (f" 'elsewhere': runs of (size, seed) blocks another processor holds ({p['elsewhere']}), left to it and not counted "
+                    "in the hours: each block of this campaign trains on one processor" if p["total"].get("elsewhere") else ""))
     if w := p.get("wave"):
         lines.append(f"one call on the GPU of {p['measured_on']}, its {w['runs']} runs together: about {w['seconds']:.0f} s of training "
                      f"(bound by steps {w['steps_bound']:.0f} s, the slowest {w['slowest']}; bound by throughput {w['throughput_bound']:.0f} s, "

@@ -268,13 +268,27 @@ class BlocksElsewhere(Exception):
                          f"{here}; run the same command there to go on")
 
 
+def blocks_elsewhere(todo: list[RunSpec], owners: dict[tuple[str, int], list[str]], here: str) -> tuple[list[RunSpec], str]:
+    """The runs of `todo` whose block (size, seed) a processor other than `here` holds (`owners`: `block_processors`),
+    and those blocks with their processors in words."""
+    foreign = [s for s in todo if any(p != here for p in owners.get(_block(s), []))]
+    return foreign, "; ".join(f"{_blocks_text([b])} on {', '.join(owners[b])}" for b in dict.fromkeys(map(_block, foreign)))
+
+
+def processor_here(spec: RunSpec, scale: Scale, data_dir: str | None = None) -> str:
+    """The processor `spec` would train on from this machine (the GPU's name on CUDA), as its results will record it."""
+    from cem.device import pick_device
+    from cem.provenance import processor
+
+    return processor(pick_device(run_config(spec, scale, data_dir).train.device))
+
+
 def _check_block(todo: list[RunSpec], scale: Scale, root: Path, here: str) -> tuple[list[RunSpec], str]:
     """The runs of `todo` whose block (size, seed) another processor holds (`Scale.seed_blocks`), to be left to it,
     and those blocks with their processors in words; refuses, naming the blocks this machine may train, where that
     is every run of `todo`."""
     owners = block_processors(scale, root)
-    foreign = [s for s in todo if any(p != here for p in owners.get(_block(s), []))]
-    held = "; ".join(f"{_blocks_text([b])} on {', '.join(owners[b])}" for b in dict.fromkeys(map(_block, foreign)))
+    foreign, held = blocks_elsewhere(todo, owners, here)
     if foreign and len(foreign) == len(todo):
         free = [(z, k) for z in scale.sizes for k in scale.seeds_for("recursion") if all(p == here for p in owners.get((z, k), []))]
         raise ValueError(f"each (size, seed) block of this campaign trains on one processor, and another holds {held}; this "
@@ -316,15 +330,12 @@ def run_sweep(specs: list[RunSpec], scale: Scale, root: Path, data_dir: str | No
     again = [s for s in unique if status[s] == "again"]
     elsewhere: list[RunSpec] = []  # in a campaign of seed blocks, runs of blocks another processor holds: left to it
     if (scale.processor or scale.seed_blocks) and (fresh or again):
-        from cem.device import pick_device
-        from cem.provenance import processor
-
-        here = processor(pick_device(run_config((fresh or again)[0], scale, data_dir).train.device))  # the GPU's name on CUDA
-        if scale.processor and here != scale.processor:
+        machine = processor_here((fresh or again)[0], scale, data_dir)
+        if scale.processor and machine != scale.processor:
             raise ValueError(f"this suite trains on {scale.processor} only (its runs are paired by seed, and another processor "
-                             f"sums floats in another order); this machine is {here}: run it where the other runs ran")
+                             f"sums floats in another order); this machine is {machine}: run it where the other runs ran")
         if scale.seed_blocks:
-            elsewhere, held = _check_block(fresh + again, scale, Path(root), here)
+            elsewhere, held = _check_block(fresh + again, scale, Path(root), machine)
             if elsewhere:
                 print(f"{len(elsewhere)} run{'s' if len(elsewhere) != 1 else ''} not trained here: left to the processors that hold "
                       f"their blocks ({held})", file=sys.stderr, flush=True)
@@ -363,7 +374,7 @@ def run_sweep(specs: list[RunSpec], scale: Scale, root: Path, data_dir: str | No
     if late:
         raise deadline.missed([(s.slug, starts[s][1]) for s in late])
     if elsewhere:
-        raise BlocksElsewhere([s.slug for s in elsewhere], held, here)
+        raise BlocksElsewhere([s.slug for s in elsewhere], held, machine)
     return {s: runs[s].results() for s in unique}
 
 
