@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 from cem.layers.steps import Inference
 from cem.model.config import SIZES, model_config
@@ -234,3 +235,43 @@ def test_the_plan_counts_another_processors_blocks_apart_and_not_in_the_hours(tm
     here = planned(owner)
     assert here["experiments"]["recipes-confirm"] == {"finished": 3, "train": 9, "evaluate": 0, "again": 0, "elsewhere": 0}
     assert here["core_hours"] > elsewhere["core_hours"] and here["elsewhere"] == "" and elsewhere["elsewhere"] == f"seed 0 at cpu96 on {owner}"
+
+
+@pytest.mark.parametrize("recur_layers", ["all", "middle"])
+def test_the_flops_of_the_steps_a_model_reports_are_those_of_its_config_at_that_t(recur_layers):
+    """`flops_at` reads `LM.steps_used` (per kind, the mean over every CEM layer, the blocks `recur_layers` keeps at
+    T = 1 included): measured on a model run at each T, it is `forward_flops_per_token` of the config at T."""
+    from cem.model import LanguageModel
+    from cem_study.analysis import flops_at
+
+    cfg = model_config("micro", "cem", dim=8, n_heads=2, hidden_dim=16, n_layers=4, vocab_size=10, context=4, recur_layers=recur_layers)
+    model = LanguageModel(cfg).eval()
+    for t in (1, 2, 3, 5):
+        model.set_inference(Inference(steps=t))
+        model.reset_steps_used()
+        with torch.no_grad():
+            model(torch.randint(0, 10, (2, 4)))
+        used = model.steps_used()
+        assert flops_at(cfg, 4, used["attn"], used["mlp"]) == pytest.approx(forward_flops_per_token(cfg.at(Inference(steps=t)), 4), rel=1e-12)
+    assert recur_layers == "all" or used["attn"] < 5  # the kept blocks ran one step: the mean is below T
+
+
+def test_a_depth_study_counted_before_the_kept_blocks_were_reads_its_flops_again():
+    """The committed cpu128 middle-layers run's depth study was computed when `flops_at` counted the kept blocks as
+    recursing (3.65 MFLOP at T=4): `counted` gives each T its config's FLOPs, keeps a fully recursing run's, and
+    leaves every exit rule's loss at the fixed curve's equal FLOPs as it was (the old count was affine in the new)."""
+    import numpy as np
+    from cem_study.analysis import counted
+
+    runs = RunTable(COMMITTED / "confirm" / "runs").rows()
+    for key, recount in (("recur_layers=middle", True), ("-cem-attn_steps=2-mlp_steps=2-", False)):
+        slug = next(s for s in runs if s.startswith("cpu128-") and key in s and s.endswith("-s1"))
+        (study,) = [v for k, v in runs[slug]["evals"].items() if k.startswith("depth_study_")]
+        cfg, seq_len = run_model_config(COMMITTED / "confirm" / "runs" / slug)
+        again = counted(COMMITTED / "confirm" / "runs" / slug, study)
+        assert [r["flops_per_token"] for r in again["curve"]] == [forward_flops_per_token(cfg.at(Inference(steps=r["eval_steps"])), seq_len)
+                                                                 for r in study["curve"]]
+        assert ([r["flops_per_token"] for r in again["curve"]] != [r["flops_per_token"] for r in study["curve"]]) == recount
+        flops, fixed = [r["flops_per_token"] for r in again["curve"]], [r["test_loss"] for r in again["curve"]]
+        for rule in again["rules"]:
+            assert float(np.interp(rule["flops_per_token"], flops, fixed)) == pytest.approx(rule["fixed_loss_at_flops"], abs=1e-9)

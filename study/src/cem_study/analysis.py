@@ -43,15 +43,28 @@ def run_split(run: RunDir, train: dict, split: str, data_dir: str | None = None)
 
 
 def flops_at(cfg, seq_len: int, attn_steps: float, mlp_steps: float) -> float:
-    """Forward FLOPs per token with (possibly fractional, average) recursion depths: the count is affine in
-    each sublayer's T, so it interpolates between T = 1 and T = 2 (the energy an adaptive step also
-    computes is not counted)."""
+    """Forward FLOPs per token at average recursion depths, as `LM.steps_used` reports them: per sublayer kind, the
+    mean steps over all its CEM layers, the blocks `recur_layers` keeps at T = 1 included. The count is affine in
+    each layer's T, and every step beyond a layer's first falls on a recursing block: (T̄ − 1) × n_layers extra steps,
+    each costing 1/n_recursing of one more step of every recursing block (the energy an adaptive step also computes
+    is not counted)."""
 
     def at(a: int, m: int) -> int:
         return forward_flops_per_token(cfg.at(Inference(attn_steps=a, mlp_steps=m)), seq_len)
 
     base = at(1, 1)
-    return base + (attn_steps - 1) * (at(2, 1) - base) + (mlp_steps - 1) * (at(1, 2) - base)
+    share = cfg.n_layers / sum(map(cfg.recurs, range(cfg.n_layers)))  # CEM layers of a kind per recursing one
+    return base + share * ((attn_steps - 1) * (at(2, 1) - base) + (mlp_steps - 1) * (at(1, 2) - base))
+
+
+def counted(run_dir: Path, study: dict) -> dict:
+    """A `depth_study` with every CEM row's FLOPs counted from its recorded steps (`flops_at`, the run's config): a
+    study computed before `flops_at` counted the blocks `recur_layers` keeps at T = 1 (study/docs/LOG.md, 2026-12-04) reads
+    the same as one computed since. Its `fixed_loss_at_flops` stand: the old count was an affine map of this one,
+    the same for the curve and the rule, so the interpolation at equal FLOPs is unchanged."""
+    cfg, seq_len = run_model_config(run_dir)
+    recount = lambda r: {**r, "flops_per_token": flops_at(cfg, seq_len, r["attn_steps_used"], r["mlp_steps_used"])} if "attn_steps_used" in r else r  # noqa: E731
+    return {**study, "curve": [recount(r) for r in study["curve"]], "rules": [recount(r) for r in study["rules"]]}
 
 
 def _reuse(model, times: int) -> None:
@@ -311,7 +324,7 @@ def test_time_curves(c: Context, rules=EXIT_RULES_STUDIED) -> dict:
         dirs = run_dirs[v.label]
         product = depth_product(c.scale, v, rules)
         vsteps = list(dict(product.kwargs)["steps"])
-        runs = [product.get(d, c.data_dir, c.device) for d in dirs]
+        runs = [counted(d, product.get(d, c.data_dir, c.device)) for d in dirs]
         for d, r in zip(dirs, runs):  # a study is compared across seeds row by row: same depths, same exit rules
             used = [(x["rule"], x["tol"]) for x in r["rules"]]
             if [x["eval_steps"] for x in r["curve"]] != vsteps or used not in ([], [tuple(x) for x in rules]):
