@@ -65,3 +65,31 @@ def test_recursion_figures_draw_the_training_gap(tmp_path):
     import matplotlib.image
 
     assert matplotlib.image.imread(with_gap).shape[1] > 1.5 * matplotlib.image.imread(plain).shape[1]  # two panels
+
+
+def test_the_confirmations_lower_panels_cut_the_loss_axis_near_each_sizes_lowest_point(tmp_path, monkeypatch):
+    """recipes-confirm: a panel per size of every T, and below it the same cut at ZOOM_NATS above the size's lowest
+    loss (a curve's or the deeper Llama's), where differences of a few hundredths of a nat are read."""
+    import matplotlib.pyplot as plt
+    from cem_study.plots import ZOOM_NATS, plot_recipes_confirm
+
+    rng, ts = np.random.default_rng(0), [1, 2, 3, 4, 8, 16]
+    rows, curves, lowest = [], {}, {}
+    for size, floor in (("cpu96", 1.3), ("cpu128", 1.1)):
+        for label, tags, shape in (("fixed", {"steps": 2}, lambda t: floor + 0.1 + 0.5 * abs(t - 2)),
+                                   ("recipe", {"steps": 3, "mean_depth": 2}, lambda t: floor + 0.12 + 0.01 * abs(t - 2))):
+            rows.append({"label": f"{label} {size}", "size": size, **tags})
+            curves[f"{label} {size}"] = [{"eval_steps": t, "test_loss_per_seed": list(shape(t) + rng.normal(0, 0.005, 3)),
+                                          "test_perplexity_ci": {"n": 3}} for t in ts]
+        rows.append({"label": f"deeper {size}", "size": size, "kind": "deeper"})
+        curves[f"deeper {size}"] = [{"eval_steps": 1, "test_loss_per_seed": [floor] * 3, "test_perplexity_ci": {"n": 3}}]
+        lowest[size] = min(sum(r["test_loss_per_seed"]) / 3 for label in curves if label.endswith(f" {size}") for r in curves[label])
+    drawn = []
+    real = plt.subplots
+    monkeypatch.setattr(plt, "subplots", lambda *a, **k: drawn.append(real(*a, **k)) or drawn[-1])
+    path = tmp_path / "confirm.png"
+    plot_recipes_confirm({"scale": {"sizes": ["cpu96", "cpu128"]}, "rows": rows, "curves": curves}, "recipes-confirm", path)
+    ((_, axes),) = drawn
+    assert [axes[1, i].get_ylim() for i in range(2)] == [pytest.approx((lowest[z] - 0.02, lowest[z] + ZOOM_NATS)) for z in ("cpu96", "cpu128")]
+    assert all(axes[0, i].get_ylim()[1] > 1.5 + lowest[z] for i, z in enumerate(("cpu96", "cpu128")))  # the upper panels show every T
+    assert lowest["cpu128"] == 1.1 and path.stat().st_size > 10_000

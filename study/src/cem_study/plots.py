@@ -349,26 +349,36 @@ def plot_recipes(summary, title, path):
             "the model's mean trained depth m; open circle: 2m (the test-time question: is the open circle below the filled one?).")
 
 
+ZOOM_NATS = 0.25  # the confirmation's lower panels: the test loss within this of the lowest point of the size
+
+
 def plot_recipes_confirm(summary, title, path):
     """The recipes' confirmation: test loss against T at evaluation, a panel per size, a line per CEM model with its
-    trained depth m (filled circle) and 2m (open) marked, the deeper Llama (evaluated as trained) a horizontal line."""
+    trained depth m (filled circle) and 2m (open) marked, the deeper Llama (evaluated as trained) a horizontal line;
+    below each, the same within ZOOM_NATS of the size's lowest loss (where the recipes' differences of a few
+    hundredths of a nat are read)."""
     sizes, depth = summary["scale"]["sizes"], _depths(summary)
     size_of = {r["label"]: r["size"] for r in summary["rows"]}
     deeper = {r["label"] for r in summary["rows"] if r.get("kind") == "deeper"}
-    fig, axes = plt.subplots(1, len(sizes), figsize=(7 * len(sizes), 5.5), sharey=True, squeeze=False)
-    for ax, size in zip(axes[0], sizes):
+    mean = lambda r: sum(r["test_loss_per_seed"]) / len(r["test_loss_per_seed"])  # noqa: E731
+    fig, axes = plt.subplots(2, len(sizes), figsize=(7 * len(sizes), 10), squeeze=False)
+    for col, size in enumerate(sizes):
         here = {label: rows for label, rows in summary["curves"].items() if size_of[label] == size}
-        _loss_lines(ax, {label: rows for label, rows in here.items() if label not in deeper}, depth, lambda label: label.removesuffix(f" {size}"))
-        for label in (label for label in here if label in deeper):
-            (r,) = here[label]
-            loss = sum(r["test_loss_per_seed"]) / len(r["test_loss_per_seed"])
-            ax.axhline(loss, color="black", ls="--", lw=1, label=f"{label.removesuffix(f' {size}')} (as trained)")
-        ax.set_title(size, fontsize=9)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=6)
+        for ax in axes[:, col]:
+            _loss_lines(ax, {label: rows for label, rows in here.items() if label not in deeper}, depth, lambda label: label.removesuffix(f" {size}"))
+            for label in (label for label in here if label in deeper):
+                (r,) = here[label]
+                ax.axhline(mean(r), color="black", ls="--", lw=1, label=f"{label.removesuffix(f' {size}')} (as trained)")
+            ax.grid(alpha=0.3)
+        lowest = min(mean(r) for rows in here.values() for r in rows)
+        axes[1, col].set_ylim(lowest - 0.02, lowest + ZOOM_NATS)
+        axes[0, col].set_title(size, fontsize=9)
+        axes[1, col].set_title(f"{size}: within {ZOOM_NATS} nats of its lowest loss", fontsize=9)
+        axes[0, col].legend(fontsize=6)
     n = next(iter(summary["curves"].values()))[0]["test_perplexity_ci"]["n"]
     _finish_panels(fig, title, path, f"Mean test loss over {n} seeds; error bars: 95% confidence interval of the mean (t). Filled circle: "
-                   "the model's mean trained depth m; open circle: 2m. Dashed: the Llama with twice the layers, evaluated as trained.")
+                   "the model's mean trained depth m; open circle: 2m. Dashed: the Llama with twice the layers, evaluated as trained. "
+                   f"Lower panels: the same, the loss axis cut at {ZOOM_NATS} nats above each size's lowest point.")
 
 
 def _half_width(interval: dict) -> float:
